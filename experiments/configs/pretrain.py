@@ -1,0 +1,161 @@
+r"""BERT-family pretraining: one config file, variants by argument.
+
+Launch (the README main job, ~10 minutes on a 2-core CPU machine):
+
+  python -m bert_jax.main --config=experiments/configs/pretrain.py:tiny \
+      --workdir=/tmp/bert_tiny
+
+Expected result (tiny): held-out MLM accuracy printed at the start (~0.00, a
+random model) and at the end (~0.15 after 600 steps, the model has learnt the
+frequent words and the [CLS]/[SEP] structure); metrics.jsonl and TensorBoard
+events in the workdir. Re-running the same command resumes from the workdir.
+
+Other variants:
+  base     BERT-Base paper recipe: 1M steps, batch 256, 90% at seq 128 (20
+           predictions) then 10% at seq 512 (80 predictions), Adam lr 1e-4,
+           warmup 10k, weight decay 0.01. Expect MLM acc ~0.70 on Wikipedia+Books.
+  large    the same with BERT-Large (L=24, H=1024, A=16).
+  roberta  no NSP, full-sentence packing (objective "none"), dynamic masking.
+  albert   SOP objective, factorised embeddings E=128, cross-layer sharing, LAMB.
+
+Single fields by flag, e.g. `--config.total_steps=1000 --config.mesh.fsdp=4`.
+On a TPU pod slice: `--config.distributed.enabled=True` on every host (the
+coordinator is discovered from the environment); nothing else changes.
+"""
+
+import ml_collections
+
+from data_pipeline import pretraining
+
+VARIANTS = ("tiny", "base", "large", "roberta", "albert")
+
+
+def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
+  """Returns the pretraining config for variant `arg` (one of VARIANTS)."""
+  if arg not in VARIANTS:
+    raise ValueError(f"unknown pretrain variant {arg!r}; expected one of {VARIANTS}")
+  config = ml_collections.ConfigDict()
+  config.variant = arg  # recorded in config.json so a workdir says what it is
+
+  # --- model ---
+  config.model_size = "base"  # row of bert_jax.model.SIZES giving (L, H, A)
+  config.model = ml_collections.ConfigDict()  # BertConfig fields overriding the size row
+  config.model.vocab_size = 30522  # must equal the vocabulary the pipeline tokenizes with
+  config.model.dtype = "bfloat16"  # compute dtype; params and optimizer state stay float32
+  config.model.embedding_size = ml_collections.FieldReference(None, field_type=int)  # ALBERT E; None -> H
+  config.model.share_layers = False  # ALBERT cross-layer parameter sharing
+  config.model.hidden_dropout_prob = 0.1  # paper value
+  config.model.attention_probs_dropout_prob = 0.1  # paper value
+  config.model.remat = False  # rematerialise encoder blocks to trade FLOPs for memory
+  config.model.scan_layers = False  # nn.scan over layers: faster compiles for deep models
+
+  # --- data (fields and defaults owned by data_pipeline/pretraining.py) ---
+  config.data = pretraining.default_data_config()
+  config.data.max_seq_length = 128  # phase-1 length (paper: 90% of steps at 128)
+  config.data.masking.max_predictions_per_seq = 20  # paper value at length 128
+
+  # Phase 2: from step int(start_fraction * total_steps) the pipeline is rebuilt
+  # with the longer sequences; parameters, optimizer state and LR schedule carry on.
+  config.phase2 = ml_collections.ConfigDict()
+  config.phase2.start_fraction = 0.9  # 1.0 disables the second phase
+  config.phase2.max_seq_length = 512  # paper value
+  config.phase2.max_predictions_per_seq = 80  # paper value at length 512
+
+  # --- optimization ---
+  config.batch_size = 256  # global batch (all hosts, all micro-batches)
+  config.grad_accum_steps = 1  # micro-batches per update; same update as the full batch
+  config.total_steps = 1_000_000  # optimizer updates
+  config.seed = 0  # parameter init and dropout
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.name = "adamw"  # "adamw" | "lamb"
+  config.optimizer.learning_rate = 1e-4  # peak learning rate
+  config.optimizer.warmup_steps = 10_000  # linear warmup from 0 to the peak
+  config.optimizer.decay_power = 1.0  # polynomial decay from peak to end_learning_rate; 1 = linear
+  config.optimizer.end_learning_rate = 0.0  # learning rate at total_steps
+  config.optimizer.decay_from_step0 = False  # True: google-research/bert schedule (decay spans warmup too)
+  config.optimizer.b1 = 0.9  # Adam beta1
+  config.optimizer.b2 = 0.999  # Adam beta2
+  config.optimizer.eps = 1e-6  # google-research/bert value
+  config.optimizer.weight_decay = 0.01  # decoupled; spared: LayerNorm and biases
+  config.optimizer.bias_correction = True  # False reproduces google-research/bert AdamWeightDecayOptimizer
+  config.optimizer.grad_clip_norm = 1.0  # global-norm clipping before the optimizer
+  config.skip_nonfinite_steps = False  # True: skip NaN/Inf updates instead of stopping
+
+  # --- sharding ---
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.data = -1  # data-parallel axis; -1 takes the devices left over
+  config.mesh.fsdp = 1  # parameter/optimizer-state sharding axis (also splits the batch)
+  config.mesh.tensor = 1  # tensor-parallel axis (heads, mlp, vocab)
+  # Logical axis name -> mesh axes. A mesh axis is used once per array, so
+  # "embed" activations fall back to replicated when "batch" already took fsdp.
+  config.logical_axis_rules = [
+      ("batch", ("data", "fsdp")),
+      ("embed", "fsdp"),
+      ("heads", "tensor"),
+      ("mlp", "tensor"),
+      ("vocab", "tensor"),
+      ("kv", None),
+      ("length", None),
+      ("layers", None),
+      ("pos", None),
+      ("type", None),
+  ]
+  config.distributed = ml_collections.ConfigDict()
+  config.distributed.enabled = False  # call jax.distributed.initialize (multi-host)
+  config.distributed.coordinator_address = ""  # "host:port"; "" -> discovered from the environment
+  config.distributed.num_processes = 0  # 0 -> discovered from the environment
+  config.distributed.process_id = -1  # -1 -> discovered from the environment
+
+  # --- checkpoints, evaluation, logging ---
+  config.init_checkpoint = ""  # used only when the workdir has no checkpoint; see bert_jax.convert
+  config.checkpoint = ml_collections.ConfigDict()
+  config.checkpoint.every_steps = 10_000  # save period
+  config.checkpoint.keep = 3  # keep the last N checkpoints...
+  config.checkpoint.keep_period = 100_000  # ...plus every K-th step forever (0: none)
+  config.checkpoint.async_save = True  # write in the background while training continues
+  config.eval_every_steps = 10_000  # periodic held-out evaluation (also at the end)
+  config.eval_batch_size = 64  # global eval batch
+  config.log_every_steps = 100  # progress line, TensorBoard and metrics.jsonl
+  config.peak_tflops_per_device = 0.0  # for MFU; 0 -> look the device kind up in bert_jax.metrics_io
+
+  if arg == "tiny":
+    config.model_size = "tiny"
+    config.model.dtype = "float32"  # bfloat16 matmuls are emulated, i.e. slow, on CPU
+    config.data.max_seq_length = 64  # the embedded corpus has short documents
+    config.data.masking.max_predictions_per_seq = 10
+    config.phase2.start_fraction = 1.0
+    config.batch_size = 32
+    config.total_steps = 600
+    config.optimizer.learning_rate = 1e-3
+    config.optimizer.warmup_steps = 60
+    config.checkpoint.every_steps = 200
+    config.checkpoint.keep_period = 0
+    config.eval_every_steps = 300
+    config.eval_batch_size = 32
+    config.log_every_steps = 50
+  elif arg == "large":
+    config.model_size = "large"
+    config.optimizer.name = "lamb"  # Adam at batch 256 works too; LAMB tolerates larger batches
+  elif arg == "roberta":
+    config.data.objective = "none"  # no NSP: full sentences packed up to the length
+    config.optimizer.learning_rate = 6e-4  # RoBERTa-base value (batch 8k in the paper)
+    config.optimizer.b2 = 0.98  # RoBERTa value for stability at large batch
+    config.optimizer.warmup_steps = 24_000  # RoBERTa-base value
+    config.phase2.start_fraction = 1.0  # RoBERTa trains at full length throughout...
+    config.data.max_seq_length = 512  # ...of 512 tokens
+    config.data.masking.max_predictions_per_seq = 80  # 15% of 512, rounded up
+  elif arg == "albert":
+    config.data.objective = "sop"
+    config.model.embedding_size = 128  # ALBERT factorised embedding
+    config.model.share_layers = True
+    config.model.hidden_dropout_prob = 0.0  # ALBERT trains without dropout
+    config.model.attention_probs_dropout_prob = 0.0
+    config.optimizer.name = "lamb"  # ALBERT recipe: LAMB, lr 1.76e-3 at batch 4096
+    config.optimizer.learning_rate = 1.76e-3
+    config.optimizer.warmup_steps = 3_125
+    config.batch_size = 4096
+    config.total_steps = 125_000
+    config.phase2.start_fraction = 1.0  # ALBERT samples length 512 throughout
+    config.data.max_seq_length = 512
+    config.data.masking.max_predictions_per_seq = 20  # ALBERT value (n-gram masking)
+  return config
