@@ -1,0 +1,457 @@
+"""BERT encoder in Flax linen: config with a size table, embeddings, post-LN encoder, pooler.
+
+The same modules cover the ALBERT switches (factorised embedding size E with an
+E -> H projection, cross-layer parameter sharing) and the scaling switches
+(per-layer rematerialisation, `nn.scan` over layers). Parameters are float32 and
+carry logical axis names; compute runs in `config.dtype`.
+
+The parameter tree is a contract with bert_jax/convert.py and the trainer (see
+/tmp/bert_contracts.md): change names here only together with them. The task
+models with heads (BertForPreTraining, ...) live in bert_jax/heads.py and are
+re-exported from here for convenience.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+from typing import Any, Callable, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# (num_hidden_layers, hidden_size, num_attention_heads); intermediate size is 4H.
+SIZES = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+
+_DTYPES = ("float32", "bfloat16", "float16")
+_ATTENTION_IMPLS = (None, "xla", "cudnn")
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """Hyper-parameters of a BERT-family encoder; defaults are BERT-Base (paper values)."""
+
+  vocab_size: int = 30522  # WordPiece vocabulary of bert-base-uncased
+  hidden_size: int = 768  # H
+  num_hidden_layers: int = 12  # L
+  num_attention_heads: int = 12  # A; head size is H / A
+  intermediate_size: int = 3072  # feed-forward width, 4H in the paper
+  hidden_dropout_prob: float = 0.1  # dropout on embeddings and every residual branch
+  attention_probs_dropout_prob: float = 0.1  # dropout on attention probabilities
+  max_position_embeddings: int = 512  # longest sequence the learned positions cover
+  type_vocab_size: int = 2  # segment A / segment B
+  initializer_range: float = 0.02  # stddev of the truncated-normal initialiser
+  layer_norm_eps: float = 1e-12  # as google-research/bert
+  embedding_size: int | None = None  # ALBERT factorised embedding E; None -> hidden_size
+  share_layers: bool = False  # ALBERT cross-layer sharing: one layer applied L times
+  dtype: str = "float32"  # compute dtype; params are always float32
+  attention_impl: str | None = None  # jax.nn.dot_product_attention(implementation=...)
+  remat: bool = False  # rematerialise each layer in the backward pass
+  scan_layers: bool = False  # nn.scan over layers: params get a leading [L] axis
+
+  def __post_init__(self):
+    positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size", "max_position_embeddings", "type_vocab_size")
+    for name in positive:
+      _check_positive_int(name, getattr(self, name))
+    if self.embedding_size is not None:
+      _check_positive_int("embedding_size", self.embedding_size)
+      if self.embedding_size > self.hidden_size:
+        raise ValueError(
+            f"embedding_size ({self.embedding_size}) must not exceed hidden_size "
+            f"({self.hidden_size}): the factorisation is meant to shrink the embedding")
+    if self.hidden_size % self.num_attention_heads:
+      raise ValueError(
+          f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+          f"({self.num_attention_heads})")
+    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
+    for name in ("initializer_range", "layer_norm_eps"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    for name in ("share_layers", "remat", "scan_layers"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+    if self.dtype not in _DTYPES:
+      raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+    if self.attention_impl not in _ATTENTION_IMPLS:
+      raise ValueError(
+          f"attention_impl must be one of {_ATTENTION_IMPLS}, got {self.attention_impl!r}")
+
+  @property
+  def head_size(self) -> int:
+    """Per-head width D = H / A."""
+    return self.hidden_size // self.num_attention_heads
+
+  @property
+  def embed_size(self) -> int:
+    """Width E of the embedding tables (hidden_size unless factorised)."""
+    return self.embedding_size or self.hidden_size
+
+  @property
+  def compute_dtype(self) -> jnp.dtype:
+    """The jnp dtype activations are computed in."""
+    return jnp.dtype(self.dtype)
+
+  def replace(self, **kw) -> "BertConfig":
+    """A copy with some fields changed (validated again)."""
+    return dataclasses.replace(self, **kw)
+
+  @classmethod
+  def from_size(cls, size: str, **overrides) -> "BertConfig":
+    """A config from the size table (tiny|mini|small|medium|base|large), intermediate 4H."""
+    if size not in SIZES:
+      raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    layers, hidden, heads = SIZES[size]
+    fields = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                  intermediate_size=4 * hidden)
+    fields.update(overrides)
+    return cls(**fields)
+
+  @classmethod
+  def from_hf_dict(cls, d: Mapping[str, Any]) -> "BertConfig":
+    """Reads a Hugging Face BertConfig (config.json contents); refuses what BERT here is not."""
+    model_type = d.get("model_type", "bert")
+    if model_type != "bert":
+      raise ValueError(f"model_type must be 'bert', got {model_type!r}")
+    position_type = d.get("position_embedding_type", "absolute")
+    if position_type != "absolute":
+      raise ValueError(f"position_embedding_type must be 'absolute', got {position_type!r}")
+    fields = _read_keys(d, _HF_KEYS, "HF config")
+    return cls(**fields)
+
+  def to_hf_dict(self) -> dict:
+    """The Hugging Face config.json contents for BertForPreTraining with these hyper-parameters."""
+    if self.embedding_size not in (None, self.hidden_size) or self.share_layers:
+      raise ValueError("embedding_size/share_layers (ALBERT switches) cannot be expressed as a "
+                       "Hugging Face BertConfig")
+    d = {key: getattr(self, key) for key in _HF_KEYS if key != "hidden_act"}
+    d.update(architectures=["BertForPreTraining"], model_type="bert", hidden_act="gelu",
+             position_embedding_type="absolute", pad_token_id=0)
+    return d
+
+  @classmethod
+  def from_tf_dict(cls, d: Mapping[str, Any] | str | os.PathLike) -> "BertConfig":
+    """Reads google-research/bert's bert_config.json (a dict, or the file's path)."""
+    if isinstance(d, (str, os.PathLike)):
+      with open(d) as f:
+        d = json.load(f)
+    fields = _read_keys(d, _TF_KEYS, "bert_config.json")
+    if d.get("embedding_size") is not None:  # ALBERT's config carries the factorised size
+      fields["embedding_size"] = int(d["embedding_size"])
+    return cls(**fields)
+
+
+# Keys both config formats share with ours; hidden_act is checked, not stored.
+_TF_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "intermediate_size", "hidden_act", "hidden_dropout_prob",
+            "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+            "initializer_range")
+_HF_KEYS = _TF_KEYS + ("layer_norm_eps",)
+
+
+def _read_keys(d: Mapping[str, Any], keys, source: str) -> dict:
+  """Copies `keys` out of a foreign config dict; hidden_act must be exact GELU."""
+  missing = [k for k in keys if k not in d and k != "layer_norm_eps"]
+  if missing:
+    raise ValueError(f"{source} lacks required key(s) {missing}")
+  act = d["hidden_act"]
+  if act != "gelu":
+    raise ValueError(f"hidden_act must be 'gelu' (exact erf GELU), got {act!r} in {source}")
+  return {k: d[k] for k in keys if k != "hidden_act" and k in d}
+
+
+def _check_positive_int(name: str, value) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+    raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+def param_init(config: BertConfig, axes: tuple) -> Callable:
+  """BERT's truncated-normal initialiser, boxed with logical axis names."""
+  return nn.with_logical_partitioning(
+      jax.nn.initializers.truncated_normal(config.initializer_range), axes)
+
+
+def dense(config: BertConfig, features, axes: tuple, name: str, *, axis=-1,
+          dtype=None) -> nn.Module:
+  """A DenseGeneral with BERT init, fp32 params, compute dtype and named kernel/bias axes.
+
+  `axes` names every kernel dimension (inputs then outputs); the bias takes the output
+  names. `dtype` overrides the compute dtype (the small output heads run in float32).
+  """
+  n_out = 1 if isinstance(features, int) else len(features)
+  return nn.DenseGeneral(
+      features=features, axis=axis, dtype=dtype or config.compute_dtype,
+      param_dtype=jnp.float32,
+      kernel_init=param_init(config, axes),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[-n_out:]),
+      name=name)
+
+
+def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+  """LayerNorm over the last axis; flax reduces in float32 even when computing in bfloat16."""
+  return nn.LayerNorm(
+      epsilon=config.layer_norm_eps, dtype=config.compute_dtype, param_dtype=jnp.float32,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)),
+      name=name)
+
+
+def gelu(x: jax.Array) -> jax.Array:
+  """Exact (erf) GELU, as the paper and google-research/bert use."""
+  return jax.nn.gelu(x, approximate=False)
+
+
+def _constrain(x: jax.Array, *axes) -> jax.Array:
+  # A no-op without a mesh and rules; under the trainer's mesh it pins the activation layout.
+  return nn.with_logical_constraint(x, axes)
+
+
+# ----------------------------------------------------------------------------- modules
+
+class BertEmbeddings(nn.Module):
+  """Word + learned absolute position + segment embeddings, LayerNorm, dropout (+ E -> H)."""
+
+  config: BertConfig
+
+  def setup(self):
+    cfg = self.config
+    # Lookups stay float32: the sum and LayerNorm statistics are then exact, and the
+    # LayerNorm output is cast to the compute dtype.
+    embed = lambda n, axes, name: nn.Embed(
+        n, cfg.embed_size, dtype=jnp.float32, param_dtype=jnp.float32,
+        embedding_init=param_init(cfg, axes), name=name)
+    self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")
+    self.position_embeddings = embed(cfg.max_position_embeddings, ("pos", "embed"),
+                                     "position_embeddings")
+    self.token_type_embeddings = embed(cfg.type_vocab_size, ("type", "embed"),
+                                       "token_type_embeddings")
+    self.layer_norm = layer_norm(cfg, "layer_norm")
+    self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+    if cfg.embed_size != cfg.hidden_size:
+      # E and H cannot both be named "embed" (flax refuses repeated names); H keeps it.
+      self.projection = dense(cfg, cfg.hidden_size, (None, "embed"), "projection")
+
+  def __call__(self, input_ids, segment_ids, *, deterministic: bool = True) -> jax.Array:
+    """[B,T] ids -> [B,T,H] embeddings in the compute dtype."""
+    seq_len = input_ids.shape[1]
+    if seq_len > self.config.max_position_embeddings:
+      raise ValueError(f"sequence length {seq_len} exceeds max_position_embeddings "
+                       f"({self.config.max_position_embeddings})")
+    x = (self.word_embeddings(input_ids)
+         + self.position_embeddings(jnp.arange(seq_len))[None]
+         + self.token_type_embeddings(segment_ids))
+    x = self.layer_norm(x)
+    x = self.dropout(x, deterministic=deterministic)
+    if self.config.embed_size != self.config.hidden_size:
+      x = self.projection(x)
+    return _constrain(x, "batch", "length", "embed")
+
+  def word_embedding_table(self) -> jax.Array:
+    """The [V,E] word embedding matrix (the MLM decoder is tied to it)."""
+    return self.word_embeddings.embedding
+
+
+class BertSelfAttention(nn.Module):
+  """Multi-head self-attention with output projection (no residual, no LayerNorm)."""
+
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, mask, *, deterministic: bool = True) -> jax.Array:
+    """x [B,T,H], mask [B,1,1,T] bool (True = attend) -> [B,T,H]."""
+    cfg = self.config
+    heads = (cfg.num_attention_heads, cfg.head_size)
+    qkv_axes = ("embed", "heads", "kv")
+    q, k, v = (
+        _constrain(dense(cfg, heads, qkv_axes, name)(x), "batch", "length", "heads", "kv")
+        for name in ("query", "key", "value"))
+    rate = cfg.attention_probs_dropout_prob
+    if not deterministic and rate > 0:
+      # jax.nn.dot_product_attention has no dropout on the probabilities, which BERT
+      # trains with; this explicit path keeps training faithful. Evaluation (and
+      # dropout-free training) goes through dot_product_attention so that fused
+      # kernels (cuDNN flash attention on GPUs) serve it.
+      logits = jnp.einsum("btnd,bsnd->bnts", q, k, preferred_element_type=jnp.float32)
+      logits = logits / np.sqrt(cfg.head_size).astype(np.float32)
+      logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+      probs = jax.nn.softmax(logits, axis=-1)  # float32 softmax, also under bfloat16
+      probs = nn.Dropout(rate)(probs, deterministic=False)
+      out = jnp.einsum("bnts,bsnd->btnd", probs.astype(v.dtype), v)
+    else:
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=cfg.attention_impl)
+    out = _constrain(out, "batch", "length", "heads", "kv")
+    return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1))(out)
+
+
+class BertLayer(nn.Module):
+  """Post-LN Transformer block: LN(x + Attn(x)), then LN(h + FFN(h)) with exact GELU."""
+
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic: bool = True) -> jax.Array:
+    """x [B,T,H], mask [B,1,1,T] -> [B,T,H]. `deterministic` is positional so remat can mark it static."""
+    cfg = self.config
+    drop = nn.Dropout(cfg.hidden_dropout_prob)
+    h = BertSelfAttention(cfg, name="attention")(x, mask, deterministic=deterministic)
+    h = layer_norm(cfg, "attention_layer_norm")(x + drop(h, deterministic=deterministic))
+    h = _constrain(h, "batch", "length", "embed")
+    y = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(h)
+    y = _constrain(gelu(y), "batch", "length", "mlp")
+    y = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(y)
+    y = layer_norm(cfg, "output_layer_norm")(h + drop(y, deterministic=deterministic))
+    return _constrain(y, "batch", "length", "embed")
+
+
+class BertEncoder(nn.Module):
+  """L BertLayers: separate (layer_i), shared (layer) or scanned (layers, leading [L] axis)."""
+
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, mask, *, deterministic: bool = True) -> jax.Array:
+    """x [B,T,H], mask [B,1,1,T] -> [B,T,H]."""
+    cfg = self.config
+    # static_argnums counts `self` as 0: `deterministic` (3) is a Python bool.
+    layer_cls = nn.remat(BertLayer, static_argnums=(3,)) if cfg.remat else BertLayer
+    if cfg.scan_layers:
+      # Shared layers broadcast one set of params over the loop; otherwise each
+      # step gets its own slice of params stacked on a leading "layers" axis.
+      params = dict(variable_broadcast="params") if cfg.share_layers else dict(
+          variable_axes={"params": 0}, metadata_params={nn.PARTITION_NAME: "layers"})
+      scan = nn.scan(
+          lambda module, carry, m: (module(carry, m, deterministic), None),
+          split_rngs={"params": not cfg.share_layers, "dropout": True},
+          in_axes=(nn.broadcast,), length=cfg.num_hidden_layers, **params)
+      name = "layer" if cfg.share_layers else "layers"
+      x, _ = scan(layer_cls(cfg, name=name), x, mask)
+      return x
+    if cfg.share_layers:
+      layer = layer_cls(cfg, name="layer")
+      for _ in range(cfg.num_hidden_layers):
+        x = layer(x, mask, deterministic)
+      return x
+    for i in range(cfg.num_hidden_layers):
+      x = layer_cls(cfg, name=f"layer_{i}")(x, mask, deterministic)
+    return x
+
+
+class BertPooler(nn.Module):
+  """tanh dense on the [CLS] (first) token."""
+
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x) -> jax.Array:
+    """[B,T,H] -> [B,H]."""
+    # Only one H may be named "embed"; the output side stays unnamed (replicated).
+    return jnp.tanh(dense(self.config, self.config.hidden_size, ("embed", None), "dense")(x[:, 0]))
+
+
+class BertModel(nn.Module):
+  """The BERT encoder: embeddings, encoder stack, pooler."""
+
+  config: BertConfig
+
+  def setup(self):
+    self.embeddings = BertEmbeddings(self.config)
+    self.encoder = BertEncoder(self.config)
+    self.pooler = BertPooler(self.config)
+
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True):
+    """int32 [B,T] ids, mask (1 = real token), segments -> (sequence [B,T,H], pooled [B,H])."""
+    x = self.embeddings(input_ids, segment_ids, deterministic=deterministic)
+    mask = (input_mask > 0)[:, None, None, :]
+    x = self.encoder(x, mask, deterministic=deterministic)
+    return x, self.pooler(x)
+
+  def word_embedding_table(self) -> jax.Array:
+    """The [V,E] float32 word embedding matrix, for heads tied to it."""
+    return self.embeddings.word_embedding_table()
+
+
+# ----------------------------------------------------------------------------- param layouts
+
+def _map_encoders(params, fn):
+  """Applies fn to every dict stored under an "encoder" key, anywhere in the tree."""
+  if not isinstance(params, Mapping):
+    return params
+  return {k: fn(v) if k == "encoder" and isinstance(v, Mapping) else _map_encoders(v, fn)
+          for k, v in params.items()}
+
+
+def stack_layers(params, num_layers: int):
+  """Per-layer params (encoder/layer_{i}) -> scanned layout (encoder/layers, leading [L]).
+
+  Works on plain (unboxed) trees of any model here; a tree without per-layer encoder
+  params (shared or already scanned) passes through unchanged.
+  """
+  def stack(enc):
+    if "layer_0" not in enc:
+      return dict(enc)
+    names = [f"layer_{i}" for i in range(num_layers)]
+    missing = [n for n in names if n not in enc]
+    extra = sorted(k for k in enc if k.startswith("layer_") and k not in names)
+    if missing or extra:
+      raise ValueError(f"encoder params do not hold exactly {num_layers} layers: "
+                       f"missing {missing}, unexpected {extra}")
+    rest = {k: v for k, v in enc.items() if k not in names}
+    return {**rest, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *(enc[n] for n in names))}
+  return _map_encoders(params, stack)
+
+
+def unstack_layers(params):
+  """Scanned layout (encoder/layers, leading [L]) -> per-layer params (encoder/layer_{i})."""
+  def unstack(enc):
+    if "layers" not in enc:
+      return dict(enc)
+    layers = enc["layers"]
+    num = jax.tree.leaves(layers)[0].shape[0]
+    rest = {k: v for k, v in enc.items() if k != "layers"}
+    return {**rest, **{f"layer_{i}": jax.tree.map(lambda x, i=i: x[i], layers)
+                       for i in range(num)}}
+  return _map_encoders(params, unstack)
+
+
+def count_params(module: nn.Module, seq_len: int = 8) -> int:
+  """Number of parameters of a model here, from shapes only (jax.eval_shape; no memory)."""
+  ids = jnp.zeros((1, seq_len), jnp.int32)
+  args = (ids, ids, ids)
+  if "masked_lm_positions" in _call_params(module):
+    args += (jnp.zeros((1, 1), jnp.int32),)
+  shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), *args))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(shapes["params"])))
+
+
+def _call_params(module: nn.Module):
+  return inspect.signature(type(module).__call__).parameters
+
+
+_TASK_MODELS = ("BertForPreTraining", "BertForSequenceClassification",
+                "BertForTokenClassification", "BertForQuestionAnswering")
+
+
+def __getattr__(name):
+  # Task models live in heads.py (which imports this module); a lazy re-export lets
+  # callers write `from bert_jax.model import BertForPreTraining` without a cycle.
+  if name in _TASK_MODELS:
+    from bert_jax import heads
+    return getattr(heads, name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
