@@ -1,0 +1,452 @@
+"""Text sources for pretraining: documents as lists of sentences.
+
+Every source yields *documents*, each a ``list[str]`` of sentences, in a
+deterministic order:
+
+* BERT format (a glob of files): one sentence per line, a blank line between
+  documents -- the input format of google-research/bert's
+  create_pretraining_data.py.
+* ``raw:<glob>``: one document per line, split into sentences by
+  :func:`split_sentences`.
+* ``jsonl:<glob>``: one JSON object per line; its ``text_field`` is one document
+  (blank lines inside it separate paragraphs; every paragraph is sentence-split).
+* ``tfds:<name>``: a TensorFlow Datasets dataset with a text feature (e.g.
+  ``wikipedia/20230601.en``) read from a local ``data_dir``; every example is a
+  document, split like a JSONL document.
+* ``embedded``: the default corpus, real English prose that is already on every
+  machine where this package is installed -- the docstrings of the installed
+  Python packages (plus the Python HTML documentation where present), harvested
+  once into a BERT-format file in a cache directory (:func:`embedded_corpus_path`).
+
+Multi-host: with P processes each reads a disjoint part -- whole files
+round-robin when there are at least P files, otherwise documents round-robin by
+their index in the (deterministic) stream.
+
+Held-out evaluation text: a document belongs to the evaluation split when the
+MD5 of its text is 0 modulo ``heldout_modulus``; training never sees those
+documents, whatever the process count.
+
+Bad input never crashes an epoch; it is skipped and counted in
+:class:`CorpusStats` (logged once a pass is complete):
+* a line that is not valid UTF-8 is skipped (``undecodable_lines``);
+* a line longer than ``max_line_bytes`` is skipped without being held in memory
+  (``overlong_lines``) -- such lines are minified code or binary, not prose;
+* empty files and empty documents are skipped (``empty_files``,
+  ``empty_documents``);
+* a document longer than ``max_sentences_per_document`` is cut into several
+  documents (``split_documents``), so memory per document stays bounded;
+* one-sentence documents are passed on and counted (``single_sentence_documents``):
+  for NSP/SOP they serve only as a source of random B segments (see
+  pretraining.py);
+* a corpus that yields no document at all is a ValueError naming the glob.
+"""
+
+import ast
+import dataclasses
+import glob as globlib
+import hashlib
+import html.parser
+import json
+import logging
+import os
+import pathlib
+import re
+import sys
+from typing import Iterator
+
+# Sentence ends: Latin .!? followed by whitespace, or CJK 。！？ (no space needed in
+# CJK text); closing quotes/brackets right after the end mark stay with the
+# sentence. Abbreviations ("e.g. x") split too -- accepted for pretraining text,
+# which only needs roughly sentence-sized units for NSP.
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)|[。！？][」』\"')）]*")
+
+# Default cache location of the embedded corpus (overridable per call or by env).
+_DEFAULT_CACHE = pathlib.Path("~/.cache/bert_jax/embedded_corpus")
+_EMBEDDED_FILE = "corpus.txt"
+
+
+@dataclasses.dataclass
+class CorpusStats:
+  """Counters of what a pass over a corpus read and skipped (all bad input is counted)."""
+  files: int = 0
+  documents: int = 0
+  sentences: int = 0
+  undecodable_lines: int = 0
+  overlong_lines: int = 0
+  empty_files: int = 0
+  empty_documents: int = 0
+  split_documents: int = 0
+  single_sentence_documents: int = 0
+  heldout_documents: int = 0
+
+  def log(self, source: str) -> None:
+    """Logs the counters, as a warning when anything was skipped."""
+    skipped = (self.undecodable_lines or self.overlong_lines or self.empty_files
+               or self.split_documents)
+    (logging.warning if skipped else logging.info)(
+        "corpus %s: %s", source, dataclasses.asdict(self))
+
+
+def split_sentences(text: str) -> list[str]:
+  """Splits running text into sentences (regex on .!? + whitespace and 。！？).
+
+  Whitespace inside a sentence is collapsed to single spaces; empty pieces are
+  dropped.
+  """
+  sentences, start = [], 0
+  for match in _SENTENCE_END.finditer(text):
+    sentences.append(text[start:match.end()])
+    start = match.end()
+  sentences.append(text[start:])
+  return [s for s in (" ".join(p.split()) for p in sentences) if s]
+
+
+def _paragraph_sentences(text: str) -> list[str]:
+  """Sentences of a text whose paragraphs are separated by blank lines.
+
+  Lines inside a paragraph are joined (docstrings and wrapped prose break lines
+  mid-sentence).
+  """
+  sentences = []
+  for paragraph in re.split(r"\n\s*\n", text):
+    sentences.extend(split_sentences(paragraph))
+  return sentences
+
+
+def is_heldout(document: list[str], modulus: int) -> bool:
+  """Whether a document belongs to the held-out evaluation split (stable MD5 of its text)."""
+  digest = hashlib.md5("\n".join(document).encode("utf-8")).digest()
+  return int.from_bytes(digest[:8], "little") % modulus == 0
+
+
+def _lines(path: str, max_line_bytes: int, stats: CorpusStats) -> Iterator[str]:
+  """Decoded lines of a file; undecodable and over-long lines are skipped and counted.
+
+  ``readline(limit)`` keeps memory bounded by ``max_line_bytes`` however long a
+  line is.
+  """
+  with open(path, "rb") as f:
+    while True:
+      raw = f.readline(max_line_bytes + 1)
+      if not raw:
+        return
+      if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+        stats.overlong_lines += 1
+        while raw and not raw.endswith(b"\n"):  # discard the rest of the line
+          raw = f.readline(1 << 20)
+        continue
+      try:
+        yield raw.decode("utf-8").rstrip("\r\n")
+      except UnicodeDecodeError:
+        stats.undecodable_lines += 1
+
+
+def _bert_format_documents(path, max_line_bytes, stats) -> Iterator[list[str]]:
+  """Documents of one BERT-format file (blank line between documents)."""
+  document = []
+  for line in _lines(path, max_line_bytes, stats):
+    line = line.strip()
+    if line:
+      document.append(line)
+    elif document:
+      yield document
+      document = []
+    else:
+      stats.empty_documents += 1  # consecutive blank lines: an empty document
+  if document:
+    yield document
+
+
+def _raw_documents(path, max_line_bytes, stats) -> Iterator[list[str]]:
+  """Documents of a raw text file: each line one document."""
+  for line in _lines(path, max_line_bytes, stats):
+    yield split_sentences(line)
+
+
+def _jsonl_documents(path, max_line_bytes, stats, text_field) -> Iterator[list[str]]:
+  """Documents of a JSONL file: field ``text_field`` of every object."""
+  for number, line in enumerate(_lines(path, max_line_bytes, stats), 1):
+    if not line.strip():
+      continue
+    try:
+      text = json.loads(line)[text_field]
+    except (ValueError, KeyError, TypeError) as e:
+      raise ValueError(f"{path}:{number}: not a JSON object with a string field "
+                       f"{text_field!r} ({e!r})") from e
+    if not isinstance(text, str):
+      raise ValueError(f"{path}:{number}: field {text_field!r} is not a string")
+    yield _paragraph_sentences(text)
+
+
+def _tfds_documents(name, data_dir, split, text_field, process_index,
+                    process_count) -> Iterator[list[str]]:
+  """Documents of a tfds dataset: one per example, sharded by tfds' own reader."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  builder = tfds.builder(name, data_dir=data_dir or None)
+  read_config = tfds.ReadConfig(
+      input_context=_input_context(process_index, process_count), shuffle_seed=0)
+  ds = builder.as_dataset(split=split, shuffle_files=False, read_config=read_config)
+  for example in ds.as_numpy_iterator():
+    value = example[text_field]
+    yield _paragraph_sentences(value.decode("utf-8", errors="replace")
+                               if isinstance(value, bytes) else str(value))
+
+
+def _input_context(process_index, process_count):
+  """tf.distribute.InputContext so tfds gives each process disjoint files."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.distribute.InputContext(num_input_pipelines=process_count,
+                                    input_pipeline_id=process_index)
+
+
+def _files(pattern: str) -> list[str]:
+  """Sorted files of a glob (sorted: the document order must not depend on the file system)."""
+  return sorted(p for p in globlib.glob(os.path.expanduser(pattern), recursive=True)
+                if os.path.isfile(p))
+
+
+def read_documents(corpus: str, *, split: str = "train", process_index: int = 0,
+                   process_count: int = 1, heldout_modulus: int = 100,
+                   tfds_data_dir: str = "", tfds_split: str = "train",
+                   text_field: str = "text", max_line_bytes: int = 1 << 20,
+                   max_sentences_per_document: int = 2048,
+                   embedded_cache_dir: str = "",
+                   stats: CorpusStats | None = None) -> Iterator[list[str]]:
+  """Yields the documents (lists of sentences) of this process's part of a corpus.
+
+  Args:
+    corpus: "embedded" | a glob of BERT-format files | "raw:<glob>" |
+      "jsonl:<glob>" | "tfds:<name>".
+    split: "train" (held-out documents removed), "eval" (only held-out
+      documents) or "all".
+    process_index, process_count: this process's disjoint part.
+    heldout_modulus: one document in about this many is held out for eval.
+    tfds_data_dir, tfds_split, text_field: for tfds / JSONL sources.
+    max_line_bytes, max_sentences_per_document: memory bounds (see module doc).
+    embedded_cache_dir: cache of the embedded corpus ("" -> default).
+    stats: counters to update (a fresh one is made and logged when None).
+
+  Raises:
+    ValueError: on an unknown split, a glob matching no file, or a corpus part
+      without a single document.
+  """
+  if split not in ("train", "eval", "all"):
+    raise ValueError(f"split must be 'train', 'eval' or 'all', got {split!r}")
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+  own_stats = stats is None
+  stats = stats or CorpusStats()
+  count = 0
+  for document in _source_documents(
+      corpus, process_index, process_count, tfds_data_dir, tfds_split, text_field,
+      max_line_bytes, embedded_cache_dir, stats):
+    if not document:
+      stats.empty_documents += 1
+      continue
+    for start in range(0, len(document), max_sentences_per_document):
+      piece = document[start:start + max_sentences_per_document]
+      if start:
+        stats.split_documents += 1
+      if split != "all" and is_heldout(piece, heldout_modulus) != (split == "eval"):
+        stats.heldout_documents += split == "train"
+        continue
+      stats.documents += 1
+      stats.sentences += len(piece)
+      stats.single_sentence_documents += len(piece) == 1
+      count += 1
+      yield piece
+  if own_stats:
+    stats.log(corpus)
+  if not count:
+    raise ValueError(
+        f"corpus {corpus!r} (split {split!r}, process {process_index} of "
+        f"{process_count}) has no document: {dataclasses.asdict(stats)}")
+
+
+def _source_documents(corpus, process_index, process_count, tfds_data_dir,
+                      tfds_split, text_field, max_line_bytes, embedded_cache_dir,
+                      stats) -> Iterator[list[str]]:
+  """Raw documents of a corpus spec, already restricted to this process's part."""
+  if corpus.startswith("tfds:"):
+    # tfds shards by file itself; fewer files than processes is its error to raise.
+    yield from _tfds_documents(corpus[5:], tfds_data_dir, tfds_split, text_field,
+                               process_index, process_count)
+    return
+  if corpus == "embedded":
+    kind, pattern = "bert", str(embedded_corpus_path(embedded_cache_dir or None))
+  elif corpus.startswith(("raw:", "jsonl:")):
+    kind, pattern = corpus.split(":", 1)
+  else:
+    kind, pattern = "bert", corpus
+  files = _files(pattern)
+  if not files:
+    raise ValueError(f"corpus glob {pattern!r} matches no file")
+  by_file = len(files) >= process_count
+  if by_file:
+    files = files[process_index::process_count]
+  index = 0
+  for path in files:
+    stats.files += 1
+    if os.path.getsize(path) == 0:
+      stats.empty_files += 1
+      continue
+    if kind == "bert":
+      documents = _bert_format_documents(path, max_line_bytes, stats)
+    elif kind == "raw":
+      documents = _raw_documents(path, max_line_bytes, stats)
+    else:
+      documents = _jsonl_documents(path, max_line_bytes, stats, text_field)
+    for document in documents:
+      if by_file or index % process_count == process_index:
+        yield document
+      index += 1
+
+
+# --------------------------------------------------------------------------
+# The embedded corpus: docstrings of installed packages, harvested once.
+# --------------------------------------------------------------------------
+
+
+def _site_dirs() -> list[pathlib.Path]:
+  """site-packages / dist-packages directories on this interpreter's sys.path."""
+  dirs = []
+  for entry in sys.path:
+    path = pathlib.Path(entry or ".")
+    if path.name in ("site-packages", "dist-packages") and path.is_dir():
+      resolved = path.resolve()
+      if resolved not in dirs:
+        dirs.append(resolved)
+  return dirs
+
+
+def _docstring_sentences(docstring: str) -> list[str]:
+  """Prose sentences of a docstring: doctest lines and code blocks dropped."""
+  prose = []
+  for line in docstring.splitlines():
+    stripped = line.strip()
+    if stripped.startswith((">>>", "...", "$ ", "%")) or stripped.endswith("::"):
+      prose.append("")  # a paragraph break: never glue prose across code
+      continue
+    prose.append(stripped)
+  return _paragraph_sentences("\n".join(prose))
+
+
+def _python_file_documents(path: pathlib.Path) -> Iterator[list[str]]:
+  """One document per module/class/function docstring of >= 2 sentences."""
+  try:
+    tree = ast.parse(path.read_bytes(), filename=str(path))
+  except (SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
+    return  # not every .py in site-packages is valid Python 3 for this interpreter
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                         ast.AsyncFunctionDef)):
+      docstring = ast.get_docstring(node, clean=True)
+      if docstring:
+        sentences = _docstring_sentences(docstring)
+        if len(sentences) >= 2:
+          yield sentences
+
+
+class _ParagraphText(html.parser.HTMLParser):
+  """Collects the text of <p> elements of an HTML page."""
+
+  def __init__(self):
+    super().__init__()
+    self.paragraphs, self._depth = [], 0
+
+  def handle_starttag(self, tag, attrs):
+    if tag == "p":
+      self._depth += 1
+      self.paragraphs.append("")
+
+  def handle_endtag(self, tag):
+    if tag == "p" and self._depth:
+      self._depth -= 1
+
+  def handle_data(self, data):
+    if self._depth:
+      self.paragraphs[-1] += data
+
+
+def _html_documents(path: pathlib.Path) -> Iterator[list[str]]:
+  """One document per HTML page: the sentences of its paragraphs."""
+  parser = _ParagraphText()
+  parser.feed(path.read_text(encoding="utf-8", errors="replace"))
+  sentences = [s for p in parser.paragraphs for s in split_sentences(p)]
+  if len(sentences) >= 2:
+    yield sentences
+
+
+def _harvest_sources(site_dirs, html_dirs) -> Iterator[pathlib.Path]:
+  """Files to harvest, in a deterministic (sorted) order."""
+  for root in site_dirs:
+    for directory, subdirs, files in os.walk(root):
+      subdirs.sort()
+      for name in sorted(files):
+        if name.endswith(".py"):
+          yield pathlib.Path(directory, name)
+  for root in html_dirs:
+    yield from sorted(pathlib.Path(root).rglob("*.html"))
+
+
+def harvest_embedded_corpus(output: pathlib.Path, *, site_dirs=None, html_dirs=None,
+                            max_bytes: int = 32 << 20) -> pathlib.Path:
+  """Writes the embedded corpus to ``output`` in BERT format, atomically.
+
+  Documents are docstrings (>= 2 sentences) of the ``.py`` files under
+  ``site_dirs`` (default: this interpreter's site-packages) and the paragraphs
+  of the HTML pages under ``html_dirs`` (default: /usr/share/doc/python3*/html),
+  in sorted file order, duplicates dropped, until ``max_bytes`` of text (32 MiB:
+  tens of MB is plenty for the default job, and the sorted walk makes the cut
+  deterministic). The text goes to a temporary file in the same directory that
+  is renamed onto ``output`` only once complete, so a harvest killed half-way
+  never leaves a partial corpus behind.
+  """
+  site_dirs = _site_dirs() if site_dirs is None else site_dirs
+  if html_dirs is None:
+    html_dirs = sorted(globlib.glob("/usr/share/doc/python3*/html"))
+  output = pathlib.Path(output)
+  output.parent.mkdir(parents=True, exist_ok=True)
+  temp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+  seen, written = set(), 0
+  try:
+    with open(temp, "w", encoding="utf-8") as f:
+      for path in _harvest_sources(site_dirs, html_dirs):
+        if written >= max_bytes:
+          break
+        documents = (_html_documents(path) if path.suffix == ".html"
+                     else _python_file_documents(path))
+        for sentences in documents:
+          text = "\n".join(sentences) + "\n\n"
+          key = hashlib.md5(text.encode("utf-8")).digest()
+          if key in seen:  # inherited / vendored copies of the same docstring
+            continue
+          seen.add(key)
+          f.write(text)
+          written += len(text.encode("utf-8"))
+      f.flush()
+      os.fsync(f.fileno())
+    if not written:
+      raise ValueError(f"no docstring prose found under {site_dirs} / {html_dirs}")
+    os.replace(temp, output)
+  finally:
+    if temp.exists():
+      temp.unlink()
+  logging.info("harvested the embedded corpus: %s (%d bytes)", output, written)
+  return output
+
+
+def embedded_corpus_path(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
+  """Path of the embedded BERT-format corpus, harvesting it on first use.
+
+  ``cache_dir`` defaults to $BERT_JAX_CACHE/embedded_corpus when that variable
+  is set, else ~/.cache/bert_jax/embedded_corpus. Delete the directory to
+  re-harvest after the installed packages change.
+  """
+  if cache_dir is None:
+    env = os.environ.get("BERT_JAX_CACHE")
+    cache_dir = pathlib.Path(env) / "embedded_corpus" if env else _DEFAULT_CACHE
+  path = pathlib.Path(cache_dir).expanduser() / _EMBEDDED_FILE
+  if not path.exists():
+    harvest_embedded_corpus(path)
+  return path

@@ -1,0 +1,457 @@
+"""Pretraining batches made on the fly: documents -> sentence pairs -> masking -> batches.
+
+Stages, and where each runs:
+1. Read this process's documents (corpora.py) and tokenize every sentence once,
+   in-graph (a batched tf.data map over the tokenizer ops of tokenizers.py),
+   into flat id arrays kept in host memory (2 bytes per token for vocabularies
+   < 65,536 ids). Tokenization is deterministic, so doing it once per process
+   instead of once per epoch loses nothing; the result is memoised per process.
+2. Build sentence pairs (pairs.py: NSP / SOP / RoBERTa packing) in a Python
+   generator feeding ``tf.data.Dataset.from_generator``. Pair building needs
+   random access to *other* documents (NSP's random B) and data-dependent
+   loops over sentence lengths, which are exact and simple in numpy and awkward
+   as graph ops; it is cheap next to masking (see the benchmark). The generator
+   yields whole blocks of padded examples, so the Python <-> TF crossing is paid
+   per block, not per example.
+3. Mask each example in-graph (masking.py ``mask_tokens``) in a parallel,
+   order-preserving ``map``, with the stateless seed
+   ``example_seed(seed, epoch, index in epoch)``.
+4. Batch per host (``batch_size`` = global batch / process count), prefetch.
+
+Order and randomness: epoch e visits this process's documents in the order
+``permutation(rng(seed, e))``, cut into blocks of ``shuffle_buffer``
+documents; a block's examples are shuffled by ``rng(seed, e, block)``; the
+pairs of document d use ``rng(seed, e, d)``. Nothing of this depends on the
+masking configuration, so runs that differ only in masking see exactly the same
+pairs in the same order (and the same mask seeds), and every epoch has new
+pairs. The block shuffle replaces a tf.data shuffle buffer because it is a pure
+function of (seed, epoch, block).
+
+Exact resume: the stream is a pure function of (corpus, seed, position), and
+every example carries its position (epoch, block, offset in block, index in
+epoch) through the pipeline, so ``get_state()`` after a batch is exactly the
+position after its last example, however much was prefetched. ``set_state``
+restarts the generator at that block and skips ``offset`` examples of it --
+before tokenization-free pair assembly and before masking, so a restore costs
+one block of pair building, not a replay of the epoch.
+"""
+
+import collections
+import hashlib
+import itertools
+import json
+import logging
+import os
+import pathlib
+from typing import Iterator
+
+import ml_collections
+import numpy as np
+import tensorflow as tf
+
+from data_pipeline import corpora
+from data_pipeline import masking
+from data_pipeline import pairs
+from data_pipeline import tokenizers
+
+OBJECTIVES = ("nsp", "sop", "none")
+_POSITION = "position"  # per-example (epoch, block, offset, index); stripped from batches
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+  """Every data default, defined once (experiment configs start from this)."""
+  c = ml_collections.ConfigDict()
+  c.corpus = "embedded"  # "embedded" | BERT-format glob | "raw:<glob>" | "jsonl:<glob>" | "tfds:<name>"
+  c.embedded_cache_dir = ""  # "" -> $BERT_JAX_CACHE/embedded_corpus, else ~/.cache/bert_jax/embedded_corpus
+  c.tfds_data_dir = ""  # local tfds data_dir for "tfds:" corpora ("" -> tfds' default)
+  c.tfds_split = "train"  # tfds split to read (held-out documents are carved out of it)
+  c.text_field = "text"  # JSONL field / tfds feature holding a document's text
+  c.vocab_file = ""  # WordPiece vocab; "" -> trained on the embedded corpus (corpus "embedded" only)
+  c.embedded_vocab_size = 30522  # size of that trained vocab (BERT's)
+  c.do_lower_case = True  # uncased model: lowercase + strip accents
+  c.spm_model_file = ""  # SentencePiece model instead of a WordPiece vocab
+  c.max_seq_length = 128  # tokens per sequence incl. [CLS]/[SEP] (BERT: 128 for 90% of steps, then 512)
+  c.objective = "nsp"  # "nsp" (BERT) | "sop" (ALBERT) | "none" (RoBERTa full-sentences packing)
+  c.short_seq_prob = 0.1  # chance a document's target length is shorter (google-research value)
+  c.seed = 0  # pair sampling, order and masks all derive from it
+  c.shuffle_buffer = 256  # documents per shuffle block: their examples are shuffled together
+  c.heldout_modulus = 50  # one document in ~this many is held out for eval (MD5 of its text)
+  c.max_line_bytes = 1 << 20  # longer lines are skipped (counted): minified code / binary, not prose
+  c.max_sentences_per_document = 2048  # longer documents are cut into several (bounds memory)
+  c.masking = ml_collections.ConfigDict()
+  c.masking.ratio = 0.15  # fraction of maskable tokens predicted (BERT: 15%)
+  c.masking.mask_prob = 0.8  # of the predicted tokens: replaced by [MASK]
+  c.masking.random_prob = 0.1  # ... replaced by a random non-special token
+  c.masking.keep_prob = 0.1  # ... left unchanged
+  c.masking.strategy = "fixed"  # "fixed": round(ratio x maskable) per sequence | "bernoulli": per token
+  c.masking.whole_word = False  # mask all pieces of a word together
+  c.masking.span = False  # SpanBERT geometric span masking
+  c.masking.span_geometric_p = 0.2  # span-length geometric p (SpanBERT)
+  c.masking.max_span_length = 10  # longest span in words (SpanBERT)
+  c.masking.max_predictions_per_seq = 0  # 0 -> derived from the ratio (20 at 128 / 0.15)
+  c.eval = ml_collections.ConfigDict()
+  c.eval.num_examples = 1024  # size of the fixed held-out set (rounded down to whole global batches)
+  c.eval.masking_ratio = 0.15  # eval masks: BERT's default masking at this ratio, whatever training uses
+  c.eval.seed = 12345  # pairs and masks of the eval set
+  c.eval.max_documents = 4096  # held-out documents read (first in corpus order), bounds eval set-up
+  c.prefetch_batches = 2  # batches prepared ahead of the training step
+  return c
+
+
+def masking_spec(data_config) -> masking.MaskingSpec:
+  """The training MaskingSpec of a data config (validated for its max_seq_length)."""
+  return masking.MaskingSpec.from_config(data_config.masking, data_config.max_seq_length)
+
+
+def eval_masking_spec(data_config) -> masking.MaskingSpec:
+  """Eval masks: the default masking knobs at eval.masking_ratio, identical across ablations."""
+  config = default_data_config().masking
+  config.ratio = data_config.eval.masking_ratio
+  return masking.MaskingSpec.from_config(config, data_config.max_seq_length)
+
+
+def max_predictions(data_config) -> int:
+  """Static size of masked_lm_*: explicit max_predictions_per_seq or derived from the ratio."""
+  return masking_spec(data_config).max_predictions(data_config.max_seq_length)
+
+
+def _validate(data_config) -> None:
+  """ValueErrors naming the field for settings the pipeline cannot honour."""
+  if data_config.objective not in OBJECTIVES:
+    raise ValueError(f"data.objective must be one of {OBJECTIVES}, got {data_config.objective!r}")
+  if not 8 <= data_config.max_seq_length:
+    raise ValueError(f"data.max_seq_length must be >= 8, got {data_config.max_seq_length}")
+  if not 0.0 <= data_config.short_seq_prob <= 1.0:
+    raise ValueError(f"data.short_seq_prob must be in [0, 1], got {data_config.short_seq_prob}")
+  if data_config.shuffle_buffer < 1 or data_config.heldout_modulus < 2:
+    raise ValueError("data.shuffle_buffer must be >= 1 and data.heldout_modulus >= 2, got "
+                     f"{data_config.shuffle_buffer}, {data_config.heldout_modulus}")
+
+
+# --------------------------------------------------------------------------
+# Tokenizer and tokenized corpus.
+# --------------------------------------------------------------------------
+
+
+def resolve_vocab(data_config) -> tuple[str, str]:
+  """(vocab_file, spm_model_file) to use; trains and caches a vocab for the embedded corpus."""
+  if data_config.vocab_file or data_config.spm_model_file:
+    return data_config.vocab_file, data_config.spm_model_file
+  if data_config.corpus != "embedded":
+    raise ValueError("data.vocab_file (or data.spm_model_file) is required for corpus "
+                     f"{data_config.corpus!r}; only the embedded corpus has a default vocab")
+  train = getattr(tokenizers, "train_wordpiece_vocab", None)
+  if train is None:
+    raise ValueError("data.vocab_file is required: this tokenizers module cannot train a vocab")
+  corpus = corpora.embedded_corpus_path(data_config.embedded_cache_dir or None)
+  case = "uncased" if data_config.do_lower_case else "cased"
+  vocab = corpus.with_name(f"vocab_{data_config.embedded_vocab_size}_{case}.txt")
+  if not vocab.exists():
+    temp = vocab.with_name(f".{vocab.name}.tmp-{os.getpid()}")
+    try:
+      train(str(corpus), str(temp), vocab_size=data_config.embedded_vocab_size,
+            do_lower_case=data_config.do_lower_case)
+      os.replace(temp, vocab)  # atomic, like the corpus itself
+    finally:
+      if temp.exists():
+        temp.unlink()
+  return str(vocab), ""
+
+
+def make_tokenizer(data_config):
+  """The in-graph tokenizer of a data config (WordPiece or SentencePiece)."""
+  vocab_file, spm_model_file = resolve_vocab(data_config)
+  return tokenizers.load_tokenizer(vocab_file, spm_model_file, data_config.do_lower_case)
+
+
+def word_start_table(tokenizer) -> np.ndarray:
+  """[vocab] bool: whether a piece id starts a word ("##" / missing "\u2581" continue one)."""
+  specials = set(tokenizers.SPECIAL_TOKENS.values())
+  if isinstance(tokenizer, tokenizers.SentencePieceTokenizer):
+    return np.array([p.startswith("\u2581") or p in specials or (p.startswith("<") and p.endswith(">"))
+                     for p in tokenizer.vocab])
+  return np.array([not p.startswith("##") for p in tokenizer.vocab])
+
+
+def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048) -> pairs.TokenizedCorpus:
+  """Tokenizes every sentence in-graph into a TokenizedCorpus.
+
+  Special tokens written literally in the text ("[CLS]" in a docstring about
+  BERT) are dropped so that they never look like structure; sentences and
+  documents left empty are dropped.
+  """
+  sentence_counts = []
+
+  def sentence_batches():
+    batch = []
+    for document in documents:
+      sentence_counts.append(len(document))
+      for sentence in document:
+        batch.append(sentence)
+        if len(batch) == batch_size:
+          yield np.array(batch, dtype=object)
+          batch = []
+    if batch:
+      yield np.array(batch, dtype=object)
+
+  def tokenize(strings):
+    ragged = tokenizer.tokenize(strings)
+    return ragged.flat_values, ragged.row_lengths()
+
+  ds = tf.data.Dataset.from_generator(
+      sentence_batches, output_signature=tf.TensorSpec([None], tf.string))
+  ds = ds.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32
+  specials = np.array(sorted(set(tokenizer.special_ids.values()) - {tokenizer.special_ids["unk"]}))
+  ids, lengths = [], []
+  for flat, row_lengths in ds.as_numpy_iterator():
+    keep = ~np.isin(flat, specials)
+    if not keep.all():
+      sentence_of = np.repeat(np.arange(len(row_lengths)), row_lengths)
+      row_lengths = np.bincount(sentence_of[keep], minlength=len(row_lengths))
+      flat = flat[keep]
+    ids.append(flat.astype(dtype))
+    lengths.append(row_lengths)
+  lengths = np.concatenate(lengths) if lengths else np.zeros([0], np.int64)
+  counts = np.asarray(sentence_counts, np.int64)
+  # Drop empty sentences, then documents left without sentences.
+  doc_of = np.repeat(np.arange(len(counts)), counts)
+  nonempty = lengths > 0
+  counts = np.bincount(doc_of[nonempty], minlength=len(counts))
+  counts = counts[counts > 0]
+  return pairs.TokenizedCorpus(
+      ids=np.concatenate(ids) if ids else np.zeros([0], dtype),
+      sentence_starts=np.concatenate([[0], np.cumsum(lengths[nonempty])]),
+      document_starts=np.concatenate([[0], np.cumsum(counts)]))
+
+
+# Per-process memo: tokenizing a corpus once serves every PretrainingInput built
+# on it (training, restarts in tests, previews).
+_CORPUS_CACHE: "collections.OrderedDict[tuple, pairs.TokenizedCorpus]" = collections.OrderedDict()
+
+
+def load_tokenized_corpus(data_config, tokenizer, *, split: str, process_index: int,
+                          process_count: int, max_documents: int = 0) -> pairs.TokenizedCorpus:
+  """This process's documents of ``split``, tokenized (memoised per process)."""
+  c = data_config
+  key = (c.corpus, c.embedded_cache_dir, c.tfds_data_dir, c.tfds_split, c.text_field,
+         c.heldout_modulus, c.max_line_bytes, c.max_sentences_per_document,
+         tokenizer.__class__.__name__, getattr(tokenizer, "vocab_file", ""),
+         getattr(tokenizer, "model_file", ""), c.do_lower_case, split, process_index,
+         process_count, max_documents)
+  if key not in _CORPUS_CACHE:
+    stats = corpora.CorpusStats()
+    documents = corpora.read_documents(
+        c.corpus, split=split, process_index=process_index, process_count=process_count,
+        heldout_modulus=c.heldout_modulus, tfds_data_dir=c.tfds_data_dir,
+        tfds_split=c.tfds_split, text_field=c.text_field, max_line_bytes=c.max_line_bytes,
+        max_sentences_per_document=c.max_sentences_per_document,
+        embedded_cache_dir=c.embedded_cache_dir, stats=stats)
+    if max_documents:
+      documents = itertools.islice(documents, max_documents)
+    _CORPUS_CACHE[key] = tokenize_documents(documents, tokenizer)
+    stats.log(f"{c.corpus} ({split}, process {process_index}/{process_count})")
+    while len(_CORPUS_CACHE) > 4:
+      _CORPUS_CACHE.popitem(last=False)
+  return _CORPUS_CACHE[key]
+
+
+# --------------------------------------------------------------------------
+# The example stream (pure function of corpus, seed and position).
+# --------------------------------------------------------------------------
+
+
+class ExampleStream:
+  """Unmasked examples of one process, in blocks, from a given position on."""
+
+  def __init__(self, corpus: pairs.TokenizedCorpus, *, objective: str, max_seq_length: int,
+               short_seq_prob: float, seed: int, shuffle_buffer: int, special_ids: dict):
+    self.corpus, self.objective = corpus, objective
+    self.max_seq_length, self.short_seq_prob = max_seq_length, short_seq_prob
+    self.seed, self.shuffle_buffer, self.special_ids = seed, shuffle_buffer, special_ids
+    sentences_per_doc = np.diff(corpus.document_starts)
+    if objective != "none" and not (sentences_per_doc >= 2).any():
+      raise ValueError(f"objective {objective!r} needs documents of >= 2 sentences; "
+                       "this corpus part has none")
+    if corpus.num_documents < 1:
+      raise ValueError("the corpus part has no non-empty document")
+
+  def num_blocks(self) -> int:
+    """Blocks per epoch."""
+    return -(-self.corpus.num_documents // self.shuffle_buffer)
+
+  def block_instances(self, epoch: int, block: int) -> list[pairs.Instance]:
+    """The examples of one block, shuffled."""
+    order = pairs.rng_for(self.seed, epoch, 0).permutation(self.corpus.num_documents)
+    docs = order[block * self.shuffle_buffer:(block + 1) * self.shuffle_buffer]
+    if self.objective == "none":
+      instances = pairs.packed_instances(self.corpus, docs, max_seq_length=self.max_seq_length,
+                                         sep_id=self.special_ids["sep"])
+    else:
+      instances = []
+      for doc in docs:
+        instances.extend(pairs.pair_instances(
+            self.corpus, int(doc), objective=self.objective, max_seq_length=self.max_seq_length,
+            short_seq_prob=self.short_seq_prob, rng=pairs.rng_for(self.seed, epoch, 1, doc)))
+    shuffle = pairs.rng_for(self.seed, epoch, 2, block).permutation(len(instances))
+    return [instances[i] for i in shuffle]
+
+  def blocks(self, epoch=0, block=0, offset=0, index=0) -> Iterator[dict]:
+    """Padded example arrays per block, starting at a position; endless (epoch after epoch)."""
+    while True:
+      produced = 0
+      for b in range(block, self.num_blocks()):
+        instances = self.block_instances(epoch, b)[offset:]
+        if instances:
+          arrays = pairs.assemble(instances, max_seq_length=self.max_seq_length,
+                                  cls_id=self.special_ids["cls"], sep_id=self.special_ids["sep"],
+                                  pad_id=self.special_ids["pad"])
+          n = len(instances)
+          arrays[_POSITION] = np.stack([np.full([n], epoch), np.full([n], b),
+                                        offset + np.arange(n), index + np.arange(n)], 1)
+          index += n
+          produced += n
+          yield arrays
+        offset = 0
+      if not produced and block == 0:
+        raise ValueError(f"epoch {epoch} produced no example")  # degenerate corpus
+      epoch, block, index = epoch + 1, 0, 0
+
+
+# --------------------------------------------------------------------------
+# tf.data pipeline, training iterator and eval set.
+# --------------------------------------------------------------------------
+
+
+def _masked_dataset(stream: ExampleStream, start: dict, spec: masking.MaskingSpec, *,
+                    tokenizer, seed: int, batch_size: int, prefetch: int) -> tf.data.Dataset:
+  """from_generator(stream) -> per-example in-graph masking -> batches (with positions)."""
+  t = stream.max_seq_length
+  signature = {"input_ids": tf.TensorSpec([None, t], tf.int32),
+               "segment_ids": tf.TensorSpec([None, t], tf.int32),
+               "next_sentence_labels": tf.TensorSpec([None], tf.int32),
+               _POSITION: tf.TensorSpec([None, 4], tf.int64)}
+  ds = tf.data.Dataset.from_generator(lambda: stream.blocks(**start), output_signature=signature)
+  ds = ds.unbatch()
+  specials = tokenizer.special_ids
+  starts = tf.constant(word_start_table(tokenizer))
+  num_predictions = spec.max_predictions(t)
+
+  def mask(example):
+    ids = example["input_ids"]
+    input_mask = ids != specials["pad"]  # literal specials were removed from the text
+    maskable = input_mask & (ids != specials["cls"]) & (ids != specials["sep"])
+    position = example[_POSITION]
+    masked = masking.mask_tokens(
+        ids, maskable, tf.gather(starts, ids), masking.example_seed(seed, position[0], position[3]),
+        spec, mask_id=specials["mask"], vocab_size=tokenizer.vocab_size,
+        special_ids=list(specials.values()), max_predictions=num_predictions)
+    return {"input_ids": masked["input_ids"], "input_mask": tf.cast(input_mask, tf.int32),
+            "segment_ids": example["segment_ids"],
+            "masked_lm_positions": masked["masked_lm_positions"],
+            "masked_lm_ids": masked["masked_lm_ids"],
+            "masked_lm_weights": masked["masked_lm_weights"],
+            "next_sentence_labels": example["next_sentence_labels"], _POSITION: position}
+
+  ds = ds.map(mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  return ds.batch(batch_size, drop_remainder=True).prefetch(prefetch)
+
+
+class PretrainingInput:
+  """Endless iterator of this host's numpy pretraining batches, with exact resume.
+
+  Yields dicts with input_ids, input_mask, segment_ids [B, T] int32,
+  masked_lm_positions, masked_lm_ids [B, P] int32, masked_lm_weights [B, P]
+  float32 and next_sentence_labels [B] int32, B = ``batch_size`` (per host).
+  """
+
+  def __init__(self, data_config, *, batch_size: int, process_index: int = 0,
+               process_count: int = 1, split: str = "train"):
+    _validate(data_config)
+    if batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    self.config, self.batch_size = data_config, batch_size
+    self.spec = masking_spec(data_config)
+    self.tokenizer = make_tokenizer(data_config)
+    corpus = load_tokenized_corpus(data_config, self.tokenizer, split=split,
+                                   process_index=process_index, process_count=process_count)
+    self.stream = ExampleStream(
+        corpus, objective=data_config.objective, max_seq_length=data_config.max_seq_length,
+        short_seq_prob=data_config.short_seq_prob, seed=data_config.seed,
+        shuffle_buffer=data_config.shuffle_buffer, special_ids=self.tokenizer.special_ids)
+    fields = [data_config.corpus, split, process_index, process_count, corpus.num_documents,
+              corpus.num_tokens, data_config.objective, data_config.max_seq_length,
+              data_config.short_seq_prob, data_config.seed, data_config.shuffle_buffer]
+    self._fingerprint = hashlib.md5(json.dumps(fields).encode()).hexdigest()[:16]
+    self._position = {"epoch": 0, "block": 0, "offset": 0, "index": 0}
+    self._iterator = None
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    if self._iterator is None:
+      self._iterator = _masked_dataset(
+          self.stream, dict(self._position), self.spec, tokenizer=self.tokenizer,
+          seed=self.config.seed, batch_size=self.batch_size,
+          prefetch=self.config.prefetch_batches).as_numpy_iterator()
+    batch = next(self._iterator)
+    epoch, block, offset, index = (int(v) for v in batch.pop(_POSITION)[-1])
+    self._position = {"epoch": epoch, "block": block, "offset": offset + 1, "index": index + 1}
+    return batch
+
+  def get_state(self) -> dict:
+    """JSON-serialisable position after the last batch returned (plus a corpus fingerprint)."""
+    return {**self._position, "fingerprint": self._fingerprint}
+
+  def set_state(self, state: dict) -> None:
+    """Continues from ``state`` (from get_state): the next batches are exactly those that followed it.
+
+    Raises:
+      ValueError: the state is malformed or belongs to another corpus/config
+        (a different fingerprint), where an exact resume is impossible.
+    """
+    try:
+      position = {k: int(state[k]) for k in ("epoch", "block", "offset", "index")}
+    except (KeyError, TypeError, ValueError) as e:
+      raise ValueError(f"malformed pipeline state {state!r}: {e!r}") from None
+    if state.get("fingerprint") != self._fingerprint:
+      raise ValueError(
+          f"pipeline state fingerprint {state.get('fingerprint')!r} does not match this "
+          f"pipeline's {self._fingerprint!r}: corpus, seed, objective, max_seq_length, "
+          "shuffle_buffer or process layout changed, so an exact resume is impossible")
+    self._position, self._iterator = position, None
+
+
+def make_eval_batches(data_config, *, batch_size: int, process_index: int = 0,
+                      process_count: int = 1) -> list[dict]:
+  """The fixed held-out eval set: this host's numpy batches, deterministic masks.
+
+  The set is built identically on every host (the first eval.max_documents
+  held-out documents of the whole corpus, pairs and masks from eval.seed, masks
+  at eval.masking_ratio with default knobs), cut into global batches of
+  ``batch_size * process_count`` examples; this host gets its slice of each.
+  It therefore depends neither on the training masking config nor on the
+  process count.
+  """
+  _validate(data_config)
+  global_batch = batch_size * process_count
+  num_batches = data_config.eval.num_examples // global_batch
+  if num_batches < 1:
+    raise ValueError(f"data.eval.num_examples={data_config.eval.num_examples} is smaller "
+                     f"than one global batch ({global_batch})")
+  tokenizer = make_tokenizer(data_config)
+  corpus = load_tokenized_corpus(data_config, tokenizer, split="eval", process_index=0,
+                                 process_count=1, max_documents=data_config.eval.max_documents)
+  stream = ExampleStream(
+      corpus, objective=data_config.objective, max_seq_length=data_config.max_seq_length,
+      short_seq_prob=data_config.short_seq_prob, seed=data_config.eval.seed,
+      shuffle_buffer=data_config.shuffle_buffer, special_ids=tokenizer.special_ids)
+  ds = _masked_dataset(stream, {}, eval_masking_spec(data_config), tokenizer=tokenizer,
+                       seed=data_config.eval.seed, batch_size=global_batch, prefetch=1)
+  batches = []
+  for batch in ds.take(num_batches).as_numpy_iterator():
+    batch.pop(_POSITION)
+    lo = process_index * batch_size
+    batches.append({k: v[lo:lo + batch_size] for k, v in batch.items()})
+  return batches
