@@ -1,0 +1,397 @@
+"""Masked-LM masking ops for the tf.data pretraining pipeline.
+
+`mask_tokens` masks ONE example with pure, stateless TensorFlow ops, so it runs
+inside `tf.data.Dataset.map`, in eager mode and under `tf.function` with
+identical results for the same seed. The knobs (ratio, fixed vs Bernoulli
+count, mask/random/keep split, whole-word and span masking) are independent so
+that objective ablations change exactly one thing.
+
+Seeds: derive one per example with `example_seed(base_seed, epoch, index)`.
+Every random draw inside `mask_tokens` is a function of that seed only, and the
+selection scores do not depend on the ratio, so for token-level masking the
+positions chosen at a lower ratio are a subset of those chosen at a higher one
+(same seed): ratio ablations differ in how much is masked, not in which noise.
+
+Selection is done on *units*: a unit is a token, or with whole-word / span
+masking a word (its first piece plus the following continuation pieces).
+Special tokens ([CLS], [SEP], [PAD], given by `maskable=False`) are always
+units of their own and are never eligible, and a word never straddles one.
+"""
+
+import dataclasses
+import math
+import numbers
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+_STRATEGIES = ("fixed", "bernoulli")
+# An explicit max_predictions_per_seq with the bernoulli strategy may be smaller
+# than max_seq_length only if a sequence needs more predictions with at most
+# this probability: < 1 expected overflow over BERT's 256 x 1M training sequences.
+_BERNOULLI_OVERFLOW_PROB = 1e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingSpec:
+  """What to mask; validated on construction (ValueError naming the field).
+
+  Attributes:
+    ratio: fraction of maskable tokens to predict, in (0, 1).
+    mask_prob: probability that a prediction is replaced by [MASK].
+    random_prob: probability that it is replaced by a random non-special id.
+    keep_prob: probability that it is left unchanged (the three sum to 1).
+    strategy: "fixed": exactly max(1, round(ratio * num_maskable)) predicted
+      tokens per sequence (whole-word / span masking may fall short when no
+      remaining word fits the budget); "bernoulli": every unit independently
+      with probability `ratio`.
+    whole_word: all pieces of a word are predicted together and share one
+      mask/random/keep decision.
+    span: SpanBERT span masking: spans of whole words with lengths from a
+      geometric distribution truncated to [1, max_span_length] (renormalised,
+      as SpanBERT does), one mask/random/keep decision per span.
+    span_geometric_p: success probability of the span-length geometric.
+    max_span_length: longest span, in words.
+    max_predictions_per_seq: static size P of masked_lm_*; 0 derives it
+      (see `max_predictions`).
+  """
+  ratio: float
+  mask_prob: float = 0.8
+  random_prob: float = 0.1
+  keep_prob: float = 0.1
+  strategy: str = "fixed"
+  whole_word: bool = False
+  span: bool = False
+  span_geometric_p: float = 0.2
+  max_span_length: int = 10
+  max_predictions_per_seq: int = 0
+
+  def __post_init__(self):
+    def number(name, low, high, low_open, high_open):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"masking.{name} must be a number, got {value!r}")
+      too_low = value <= low if low_open else value < low
+      too_high = value >= high if high_open else value > high
+      if too_low or too_high or math.isnan(value):
+        raise ValueError(
+            f"masking.{name} must be in {'(' if low_open else '['}{low}, "
+            f"{high}{')' if high_open else ']'}, got {value!r}")
+
+    number("ratio", 0.0, 1.0, True, True)
+    for name in ("mask_prob", "random_prob", "keep_prob"):
+      number(name, 0.0, 1.0, False, False)
+    total = self.mask_prob + self.random_prob + self.keep_prob
+    if abs(total - 1.0) > 1e-6:
+      raise ValueError(
+          "masking.mask_prob + masking.random_prob + masking.keep_prob must "
+          f"sum to 1, got {self.mask_prob} + {self.random_prob} + "
+          f"{self.keep_prob} = {total}")
+    if self.strategy not in _STRATEGIES:
+      raise ValueError(
+          f"masking.strategy must be one of {_STRATEGIES}, got {self.strategy!r}")
+    for name in ("whole_word", "span"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(
+            f"masking.{name} must be a bool, got {getattr(self, name)!r}")
+    number("span_geometric_p", 0.0, 1.0, True, False)
+    for name, low in (("max_span_length", 1), ("max_predictions_per_seq", 0)):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(
+            f"masking.{name} must be an int >= {low}, got {value!r}")
+
+  @classmethod
+  def from_config(cls, masking_config, max_seq_length: int) -> "MaskingSpec":
+    """Builds a spec from `config.data.masking` and validates it for `max_seq_length`.
+
+    Every field must be present in the config (defaults live in the config,
+    not here); an explicit max_predictions_per_seq too small for the ratio is
+    rejected now, before any data is read.
+    """
+    kwargs = {}
+    for field in dataclasses.fields(cls):
+      try:
+        kwargs[field.name] = masking_config[field.name]
+      except (KeyError, AttributeError):
+        raise ValueError(
+            f"masking config is missing the field {field.name!r}") from None
+    spec = cls(**kwargs)
+    spec.max_predictions(max_seq_length)
+    return spec
+
+  def max_predictions(self, max_seq_length: int) -> int:
+    """The static number P of masked_lm_* slots for sequences of this length.
+
+    Derived (max_predictions_per_seq == 0): "fixed" -> ceil(ratio * L), which
+    no sequence can exceed because at most L tokens are maskable (BERT's 20 at
+    L=128, ratio 0.15); "bernoulli" -> L, so a draw is never truncated.
+    An explicit value must hold every possible "fixed" count,
+    max(1, round(ratio * L)), and for "bernoulli" the chance that a sequence
+    draws more than P tokens (binomial tail over L tokens) must be
+    <= 1e-9; anything smaller is a ValueError naming max_predictions_per_seq.
+    """
+    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) \
+        or max_seq_length < 1:
+      raise ValueError(
+          f"max_seq_length must be a positive int, got {max_seq_length!r}")
+    explicit = self.max_predictions_per_seq
+    if self.strategy == "fixed":
+      if not explicit:
+        # The epsilon keeps float noise (0.1 * 30 = 3.0000000000000004) from adding a slot.
+        return max(1, math.ceil(self.ratio * max_seq_length - 1e-9))
+      needed = max(1, round(self.ratio * max_seq_length))
+      if explicit < needed:
+        raise ValueError(
+            f"masking.max_predictions_per_seq={explicit} is too small: "
+            f"ratio {self.ratio} at max_seq_length {max_seq_length} needs up to "
+            f"{needed} predictions (set 0 to derive it)")
+      return explicit
+    if not explicit:
+      return max_seq_length
+    tail = _binomial_tail(max_seq_length, self.ratio, explicit)
+    if tail > _BERNOULLI_OVERFLOW_PROB:
+      raise ValueError(
+          f"masking.max_predictions_per_seq={explicit} is too small for "
+          f"strategy 'bernoulli' with ratio {self.ratio} at max_seq_length "
+          f"{max_seq_length}: P(more than {explicit} masked) = {tail:.2e} > "
+          f"{_BERNOULLI_OVERFLOW_PROB} (set 0 to derive it)")
+    return explicit
+
+
+def _binomial_tail(n: int, p: float, k: int) -> float:
+  """P(Binomial(n, p) > k), summed in log space so large n does not underflow."""
+  log_p, log_q = math.log(p), math.log1p(-p)
+  total = 0.0
+  for i in range(k + 1, n + 1):
+    log_term = (math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                + i * log_p + (n - i) * log_q)
+    total += math.exp(log_term)
+  return total
+
+
+def example_seed(base_seed, epoch, index) -> tf.Tensor:
+  """The stateless [2] int seed of one example: a function of (base_seed, epoch, index) only.
+
+  Folding rather than adding keeps (epoch, index) pairs from colliding, and
+  the result does not depend on the masking ratio or on any other example.
+  """
+  seed = tf.stack([tf.cast(base_seed, tf.int64), tf.constant(0, tf.int64)])
+  seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(epoch, tf.int64))
+  return tf.random.experimental.stateless_fold_in(seed, tf.cast(index, tf.int64))
+
+
+def span_length_probs(spec: MaskingSpec) -> list:
+  """P(span length = 1..max_span_length words): geometric, truncated and renormalised."""
+  p = spec.span_geometric_p
+  weights = [p * (1.0 - p) ** (n - 1) for n in range(1, spec.max_span_length + 1)]
+  return [w / sum(weights) for w in weights]
+
+
+def sample_span_lengths(seed, num: int, spec: MaskingSpec) -> tf.Tensor:
+  """`num` span lengths in words, int32, drawn from `span_length_probs(spec)`."""
+  logits = tf.math.log(tf.constant([span_length_probs(spec)], tf.float32))
+  draws = tf.random.stateless_categorical(logits, num, seed, dtype=tf.int32)
+  return draws[0] + 1
+
+
+def _greedy_fill(lengths, candidates, scores, budget):
+  """Chooses units in ascending score order, skipping any that would overflow `budget`.
+
+  This is google-research/bert's whole-word loop (take the next unit unless it
+  would exceed the budget, then carry on) made vectorised: each pass takes the
+  longest prefix that fits, drops the first unit that does not (it can never
+  fit later, the budget only shrinks), and repeats. With unit length 1 it ends
+  after one pass; otherwise after a few.
+
+  Args:
+    lengths: [T] int32 tokens per unit.
+    candidates: [T] bool units that may be chosen.
+    scores: [T] float32 in [0, 1); lower is chosen first.
+    budget: int32 scalar, the most tokens to choose.
+
+  Returns:
+    [T] bool, the chosen units.
+  """
+  size = tf.shape(lengths)[0]
+  order = tf.argsort(tf.where(candidates, scores, 2.0), stable=True)
+  sorted_lengths = tf.gather(lengths, order)
+  rank = tf.range(size)
+
+  def body(taken, alive, budget):
+    fits = alive & (sorted_lengths <= budget)
+    cumulative = tf.cumsum(tf.where(fits, sorted_lengths, 0))
+    take = fits & (cumulative <= budget)
+    over = fits & (cumulative > budget)
+    first_over = tf.where(tf.reduce_any(over),
+                          tf.argmax(tf.cast(over, tf.int32), output_type=tf.int32),
+                          size)
+    budget -= tf.reduce_sum(tf.where(take, sorted_lengths, 0))
+    return taken | take, fits & (rank > first_over), budget
+
+  taken, _, _ = tf.while_loop(
+      lambda taken, alive, budget: tf.reduce_any(alive), body,
+      (tf.zeros([size], tf.bool), tf.gather(candidates, order), budget))
+  return tf.gather(taken, tf.math.invert_permutation(order))
+
+
+def _span_fill(lengths, eligible, scores, span_lengths, budget):
+  """SpanBERT: spans of whole units from random anchors until `budget` tokens.
+
+  Anchors are visited in ascending score order (each unit at most once);
+  an already chosen anchor is skipped, as in SpanBERT. A span covers the
+  anchor and the following units, stopping at an ineligible unit ([SEP]) and
+  at the first unit that would overflow the budget, so the count never
+  exceeds it. Overlapping spans may merge into one longer run.
+
+  Returns:
+    ([T] bool chosen units, [T] int32 span index of each chosen unit).
+  """
+  size = tf.shape(lengths)[0]
+  order = tf.argsort(tf.where(eligible, scores, 2.0), stable=True)
+  num_anchors = tf.reduce_sum(tf.cast(eligible, tf.int32))
+  unit = tf.range(size)
+  # Units with the same count of ineligible units before them share a run
+  # between specials; a span must stay inside its anchor's run.
+  run = tf.cumsum(tf.cast(~eligible, tf.int32))
+
+  def body(i, chosen, span_of, count):
+    anchor = order[i]
+    new = ((unit >= anchor) & (unit < anchor + span_lengths[i])
+           & (run == run[anchor]) & ~chosen & ~chosen[anchor])
+    cumulative = tf.cumsum(tf.where(new, lengths, 0))
+    add = new & (cumulative <= budget - count)
+    count += tf.reduce_sum(tf.where(add, lengths, 0))
+    return i + 1, chosen | add, tf.where(add, i, span_of), count
+
+  _, chosen, span_of, _ = tf.while_loop(
+      lambda i, chosen, span_of, count: (i < num_anchors) & (count < budget),
+      body, (0, tf.zeros([size], tf.bool), tf.zeros([size], tf.int32), 0))
+  return chosen, span_of
+
+
+def mask_tokens(input_ids, maskable, word_starts, seed, spec: MaskingSpec, *,
+                mask_id: int, vocab_size: int, special_ids: Sequence[int],
+                max_predictions: int) -> dict:
+  """Masks one example for masked-LM training (graph-compatible, stateless).
+
+  Args:
+    input_ids: [T] int token ids (cast to int32).
+    maskable: [T] bool, False for [CLS], [SEP], [PAD] and anything else that
+      must never be predicted.
+    word_starts: [T] bool, True on the first piece of each word (False on
+      "##" continuations); required with whole_word or span, else ignored and
+      may be None. A maskable piece right after an unmaskable token always
+      starts a word.
+    seed: [2] int32/int64 stateless seed, e.g. from `example_seed`.
+    spec: the MaskingSpec.
+    mask_id: id of [MASK].
+    vocab_size: number of ids; random replacements are drawn uniformly from
+      [0, vocab_size) minus `special_ids` and `mask_id` ([unusedN] ids are
+      kept: like google-research/bert we do not inspect the vocab text).
+    special_ids: ids never used as random replacements ([PAD], [UNK], [CLS],
+      [SEP], [MASK], ...).
+    max_predictions: static P; pass `spec.max_predictions(max_seq_length)`.
+
+  Returns:
+    dict with input_ids [T] int32 (masked), masked_lm_positions [P] int32
+    (ascending, padded with 0), masked_lm_ids [P] int32 (original ids, padded
+    with 0), masked_lm_weights [P] float32 (1.0 real, 0.0 padding).
+
+  Raises:
+    ValueError: inconsistent ids, missing word_starts, or a static T for which
+      max_predictions is too small (checked when T is known at trace time).
+  """
+  excluded = sorted(set(int(i) for i in special_ids) | {int(mask_id)})
+  if not 0 <= mask_id < vocab_size:
+    raise ValueError(f"mask_id {mask_id} is outside the vocabulary [0, {vocab_size})")
+  if excluded[0] < 0 or excluded[-1] >= vocab_size:
+    raise ValueError(f"special_ids {list(special_ids)} fall outside [0, {vocab_size})")
+  if len(excluded) >= vocab_size:
+    raise ValueError("special_ids leave no id for random replacement")
+  if isinstance(max_predictions, bool) \
+      or not isinstance(max_predictions, numbers.Integral) or max_predictions < 1:
+    raise ValueError(f"max_predictions must be a positive int, got {max_predictions!r}")
+  max_predictions = int(max_predictions)
+  if (spec.whole_word or spec.span) and word_starts is None:
+    raise ValueError("word_starts is required for whole_word or span masking")
+  static_length = tf.TensorShape(input_ids.shape)[0] if hasattr(input_ids, "shape") else None
+  if static_length is not None:
+    # Raises ValueError naming max_predictions_per_seq if P cannot hold a draw.
+    dataclasses.replace(spec, max_predictions_per_seq=int(max_predictions)
+                        ).max_predictions(int(static_length))
+
+  input_ids = tf.cast(input_ids, tf.int32)
+  maskable = tf.cast(maskable, tf.bool)
+  length = tf.shape(input_ids)[0]
+  seeds = tf.random.experimental.stateless_split(seed, 6)
+
+  # Units: every maskable word start, every unmaskable token, and any maskable
+  # token after an unmaskable one (a truncated segment may begin with "##").
+  after_special = tf.concat([[True], ~maskable[:-1]], axis=0)
+  if spec.whole_word or spec.span:
+    unit_start = tf.cast(word_starts, tf.bool) | ~maskable | after_special
+  else:
+    unit_start = tf.ones([length], tf.bool)
+  unit_id = tf.cumsum(tf.cast(unit_start, tf.int32)) - 1
+  unit_length = tf.math.unsorted_segment_sum(tf.ones([length], tf.int32), unit_id, length)
+  unit_eligible = tf.math.unsorted_segment_max(
+      tf.cast(maskable, tf.int32), unit_id, length) > 0
+
+  # Independent of the ratio, so masks at different ratios are nested.
+  scores = tf.random.stateless_uniform([length], seeds[0])
+  num_maskable = tf.reduce_sum(tf.cast(maskable, tf.int32))
+  if spec.strategy == "fixed":
+    # float64 and half-to-even rounding, exactly Python's round(ratio * n).
+    budget = tf.cast(tf.math.round(tf.cast(num_maskable, tf.float64) * spec.ratio), tf.int32)
+    budget = tf.where(num_maskable > 0, tf.maximum(budget, 1), 0)
+    # Only reachable with a dynamic T longer than the P was derived for.
+    check = tf.debugging.assert_less_equal(
+        budget, max_predictions,
+        message="masking: max_predictions too small for this sequence length")
+    with tf.control_dependencies([check]):
+      budget = tf.identity(budget)
+  elif spec.span:
+    # A Binomial(num_maskable, ratio) token budget, filled with spans.
+    token_draws = tf.random.stateless_uniform([length], seeds[5])
+    budget = tf.reduce_sum(tf.cast(maskable & (token_draws < spec.ratio), tf.int32))
+    budget = tf.minimum(budget, max_predictions)
+  else:
+    budget = tf.constant(max_predictions, tf.int32)
+
+  if spec.span:
+    span_lengths = sample_span_lengths(seeds[1], length, spec)
+    chosen_units, span_of = _span_fill(unit_length, unit_eligible, scores,
+                                       span_lengths, budget)
+    decision_group = tf.gather(span_of, unit_id)
+  else:
+    candidates = unit_eligible
+    if spec.strategy == "bernoulli":
+      candidates &= scores < spec.ratio
+    chosen_units = _greedy_fill(unit_length, candidates, scores, budget)
+    decision_group = unit_id
+  selected = tf.gather(chosen_units, unit_id) & maskable
+
+  # One mask/random/keep draw per decision group (token, word or span).
+  decision = tf.gather(tf.random.stateless_uniform([length], seeds[2]), decision_group)
+  to_mask = selected & (decision < spec.mask_prob)
+  to_random = selected & ~to_mask & (decision < spec.mask_prob + spec.random_prob)
+  # Uniform over the allowed ids: draw a rank among them, then step over each
+  # excluded id at or below it (ascending order makes one sweep enough).
+  random_ids = tf.random.stateless_uniform(
+      [length], seeds[3], minval=0, maxval=vocab_size - len(excluded), dtype=tf.int32)
+  for special in excluded:
+    random_ids += tf.cast(random_ids >= special, tf.int32)
+  masked_ids = tf.where(to_mask, mask_id, tf.where(to_random, random_ids, input_ids))
+
+  positions = tf.cast(tf.where(selected)[:, 0], tf.int32)
+  num = tf.shape(positions)[0]
+  padding = [[0, max_predictions - num]]
+  return {
+      "input_ids": masked_ids,
+      "masked_lm_positions": tf.ensure_shape(tf.pad(positions, padding), [max_predictions]),
+      "masked_lm_ids": tf.ensure_shape(
+          tf.pad(tf.gather(input_ids, positions), padding), [max_predictions]),
+      "masked_lm_weights": tf.ensure_shape(
+          tf.pad(tf.ones([num], tf.float32), padding), [max_predictions]),
+  }

@@ -1,0 +1,383 @@
+"""Statistical and structural tests of data_pipeline/masking.py.
+
+Each statistical check maps `mask_tokens` over a few thousand synthetic
+[CLS] A [SEP] B [SEP] [PAD]... sequences with BERT's vocabulary size, with fixed
+seeds, and compares against numbers computed here independently (Python's
+round, binomial standard deviations, scipy distributions). Tolerances are 4
+binomial standard deviations.
+"""
+
+import math
+
+import ml_collections
+import numpy as np
+import pytest
+import scipy.stats
+import tensorflow as tf
+
+from data_pipeline import masking
+
+VOCAB = 30522
+PAD, UNK, CLS, SEP, MASK = 0, 100, 101, 102, 103
+SPECIALS = [PAD, UNK, CLS, SEP, MASK]
+ALLOWED = VOCAB - len(SPECIALS)
+LENGTH = 128
+NUM = 2000
+SIGMAS = 4.0
+
+
+def _synthetic(num=NUM, length=LENGTH, low=999, high=VOCAB, seed=0):
+  """Sequences, maskable flags and word starts (about 30% '##' continuation pieces)."""
+  rng = np.random.default_rng(seed)
+  ids = np.zeros([num, length], np.int32)
+  maskable = np.zeros([num, length], bool)
+  for n in range(num):
+    len_a = rng.integers(5, 70)
+    len_b = rng.integers(5, length - 3 - len_a + 1)
+    ids[n, 0] = CLS
+    ids[n, 1:1 + len_a] = rng.integers(low, high, len_a)
+    ids[n, 1 + len_a] = SEP
+    ids[n, 2 + len_a:2 + len_a + len_b] = rng.integers(low, high, len_b)
+    ids[n, 2 + len_a + len_b] = SEP
+    maskable[n, 1:1 + len_a] = True
+    maskable[n, 2 + len_a:2 + len_a + len_b] = True
+  word_starts = rng.random([num, length]) < 0.7
+  word_starts[:, 1:] |= ~maskable[:, :-1]  # a segment starts with a word
+  return ids, maskable, word_starts
+
+
+DATA = _synthetic()
+
+
+def _run(spec, data=DATA, base_seed=0, vocab_size=VOCAB, special_ids=SPECIALS,
+         mask_id=MASK):
+  """mask_tokens over every sequence inside tf.data; returns numpy arrays."""
+  ids, maskable, word_starts = data
+  max_predictions = spec.max_predictions(ids.shape[1])
+
+  def fn(index, ids, maskable, word_starts):
+    return masking.mask_tokens(
+        ids, maskable, word_starts, masking.example_seed(base_seed, 0, index),
+        spec, mask_id=mask_id, vocab_size=vocab_size, special_ids=special_ids,
+        max_predictions=max_predictions)
+
+  dataset = tf.data.Dataset.from_tensor_slices(
+      (tf.range(len(ids), dtype=tf.int64), ids, maskable, word_starts))
+  dataset = dataset.map(fn, num_parallel_calls=2, deterministic=True)
+  out = next(iter(dataset.batch(len(ids))))
+  out = {k: v.numpy() for k, v in out.items()}
+  _check_invariants(out, data, max_predictions)
+  return out
+
+
+def _selected(out, shape):
+  """[N, T] bool of predicted positions, from positions and weights."""
+  selected = np.zeros(shape, bool)
+  rows, slots = np.nonzero(out["masked_lm_weights"])
+  selected[rows, out["masked_lm_positions"][rows, slots]] = True
+  return selected
+
+
+def _check_invariants(out, data, max_predictions):
+  """Layout rules that hold for every spec: run on every output of `_run`."""
+  ids, maskable, _ = data
+  positions = out["masked_lm_positions"]
+  weights = out["masked_lm_weights"]
+  assert positions.shape == (len(ids), max_predictions)
+  assert out["masked_lm_ids"].dtype == np.int32 and positions.dtype == np.int32
+  assert weights.dtype == np.float32 and set(np.unique(weights)) <= {0.0, 1.0}
+  counts = weights.sum(1).astype(int)
+  # Weights are a prefix of ones; padding slots hold position 0 and id 0.
+  np.testing.assert_array_equal(weights, np.arange(max_predictions) < counts[:, None])
+  assert not positions[weights == 0].any() and not out["masked_lm_ids"][weights == 0].any()
+  steps = np.diff(positions, axis=1)[weights[:, 1:] > 0]
+  assert (steps > 0).all(), "positions not strictly ascending"
+  selected = _selected(out, ids.shape)
+  assert (selected.sum(1) == counts).all()
+  assert not (selected & ~maskable).any(), "a special or padding token was masked"
+  rows = np.nonzero(weights)[0]
+  np.testing.assert_array_equal(out["masked_lm_ids"][weights > 0],
+                                ids[rows, positions[weights > 0]])
+  np.testing.assert_array_equal(out["input_ids"][~selected], ids[~selected])
+
+
+def _within(observed_count, total, p, what):
+  """Asserts observed_count / total is within SIGMAS binomial std of p."""
+  std = math.sqrt(p * (1 - p) / total)
+  fraction = observed_count / total
+  assert abs(fraction - p) <= SIGMAS * std, (
+      f"{what}: {fraction:.5f} vs {p:.5f} (tolerance {SIGMAS * std:.5f})")
+
+
+def _words(maskable_row, starts_row):
+  """Lists of positions, one per word (independent re-derivation of the grouping)."""
+  words, current = [], []
+  for t in range(len(maskable_row)):
+    if not maskable_row[t]:
+      if current:
+        words.append(current)
+      current = []
+      continue
+    if starts_row[t] and current:
+      words.append(current)
+      current = []
+    current.append(t)
+  if current:
+    words.append(current)
+  return words
+
+
+# ---------------------------------------------------------------- counts
+
+
+@pytest.mark.parametrize("ratio", [0.05, 0.15, 0.4, 0.6, 0.8])
+def test_fixed_strategy_predicts_exactly_round_ratio_per_sequence(ratio):
+  out = _run(masking.MaskingSpec(ratio=ratio))
+  num_maskable = DATA[1].sum(1)
+  expected = np.array([max(1, round(ratio * int(n))) for n in num_maskable])
+  np.testing.assert_array_equal(out["masked_lm_weights"].sum(1), expected)
+
+
+@pytest.mark.parametrize("ratio", [0.05, 0.15, 0.4, 0.6, 0.8])
+def test_bernoulli_strategy_masks_ratio_on_average(ratio):
+  out = _run(masking.MaskingSpec(ratio=ratio, strategy="bernoulli"))
+  counts = out["masked_lm_weights"].sum(1)
+  _within(counts.sum(), DATA[1].sum(), ratio, "fraction masked")
+  # Per-sequence counts really vary (a fixed count would pass the mean check).
+  assert counts.std() > 0.5 * math.sqrt(ratio * (1 - ratio) * DATA[1].sum(1).mean())
+
+
+def test_masks_are_nested_across_ratios_for_the_same_seed():
+  low = _selected(_run(masking.MaskingSpec(ratio=0.15)), DATA[0].shape)
+  high = _selected(_run(masking.MaskingSpec(ratio=0.4)), DATA[0].shape)
+  assert not (low & ~high).any()
+
+
+# ---------------------------------------------------------------- 80/10/10
+
+
+@pytest.mark.parametrize("probs", [(0.8, 0.1, 0.1), (0.5, 0.25, 0.25)])
+def test_mask_random_keep_split(probs):
+  mask_prob, random_prob, keep_prob = probs
+  out = _run(masking.MaskingSpec(ratio=0.4, mask_prob=mask_prob,
+                                 random_prob=random_prob, keep_prob=keep_prob))
+  weights = out["masked_lm_weights"] > 0
+  rows = np.nonzero(weights)[0]
+  new = out["input_ids"][rows, out["masked_lm_positions"][weights]]
+  old = out["masked_lm_ids"][weights]
+  total = len(old)
+  # A random draw equals the original id with probability 1 / ALLOWED.
+  _within((new == MASK).sum(), total, mask_prob, "[MASK] share")
+  _within(((new != MASK) & (new != old)).sum(), total,
+          random_prob * (1 - 1 / ALLOWED), "random share")
+  _within((new == old).sum(), total, keep_prob + random_prob / ALLOWED, "kept share")
+
+
+def test_random_replacements_are_uniform_over_non_special_ids():
+  vocab, specials, mask_id = 64, [0, 1, 2, 3, 17, 40], 4
+  data = _synthetic(num=600, low=41, high=64, seed=1)
+  out = _run(masking.MaskingSpec(ratio=0.5, mask_prob=0.0, random_prob=1.0, keep_prob=0.0),
+             data=data, vocab_size=vocab, special_ids=specials, mask_id=mask_id)
+  weights = out["masked_lm_weights"] > 0
+  rows = np.nonzero(weights)[0]
+  drawn = out["input_ids"][rows, out["masked_lm_positions"][weights]]
+  allowed = sorted(set(range(vocab)) - set(specials) - {mask_id})
+  assert set(drawn.tolist()) <= set(allowed), "a special id was drawn"
+  counts = np.array([(drawn == i).sum() for i in allowed])
+  assert scipy.stats.chisquare(counts).pvalue > 1e-4, counts
+
+
+# ---------------------------------------------------------------- words and spans
+
+
+def _check_whole_words(out, data, spec):
+  """Every word is masked entirely or not at all, with one decision per unit."""
+  ids, maskable, starts = data
+  selected = _selected(out, ids.shape)
+  masked_words = mixed_decisions = mask_words = 0
+  for n in range(len(ids)):
+    for word in _words(maskable[n], starts[n]):
+      flags = selected[n, word]
+      assert flags.all() or not flags.any(), f"word {word} of row {n} partly masked"
+      if not flags.any():
+        continue
+      masked_words += 1
+      new, old = out["input_ids"][n, word], ids[n, word]
+      kinds = {"mask" if a == MASK else "keep" if a == b else "random"
+               for a, b in zip(new, old)}
+      mixed_decisions += len(kinds) > 1
+      mask_words += kinds == {"mask"}
+  return masked_words, mixed_decisions, mask_words
+
+
+@pytest.mark.parametrize("strategy", ["fixed", "bernoulli"])
+def test_whole_word_masking_groups_pieces_and_decisions(strategy):
+  spec = masking.MaskingSpec(ratio=0.15, whole_word=True, strategy=strategy)
+  out = _run(spec)
+  masked_words, mixed, mask_words = _check_whole_words(out, DATA, spec)
+  # Only a random draw equal to the original (p = 1/ALLOWED per piece) can look mixed.
+  assert mixed <= 2, f"{mixed} of {masked_words} words had per-piece decisions"
+  _within(mask_words, masked_words, spec.mask_prob, "[MASK] share of words")
+  counts = out["masked_lm_weights"].sum(1)
+  if strategy == "fixed":
+    target = np.array([max(1, round(0.15 * int(n))) for n in DATA[1].sum(1)])
+    # Skipping a word that would overflow can leave a sequence short, never over.
+    assert (counts <= target).all() and (counts == target).mean() > 0.97
+  else:
+    _within(counts.sum(), DATA[1].sum(), 0.15, "fraction masked")
+
+
+def test_span_lengths_follow_truncated_geometric():
+  spec = masking.MaskingSpec(ratio=0.15, span=True)
+  lengths = masking.sample_span_lengths(tf.constant([3, 4]), 20000, spec).numpy()
+  pmf = scipy.stats.geom(0.2).pmf(np.arange(1, 11))
+  observed = np.array([(lengths == k).sum() for k in range(1, 11)])
+  assert observed.sum() == len(lengths), "span length outside [1, 10]"
+  assert scipy.stats.chisquare(observed, pmf / pmf.sum() * len(lengths)).pvalue > 1e-4
+
+
+def test_span_masking_masks_contiguous_whole_word_spans():
+  spec = masking.MaskingSpec(ratio=0.15, span=True, whole_word=True)
+  out = _run(spec)
+  _check_whole_words(out, DATA, spec)
+  ids, maskable, starts = DATA
+  selected = _selected(out, ids.shape)
+  target = np.array([max(1, round(0.15 * int(n))) for n in maskable.sum(1)])
+  counts = selected.sum(1)
+  assert (counts <= target).all() and (counts == target).mean() > 0.9
+  # Runs of masked words: long (mean near 3.8 words, less truncation and merges)
+  # and the runs of token-level masking at the same ratio are ~1 word.
+  def mean_run_words(selected):
+    runs = []
+    for n in range(len(ids)):
+      run = 0
+      for word in _words(maskable[n], starts[n]) + [[ids.shape[1] - 1]]:
+        if selected[n, word[0]] and maskable[n, word[0]]:
+          run += 1
+        elif run:
+          runs.append(run)
+          run = 0
+    return np.mean(runs)
+  assert mean_run_words(selected) > 2.5
+  token_level = _selected(_run(masking.MaskingSpec(ratio=0.15)), ids.shape)
+  assert mean_run_words(token_level) < 1.5
+
+
+# ---------------------------------------------------------------- max_predictions
+
+
+def test_max_predictions_derived_from_ratio():
+  assert masking.MaskingSpec(ratio=0.15).max_predictions(128) == 20  # BERT's value
+  assert masking.MaskingSpec(ratio=0.15).max_predictions(512) == 77
+  assert masking.MaskingSpec(ratio=0.1).max_predictions(30) == 3
+  assert masking.MaskingSpec(ratio=0.8).max_predictions(128) == 103
+  assert masking.MaskingSpec(ratio=0.15, strategy="bernoulli").max_predictions(128) == 128
+  assert masking.MaskingSpec(ratio=0.15, max_predictions_per_seq=19).max_predictions(128) == 19
+
+
+@pytest.mark.parametrize("kwargs,length", [
+    (dict(ratio=0.15, max_predictions_per_seq=18), 128),
+    (dict(ratio=0.4, max_predictions_per_seq=20), 128),
+    (dict(ratio=0.15, strategy="bernoulli", max_predictions_per_seq=20), 128),
+])
+def test_max_predictions_too_small_is_an_error(kwargs, length):
+  with pytest.raises(ValueError, match="max_predictions_per_seq"):
+    masking.MaskingSpec(**kwargs).max_predictions(length)
+
+
+def test_bernoulli_cap_accepted_exactly_when_overflow_is_negligible():
+  for cap in range(19, 128):
+    tail = scipy.stats.binom.sf(cap, 128, 0.15)
+    spec = masking.MaskingSpec(ratio=0.15, strategy="bernoulli", max_predictions_per_seq=cap)
+    if tail > 2e-9:
+      with pytest.raises(ValueError, match="max_predictions_per_seq"):
+        spec.max_predictions(128)
+    elif tail < 0.5e-9:
+      assert spec.max_predictions(128) == cap
+
+
+def test_mask_tokens_rejects_too_small_max_predictions():
+  spec = masking.MaskingSpec(ratio=0.15)
+  with pytest.raises(ValueError, match="max_predictions_per_seq"):
+    masking.mask_tokens(DATA[0][0], DATA[1][0], None, [1, 2], spec, mask_id=MASK,
+                        vocab_size=VOCAB, special_ids=SPECIALS, max_predictions=15)
+
+
+# ---------------------------------------------------------------- specs
+
+
+def _config(**overrides):
+  fields = dict(
+      ratio=0.15, mask_prob=0.8, random_prob=0.1, keep_prob=0.1, strategy="fixed",
+      whole_word=False, span=False, span_geometric_p=0.2, max_span_length=10,
+      max_predictions_per_seq=0)
+  return ml_collections.ConfigDict({**fields, **overrides})
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (dict(ratio=0.0), "ratio"), (dict(ratio=1.0), "ratio"), (dict(ratio=-0.2), "ratio"),
+    (dict(mask_prob=0.7), "mask_prob"), (dict(keep_prob=0.2), "keep_prob"),
+    (dict(random_prob=-0.1, keep_prob=0.3), "random_prob"),
+    (dict(strategy="poisson"), "strategy"), (dict(whole_word="yes"), "whole_word"),
+    (dict(span_geometric_p=0.0), "span_geometric_p"),
+    (dict(max_span_length=0), "max_span_length"),
+    (dict(max_predictions_per_seq=-1), "max_predictions_per_seq"),
+    (dict(max_predictions_per_seq=5), "max_predictions_per_seq"),
+])
+def test_invalid_config_names_the_field(overrides, field):
+  with pytest.raises(ValueError, match=field):
+    masking.MaskingSpec.from_config(_config(**overrides), 128)
+
+
+def test_from_config_reads_every_field_and_requires_it():
+  spec = masking.MaskingSpec.from_config(_config(ratio=0.4, whole_word=True), 128)
+  assert spec == masking.MaskingSpec(ratio=0.4, whole_word=True)
+  config = _config().to_dict()
+  del config["span"]
+  with pytest.raises(ValueError, match="span"):
+    masking.MaskingSpec.from_config(config, 128)
+
+
+def test_whole_word_without_word_starts_is_an_error():
+  with pytest.raises(ValueError, match="word_starts"):
+    masking.mask_tokens(DATA[0][0], DATA[1][0], None, [1, 2],
+                        masking.MaskingSpec(ratio=0.15, whole_word=True), mask_id=MASK,
+                        vocab_size=VOCAB, special_ids=SPECIALS, max_predictions=20)
+
+
+# ---------------------------------------------------------------- determinism
+
+
+@pytest.mark.parametrize("kwargs", [dict(ratio=0.15), dict(ratio=0.3, whole_word=True),
+                                    dict(ratio=0.3, span=True, strategy="bernoulli")])
+def test_same_seed_same_masks_in_eager_graph_and_tf_data(kwargs):
+  spec = masking.MaskingSpec(**kwargs)
+  subset = tuple(a[:50] for a in DATA)
+  via_data = _run(spec, data=subset, base_seed=7)
+
+  def one(ids, maskable, word_starts, n):
+    return masking.mask_tokens(
+        ids, maskable, word_starts, masking.example_seed(7, 0, n), spec,
+        mask_id=MASK, vocab_size=VOCAB, special_ids=SPECIALS,
+        max_predictions=spec.max_predictions(LENGTH))
+
+  graph = tf.function(one)
+  for n in range(0, 50, 7):
+    row = tuple(a[n] for a in subset)
+    eager = one(*row, n)
+    traced = graph(*row, tf.constant(n))
+    for key, value in eager.items():
+      np.testing.assert_array_equal(value.numpy(), via_data[key][n])
+      np.testing.assert_array_equal(traced[key].numpy(), via_data[key][n])
+  again = _run(spec, data=subset, base_seed=7)
+  other = _run(spec, data=subset, base_seed=8)
+  np.testing.assert_array_equal(again["input_ids"], via_data["input_ids"])
+  differ = (other["masked_lm_positions"] != via_data["masked_lm_positions"]).any(1)
+  assert differ.mean() > 0.9
+
+
+def test_example_seed_depends_on_every_input():
+  seeds = {tuple(masking.example_seed(s, e, i).numpy().tolist())
+           for s in (0, 1) for e in (0, 1) for i in (0, 1, 2)}
+  assert len(seeds) == 12
+  np.testing.assert_array_equal(masking.example_seed(3, 2, 5), masking.example_seed(3, 2, 5))
