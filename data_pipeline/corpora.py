@@ -180,23 +180,16 @@ def _jsonl_documents(path, max_line_bytes, stats, text_field) -> Iterator[list[s
 
 def _tfds_documents(name, data_dir, split, text_field, process_index,
                     process_count) -> Iterator[list[str]]:
-  """Documents of a tfds dataset: one per example, sharded by tfds' own reader."""
+  """Documents of a tfds dataset: one per example; process i reads the i-th even sub-split."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   builder = tfds.builder(name, data_dir=data_dir or None)
-  read_config = tfds.ReadConfig(
-      input_context=_input_context(process_index, process_count), shuffle_seed=0)
-  ds = builder.as_dataset(split=split, shuffle_files=False, read_config=read_config)
+  # even_splits cuts by example, so it is disjoint for any number of files.
+  part = tfds.even_splits(split, n=process_count)[process_index]
+  ds = builder.as_dataset(split=part, shuffle_files=False)
   for example in ds.as_numpy_iterator():
     value = example[text_field]
     yield _paragraph_sentences(value.decode("utf-8", errors="replace")
                                if isinstance(value, bytes) else str(value))
-
-
-def _input_context(process_index, process_count):
-  """tf.distribute.InputContext so tfds gives each process disjoint files."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tf.distribute.InputContext(num_input_pipelines=process_count,
-                                    input_pipeline_id=process_index)
 
 
 def _files(pattern: str) -> list[str]:
@@ -268,7 +261,6 @@ def _source_documents(corpus, process_index, process_count, tfds_data_dir,
                       stats) -> Iterator[list[str]]:
   """Raw documents of a corpus spec, already restricted to this process's part."""
   if corpus.startswith("tfds:"):
-    # tfds shards by file itself; fewer files than processes is its error to raise.
     yield from _tfds_documents(corpus[5:], tfds_data_dir, tfds_split, text_field,
                                process_index, process_count)
     return
@@ -320,11 +312,18 @@ def _site_dirs() -> list[pathlib.Path]:
 
 
 def _docstring_sentences(docstring: str) -> list[str]:
-  """Prose sentences of a docstring: doctest lines and code blocks dropped."""
-  prose = []
+  """Prose sentences of a docstring: doctest lines and "::" literal blocks dropped."""
+  prose, literal_indent = [], None
   for line in docstring.splitlines():
     stripped = line.strip()
+    indent = len(line) - len(line.lstrip())
+    if literal_indent is not None:
+      if not stripped or indent > literal_indent:
+        continue  # inside the indented code block of a "::" paragraph
+      literal_indent = None
     if stripped.startswith((">>>", "...", "$ ", "%")) or stripped.endswith("::"):
+      if stripped.endswith("::"):
+        literal_indent = indent
       prose.append("")  # a paragraph break: never glue prose across code
       continue
     prose.append(stripped)
