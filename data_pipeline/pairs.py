@@ -17,6 +17,12 @@ chunk, a run of sentences from a random point of another document (label 1),
 the chunk's unused sentences going back to be read again; then the longer side
 is truncated one token at a time, from the front or the back at random.
 Deviations, deliberate:
+* a chunk of a single sentence (the leftover of a put-back, or one sentence
+  longer than the target) is cut at a random token into two parts that play
+  the role of two sentences; google-research instead always gives such a chunk
+  a random B, which skews the labels towards "random" -- 64% on documents of a
+  few short sentences like the embedded docstring corpus. With the cut every
+  instance gets the fair 50% coin, so labels are balanced in expectation;
 * the random document is drawn uniformly from the *other* documents (google
   retries 10 times and may end up with the same document);
 * documents of one sentence are not used as an A source (they cannot give an
@@ -25,8 +31,7 @@ Deviations, deliberate:
   work of truncation (only the part that could ever fit is kept).
 
 SOP follows ALBERT: A and B are always consecutive chunk parts, swapped half of
-the time (label 1 when swapped). A one-sentence chunk has no in-order pair; it
-is skipped (ALBERT would fall back to a random B, which is not SOP).
+the time (label 1 when swapped); single-sentence chunks are cut as above.
 
 "none" follows RoBERTa's FULL-SENTENCES: contiguous sentences are packed up to
 ``max_seq_length`` crossing document boundaries, with a [SEP] between
@@ -124,17 +129,22 @@ def pair_instances(corpus: TokenizedCorpus, doc_index: int, *, objective: str,
     chunk.append(document[i])
     chunk_length += len(document[i])
     if i == len(document) - 1 or chunk_length >= target:
+      split_sentence = len(chunk) == 1 and len(chunk[0]) >= 2
+      if split_sentence:  # cut a lone sentence in two so the label coin applies (module doc)
+        cut = int(rng.integers(1, len(chunk[0])))
+        chunk = [chunk[0][:cut], chunk[0][cut:]]
       a_end = 1 if len(chunk) < 2 else int(rng.integers(1, len(chunk)))
       tokens_a = _concat(chunk[:a_end])
       if objective == "nsp" and (len(chunk) == 1 or rng.random() < 0.5):
         label = 1
         tokens_b = _random_segment(corpus, doc_index, target - len(tokens_a),
                                    max_num_tokens, rng)
-        i -= len(chunk) - a_end  # put the unused sentences back
+        if not split_sentence:
+          i -= len(chunk) - a_end  # put the unused sentences back
       elif objective == "nsp":
         label, tokens_b = 0, _concat(chunk[a_end:])
       elif len(chunk) == 1:
-        label = None  # SOP needs two in-order parts
+        label = None  # a one-token sentence alone: SOP has no pair to make
       else:
         tokens_b = _concat(chunk[a_end:])
         label = int(rng.random() < 0.5)

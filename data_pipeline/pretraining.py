@@ -180,17 +180,21 @@ def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048) -> pairs
   BERT) are dropped so that they never look like structure; sentences and
   documents left empty are dropped.
   """
-  sentence_counts = []
+  sentence_counts, errors = [], []
 
   def sentence_batches():
     batch = []
-    for document in documents:
-      sentence_counts.append(len(document))
-      for sentence in document:
-        batch.append(sentence)
-        if len(batch) == batch_size:
-          yield np.array(batch, dtype=object)
-          batch = []
+    try:
+      for document in documents:
+        sentence_counts.append(len(document))
+        for sentence in document:
+          batch.append(sentence)
+          if len(batch) == batch_size:
+            yield np.array(batch, dtype=object)
+            batch = []
+    except Exception as e:  # pylint: disable=broad-except  (re-raised below, unwrapped by TF)
+      errors.append(e)
+      return
     if batch:
       yield np.array(batch, dtype=object)
 
@@ -212,6 +216,8 @@ def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048) -> pairs
       flat = flat[keep]
     ids.append(flat.astype(dtype))
     lengths.append(row_lengths)
+  if errors:
+    raise errors[0]
   lengths = np.concatenate(lengths) if lengths else np.zeros([0], np.int64)
   counts = np.asarray(sentence_counts, np.int64)
   # Drop empty sentences, then documents left without sentences.
