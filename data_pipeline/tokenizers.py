@@ -171,6 +171,27 @@ def split_words(text: tf.Tensor) -> tf.RaggedTensor:
   return words
 
 
+def bert_words(strings: tf.Tensor, do_lower_case: bool,
+               special_tokens: Sequence[str] = ()) -> tf.RaggedTensor:
+  """BERT pre-tokenization: rank-1 strings -> normalized words, ragged [batch, words].
+
+  `special_tokens` (at most five) written literally in the text come out as
+  single, unnormalized words; pass () to treat them as ordinary text.
+  """
+  if len(special_tokens) > len(_SENTINELS):
+    raise ValueError(f"at most {len(_SENTINELS)} special tokens, got {list(special_tokens)}")
+  text = sanitize_utf8(tf.convert_to_tensor(strings, tf.string))
+  # Also run without specials: it removes sentinel look-alikes from the input.
+  text = _protect_specials(text, special_tokens)
+  words = split_words(normalize(text, do_lower_case))
+  if not special_tokens:
+    return words
+  flat = words.flat_values
+  for token, sentinel in zip(special_tokens, _SENTINELS):
+    flat = tf.where(tf.equal(flat, sentinel), token, flat)
+  return words.with_flat_values(flat)
+
+
 def _word_ids(pieces: tf.RaggedTensor) -> tf.RaggedTensor:
   """[batch, words, pieces] ragged -> [batch, pieces] index of each piece's word."""
   position = tf.ragged.range(tf.cast(pieces.row_lengths(), tf.int32)).flat_values
@@ -202,23 +223,12 @@ class WordPieceTokenizer:
     """Number of ids (lines in the vocab file)."""
     return len(self.vocab)
 
-  def words(self, strings: tf.Tensor, specials_in_text: bool = True) -> tf.RaggedTensor:
-    """Normalized words of each string, ragged [batch, words] (BERT pre-tokenization).
-
-    Special tokens written in the text come out as single words when
-    `specials_in_text`, else they are normalized and split like any other text.
-    """
-    text = sanitize_utf8(tf.convert_to_tensor(strings, tf.string))
-    if specials_in_text:
-      text = _protect_specials(text, self._special_tokens)
-    words = split_words(normalize(text, self.do_lower_case))
+  def words(self, strings: tf.Tensor) -> tf.RaggedTensor:
+    """The words WordPiece sees, ragged [batch, words]; over-long words are [UNK]."""
+    words = bert_words(strings, self.do_lower_case, self._special_tokens)
     flat = words.flat_values
-    if specials_in_text:
-      for token, sentinel in zip(self._special_tokens, _SENTINELS):
-        flat = tf.where(tf.equal(flat, sentinel), token, flat)
     too_long = tf.strings.length(flat, unit="UTF8_CHAR") > MAX_CHARS_PER_WORD
-    flat = tf.where(too_long, SPECIAL_TOKENS["unk"], flat)
-    return words.with_flat_values(flat)
+    return words.with_flat_values(tf.where(too_long, SPECIAL_TOKENS["unk"], flat))
 
   def _pieces(self, strings: tf.Tensor) -> tf.RaggedTensor:
     words = self.words(strings)
@@ -279,10 +289,11 @@ class SentencePieceTokenizer:
     for role in ("cls", "sep", "mask"):
       special_ids[role] = index[SPECIAL_TOKENS[role]]
     self.special_ids = {r: special_ids[r] for r in SPECIAL_TOKENS}
-    # A piece starts a word if it carries the word-boundary marker, or is a
-    # user-defined/control symbol (those are words of their own).
-    starts = [p.startswith("\u2581") or processor.IsControl(i) or processor.IsUnused(i)
-              or p in SPECIAL_TOKENS.values() for i, p in enumerate(self.vocab)]
+    # A piece starts a word if it carries the word-boundary marker or is one of
+    # the specials (user-defined symbols are words of their own); [UNK] is not:
+    # it stands for characters inside a word as often as for whole words.
+    own_words = {SPECIAL_TOKENS[r] for r in ("pad", "cls", "sep", "mask")}
+    starts = [p.startswith("\u2581") or p in own_words for p in self.vocab]
     self._starts_word = tf.constant(starts, tf.bool)
     self._spm = tf_text.SentencepieceTokenizer(model=proto, out_type=tf.int32)
 
@@ -328,3 +339,96 @@ def load_tokenizer(vocab_file: str = "", spm_model_file: str = "",
   if spm_model_file:
     return SentencePieceTokenizer(spm_model_file, do_lower_case=do_lower_case)
   return WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case)
+
+
+def tokenize_file(tokenizer, input_file: str, output_file: str, batch_size: int = 1024) -> dict:
+  """Writes one line of space-separated ids per line of `input_file` (see module doc).
+
+  Lines go through tf.data in batches of `batch_size`, so memory stays bounded
+  whatever the file size. A line that is not UTF-8 yields an empty output line
+  and is logged. Returns counts: {"lines", "non_utf8_lines"}.
+  """
+  from absl import logging  # Deferred: only the CLI path logs.
+  if not tf.io.gfile.exists(input_file):
+    raise ValueError(f"input file {input_file!r} does not exist")
+
+  @tf.function
+  def tokenize_batch(lines):
+    return tokenizer.tokenize(lines), is_valid_utf8(lines)
+
+  dataset = tf.data.TextLineDataset(input_file).batch(batch_size).map(
+      tokenize_batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
+  lines = non_utf8 = 0
+  with tf.io.gfile.GFile(output_file, "w") as out:
+    for ids, valid in dataset:
+      splits, values, valid = ids.row_splits.numpy(), ids.values.numpy(), valid.numpy()
+      rows = []
+      for i in range(len(valid)):
+        if not valid[i]:
+          non_utf8 += 1
+          # Bounded logging: a binary file would otherwise flood the log.
+          if non_utf8 <= 20:
+            logging.warning("%s:%d is not UTF-8; wrote an empty line", input_file, lines + i + 1)
+          rows.append("")
+        else:
+          rows.append(" ".join(map(str, values[splits[i]:splits[i + 1]])))
+      out.write("".join(row + "\n" for row in rows))
+      lines += len(valid)
+  if non_utf8:
+    logging.warning("%s: %d of %d lines were not UTF-8 (empty output lines)",
+                    input_file, non_utf8, lines)
+  return {"lines": lines, "non_utf8_lines": non_utf8}
+
+
+def _define_flags():
+  """CLI flags; defined only when run as a script so importers' flags never clash."""
+  from absl import flags
+  flags.DEFINE_enum("mode", "tokenize", ["tokenize", "train_wordpiece", "train_spm"],
+                    "tokenize a file, or train a WordPiece vocab / SentencePiece model.")
+  flags.DEFINE_string("input_file", None, "Text file to tokenize; glob(s) of training text.")
+  flags.DEFINE_string("output_file", None, "tokenize: where the id lines go.")
+  flags.DEFINE_string("vocab_file", "", "WordPiece vocab: read by tokenize, written by train_wordpiece.")
+  flags.DEFINE_string("spm_model_file", "", "tokenize: SentencePiece .model instead of a vocab.")
+  flags.DEFINE_string("spm_model_prefix", "", "train_spm: writes <prefix>.model and <prefix>.vocab.")
+  # Uncased is BERT's (and google-research/bert's CLI) default.
+  flags.DEFINE_bool("do_lower_case", True, "Lowercase and strip accents (--nodo_lower_case: cased).")
+  flags.DEFINE_integer("batch_size", 1024, "tokenize: lines per tf.data batch.")
+  flags.DEFINE_integer("vocab_size", 30522, "Training: vocabulary size (BERT's 30,522).")
+  flags.DEFINE_enum("spm_model_type", "unigram", ["unigram", "bpe"], "train_spm: model type.")
+  flags.DEFINE_integer("max_lines", None, "Training: read at most this many lines.")
+  flags.mark_flag_as_required("input_file")
+  return flags.FLAGS
+
+
+def main(argv):
+  """CLI entry point (see module docstring)."""
+  del argv
+  from absl import flags, logging
+  from data_pipeline import vocab_training
+  FLAGS = flags.FLAGS  # pylint: disable=invalid-name
+  if FLAGS.mode == "tokenize":
+    if not FLAGS.output_file:
+      raise ValueError("--output_file is required with --mode=tokenize")
+    tokenizer = load_tokenizer(vocab_file=FLAGS.vocab_file, spm_model_file=FLAGS.spm_model_file,
+                               do_lower_case=FLAGS.do_lower_case)
+    stats = tokenize_file(tokenizer, FLAGS.input_file, FLAGS.output_file, FLAGS.batch_size)
+    logging.info("tokenized %d lines into %s", stats["lines"], FLAGS.output_file)
+  elif FLAGS.mode == "train_wordpiece":
+    if not FLAGS.vocab_file:
+      raise ValueError("--vocab_file (the output vocab) is required with --mode=train_wordpiece")
+    vocab_training.train_wordpiece_vocab(FLAGS.input_file, FLAGS.vocab_file, FLAGS.vocab_size,
+                                         do_lower_case=FLAGS.do_lower_case,
+                                         max_lines=FLAGS.max_lines)
+  else:
+    if not FLAGS.spm_model_prefix:
+      raise ValueError("--spm_model_prefix is required with --mode=train_spm")
+    vocab_training.train_sentencepiece(FLAGS.input_file, FLAGS.spm_model_prefix, FLAGS.vocab_size,
+                                       model_type=FLAGS.spm_model_type,
+                                       do_lower_case=FLAGS.do_lower_case,
+                                       max_lines=FLAGS.max_lines)
+
+
+if __name__ == "__main__":
+  from absl import app
+  _define_flags()
+  app.run(main)
