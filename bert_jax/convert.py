@@ -1,0 +1,255 @@
+"""Checkpoint import and export: Hugging Face BERT, original TF BERT, and our own format.
+
+Import (`load_pretrained`) recognises, in this order:
+  * a training workdir (has `checkpoints/`; or that directory, or one step in it): handed
+    to bert_jax.checkpoint.load_params_from_workdir;
+  * our own export (`params/` orbax checkpoint + `bert_config.json` + `vocab.txt`);
+  * a Hugging Face directory (`config.json` + `model.safetensors`);
+  * an original google-research/bert TF checkpoint (a directory holding `bert_config.json`
+    and `model.ckpt-*`, or the checkpoint prefix itself).
+Every tensor the model needs must be there with the right shape and every tensor there
+must be used (optimizer slots, the position-id buffer and tied decoder copies are skipped
+knowingly); otherwise one ValueError names all offenders.
+
+Export: `export_hf` (a directory transformers' BertForPreTraining loads) and `export_own`.
+The vocabulary travels with every converted checkpoint.
+
+Command line:
+  python -m bert_jax.convert --input=PATH --output=DIR --format=hf|own [--vocab_file=V]
+"""
+
+import dataclasses
+import json
+import pathlib
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import numpy as np
+
+from bert_jax import convert_hf
+from bert_jax import convert_layout
+from bert_jax import convert_tf
+from bert_jax import model as model_lib
+
+OWN_PARAMS = "params"
+OWN_CONFIG = "bert_config.json"
+VOCAB_NAME = "vocab.txt"
+_WORKDIR_CHECKPOINTS = "checkpoints"  # bert_jax.checkpoint.CHECKPOINT_DIR
+
+export_hf = convert_hf.export_hf
+
+
+def _canonical_tree(params):
+  """Plain per-layer tree: unboxes logical-partitioning metadata, unstacks scanned layers."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  params = nn.unbox(params)
+  return model_lib.unstack_layers(jax.tree.map(np.asarray, params))
+
+
+def _per_layer_config(config):
+  """Imported params are always per-layer; say so in the config returned with them."""
+  if config.scan_layers:
+    logging.info("returning per-layer params and scan_layers=False; model.stack_layers and "
+                 "config.replace(scan_layers=True) restore the scanned layout")
+    config = config.replace(scan_layers=False)
+  return config
+
+
+def _strip_bert_prefix(flat: dict) -> tuple[dict, dict]:
+  """Own-format names of a pretraining tree ("bert/embeddings/...") -> layout names."""
+  tensors, display = {}, {}
+  for name, value in flat.items():
+    canonical = name[len("bert/"):] if name.startswith("bert/") else name
+    tensors[canonical] = value
+    display[canonical] = name
+  return tensors, display
+
+
+def is_own_dir(path: pathlib.Path) -> bool:
+  """A directory written by export_own."""
+  return (path / OWN_PARAMS).is_dir() and (path / OWN_CONFIG).is_file()
+
+
+def read_own_config(path: pathlib.Path) -> model_lib.BertConfig:
+  """Our BertConfig from the JSON export_own writes (all dataclass fields by name)."""
+  with open(path) as f:
+    fields = json.load(f)
+  known = {f.name for f in dataclasses.fields(model_lib.BertConfig)}
+  unknown = sorted(set(fields) - known)
+  if unknown:
+    raise ValueError(f"{path}: unknown BertConfig fields {unknown}")
+  return model_lib.BertConfig(**fields)
+
+
+def _read_own_dir(path: pathlib.Path):
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  config = _per_layer_config(read_own_config(path / OWN_CONFIG))
+  params = ocp.StandardCheckpointer().restore((path / OWN_PARAMS).absolute())
+  flat = convert_layout.flatten(_canonical_tree(params))
+  tensors, display = _strip_bert_prefix(flat)
+  vocab = path / VOCAB_NAME
+  return config, tensors, lambda n: display.get(n, n), {}, (vocab if vocab.is_file() else None)
+
+
+def _is_workdir(path: pathlib.Path) -> bool:
+  """A training workdir, its checkpoints/ directory, or one step directory in it."""
+  return ((path / _WORKDIR_CHECKPOINTS).is_dir() or path.name == _WORKDIR_CHECKPOINTS
+          or path.parent.name == _WORKDIR_CHECKPOINTS)
+
+
+def _read_workdir(path: pathlib.Path):
+  # ---- HOOK: training workdirs. bert_jax/checkpoint.py (owned by the training code) knows the
+  # CheckpointManager layout under workdir/checkpoints/ and provides
+  # load_params_from_workdir(path) -> (BertConfig, params tree); the vocabulary sits in the
+  # workdir itself.
+  try:
+    from bert_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ValueError(f"{path} looks like a training workdir (checkpoints/), but "
+                     f"bert_jax.checkpoint cannot be imported to read it: {e}") from None
+  config, params = checkpoint.load_params_from_workdir(str(path))
+  config = _per_layer_config(config)
+  flat = convert_layout.flatten(_canonical_tree(params))
+  tensors, display = _strip_bert_prefix(flat)
+  workdir = path if (path / _WORKDIR_CHECKPOINTS).is_dir() else (
+      path.parent if path.name == _WORKDIR_CHECKPOINTS else path.parent.parent)
+  vocab = workdir / VOCAB_NAME
+  return (config, tensors, lambda n: display.get(n, n), {},
+          (vocab if vocab.is_file() else None))
+
+
+def _read(path: pathlib.Path):
+  """Detects the checkpoint kind; returns (kind, fmt, config, tensors, display, ignored, vocab)."""
+  if _is_workdir(path):
+    return ("training workdir", "own") + _read_workdir(path)
+  if is_own_dir(path):
+    return ("bert_jax export", "own") + _read_own_dir(path)
+  if convert_hf.is_hf_dir(path):
+    config, tensors, display, ignored, vocab = convert_hf.read_hf_dir(path)
+    prefixed = any(v.startswith("bert.") for v in display.values())
+    return ("Hugging Face directory", "hf", config, tensors,
+            convert_hf.display_name(display, prefixed=prefixed), ignored, vocab)
+  prefix = convert_tf.find_checkpoint(path)
+  if prefix is not None:
+    return ("TF checkpoint", "tf") + convert_tf.read_tf_checkpoint(prefix)
+  if not path.exists() and not path.parent.is_dir():
+    raise ValueError(f"checkpoint path {path} does not exist")
+  raise ValueError(
+      f"{path} is not a checkpoint this converter knows: expected a training workdir "
+      f"(checkpoints/), a bert_jax export ({OWN_PARAMS}/ + {OWN_CONFIG}), a Hugging Face "
+      f"directory ({convert_hf.CONFIG_NAME} + {convert_hf.WEIGHTS_NAME}) or a TF checkpoint "
+      f"({convert_tf.CONFIG_NAME} + model.ckpt-*.index)")
+
+
+def load_pretrained(path, *, target: str = "pretraining", allow_missing_heads: bool = False,
+                    vocab_file=None):
+  """Loads any supported checkpoint into our parameter tree.
+
+  Args:
+    path: a Hugging Face directory, a TF checkpoint (directory or prefix), a bert_jax export
+      directory or a training workdir.
+    target: "pretraining" -> the BertForPreTraining tree {"bert", "mlm_head", "nsp_head"};
+      "encoder" -> the BertModel tree (the checkpoint's heads are dropped, and logged);
+      "auto" -> "pretraining" when the checkpoint has an MLM head, else "encoder".
+    allow_missing_heads: a pooler, MLM head or NSP head the checkpoint lacks entirely is
+      initialised freshly (BERT init) instead of refused, e.g. MiniLM (encoder + pooler
+      only) into BertForPreTraining, or a BertForMaskedLM export (no pooler, no NSP).
+    vocab_file: overrides the vocabulary found beside the checkpoint.
+
+  Returns:
+    (config, params, vocab_path): our BertConfig; a plain nested dict of float32 numpy
+    arrays in the per-layer layout, so config.scan_layers is False (use model.stack_layers
+    and config.replace(scan_layers=True) to scan); the vocabulary's path, or None (with a
+    warning) when there is none.
+
+  Raises:
+    ValueError: unknown or corrupt checkpoint, or any missing / unused / wrongly shaped
+      tensor (all named in one message).
+  """
+  path = pathlib.Path(path)
+  params, config, vocab, _, _ = _load(path, target, allow_missing_heads, vocab_file)
+  return config, params, vocab
+
+
+def _load(path, target, allow_missing_heads, vocab_file):
+  kind, fmt, config, tensors, display, ignored, vocab = _read(path)
+  params, target = convert_layout.assemble(
+      tensors, config, fmt, target=target, allow_missing_heads=allow_missing_heads,
+      source=f"{kind} {path}", display=display, ignored=ignored)
+  if vocab_file is not None:
+    vocab = pathlib.Path(vocab_file)
+    if not vocab.is_file():
+      raise ValueError(f"vocab_file {vocab} does not exist")
+  if vocab is None:
+    logging.warning("%s has no vocab.txt and no vocab_file was given", path)
+  return params, config, vocab, kind, target
+
+
+def export_own(params, config, out_dir, vocab_file=None) -> pathlib.Path:
+  """Writes our own checkpoint: out_dir/params (orbax), bert_config.json, vocab.txt.
+
+  Args:
+    params: BertForPreTraining or BertModel tree (boxed or plain, per-layer or scanned);
+      stored plain and per-layer.
+    config: its BertConfig (any, ALBERT switches included).
+    out_dir: directory to create; out_dir/params must not exist yet.
+    vocab_file: copied to out_dir/vocab.txt; None only warns.
+
+  Returns:
+    out_dir as a Path.
+  """
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  out_dir = pathlib.Path(out_dir).absolute()
+  params = _canonical_tree(params)
+  convert_layout.to_external(params, config, "own")  # refuses a tree that is not config's.
+  if (out_dir / OWN_PARAMS).exists():
+    raise ValueError(f"{out_dir / OWN_PARAMS} already exists; choose a new output directory")
+  out_dir.mkdir(parents=True, exist_ok=True)
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(out_dir / OWN_PARAMS, params)
+  checkpointer.wait_until_finished()
+  with open(out_dir / OWN_CONFIG, "w") as f:
+    json.dump(dataclasses.asdict(config), f, indent=2, sort_keys=True)
+  convert_hf.copy_vocab(vocab_file, out_dir)
+  return out_dir
+
+
+# ----------------------------------------------------------------------------- command line
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("input", None, "Checkpoint to convert: HF directory, TF checkpoint "
+                    "(directory or prefix), bert_jax export or training workdir.")
+flags.DEFINE_string("output", None, "Output directory.")
+flags.DEFINE_enum("format", None, ["hf", "own"], "Output format: Hugging Face directory "
+                  "(safetensors) or bert_jax's own orbax checkpoint.")
+flags.DEFINE_string("vocab_file", None, "Vocabulary to ship with the output; overrides the "
+                    "one found beside the input.")
+flags.DEFINE_enum("target", "auto", ["auto", "pretraining", "encoder"], "Which tree to "
+                  "convert: auto keeps the pretraining heads when the input has them.")
+flags.DEFINE_bool("allow_missing_heads", False, "Initialise a pooler/MLM/NSP head the "
+                  "input lacks instead of refusing (only with --target=pretraining).")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  path = pathlib.Path(FLAGS.input)
+  params, config, vocab, kind, target = _load(path, FLAGS.target, FLAGS.allow_missing_heads,
+                                              FLAGS.vocab_file)
+  if FLAGS.format == "hf":
+    out = export_hf(params, config, FLAGS.output, vocab)
+  else:
+    out = export_own(params, config, FLAGS.output, vocab)
+  leaves = jax.tree.leaves(params)
+  print(f"converted {kind} {path} -> {FLAGS.format} {out}\n"
+        f"  model: {target} (L={config.num_hidden_layers}, H={config.hidden_size}, "
+        f"A={config.num_attention_heads}, V={config.vocab_size}), {len(leaves)} tensors, "
+        f"{sum(x.size for x in leaves):,} parameters\n"
+        f"  vocab: {vocab if vocab else 'none (warning: the output has no vocab.txt)'}")
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["input", "output", "format"])
+  app.run(main)

@@ -1,0 +1,222 @@
+"""Hugging Face BERT directories: read and write config.json + model.safetensors.
+
+The safetensors format is small enough to read and write here, which keeps the library
+free of the `safetensors` package (a test-only dependency): an 8-byte little-endian header
+length, a JSON header {name: {"dtype", "shape", "data_offsets": [begin, end]}} (plus an
+optional "__metadata__"), then the raw little-endian tensor bytes.
+
+Accepted key layouts: BertModel (no prefix) and BertForPreTraining / BertForMaskedLM
+("bert." prefix, "cls.predictions.*", "cls.seq_relationship.*"), with or without the prefix,
+and old LayerNorm names (gamma/beta).
+"""
+
+import json
+import math
+import os
+import pathlib
+import shutil
+import struct
+
+from absl import logging
+import ml_dtypes
+import numpy as np
+
+from bert_jax import convert_layout
+from bert_jax import model as model_lib
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+VOCAB_NAME = "vocab.txt"
+
+_DTYPES = {
+    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype("<i8"), "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
+}
+# A header beyond this is not a real checkpoint's (the reference library uses the same bound).
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+def read_safetensors(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+  """Reads every tensor of a .safetensors file.
+
+  Returns:
+    ({name: numpy array in the stored dtype}, metadata dict).
+
+  Raises:
+    ValueError: naming the file and what is wrong with it (truncated file, bad header JSON,
+      unknown dtype, offsets that do not match the shape).
+  """
+  path = pathlib.Path(path)
+
+  def corrupt(why):
+    return ValueError(f"corrupt safetensors file {path}: {why}")
+
+  with open(path, "rb") as f:
+    size = os.fstat(f.fileno()).st_size
+    if size < 8:
+      raise corrupt(f"only {size} bytes, no header")
+    (header_len,) = struct.unpack("<Q", f.read(8))
+    if header_len > min(size - 8, _MAX_HEADER_BYTES):
+      raise corrupt(f"header length {header_len} does not fit in a {size}-byte file")
+    try:
+      header = json.loads(f.read(header_len).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise corrupt(f"header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+      raise corrupt("header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    data_start = 8 + header_len
+    data_size = size - data_start
+    tensors = {}
+    for name, info in header.items():
+      try:
+        dtype = _DTYPES[info["dtype"]]
+        shape = tuple(int(n) for n in info["shape"])
+        begin, end = (int(n) for n in info["data_offsets"])
+      except (KeyError, TypeError, ValueError) as e:
+        raise corrupt(f"tensor {name!r} has a malformed entry {info!r} ({e!r})") from None
+      if not 0 <= begin <= end <= data_size:
+        raise corrupt(f"tensor {name!r} offsets [{begin}, {end}] lie outside the "
+                      f"{data_size}-byte data section")
+      if end - begin != math.prod(shape) * dtype.itemsize:
+        raise corrupt(f"tensor {name!r} has {end - begin} bytes, its shape {shape} and dtype "
+                      f"{info['dtype']} need {math.prod(shape) * dtype.itemsize}")
+      f.seek(data_start + begin)
+      tensors[name] = np.fromfile(f, dtype, count=math.prod(shape)).reshape(shape)
+  return tensors, metadata
+
+
+def write_safetensors(path, tensors: dict[str, np.ndarray], metadata=None) -> None:
+  """Writes float32 (or other numpy-dtype) tensors as a .safetensors file, in name order."""
+  names = {v: k for k, v in _DTYPES.items()}
+  header, offset, arrays = {}, 0, []
+  for name in sorted(tensors):
+    array = np.ascontiguousarray(tensors[name])
+    array = array.astype(array.dtype.newbyteorder("<"), copy=False)
+    if array.dtype not in names:
+      raise ValueError(f"tensor {name!r}: dtype {array.dtype} has no safetensors name")
+    header[name] = {"dtype": names[array.dtype], "shape": list(array.shape),
+                    "data_offsets": [offset, offset + array.nbytes]}
+    offset += array.nbytes
+    arrays.append(array)
+  if metadata:
+    header["__metadata__"] = metadata
+  blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+  blob += b" " * (-len(blob) % 8)  # the format pads the header so the data is 8-byte aligned.
+  with open(path, "wb") as f:
+    f.write(struct.pack("<Q", len(blob)))
+    f.write(blob)
+    for array in arrays:
+      f.write(array.tobytes())
+
+
+def _canonical_name(key: str) -> str:
+  """HF key -> the canonical name of convert_layout (no "bert." prefix, weight/bias names)."""
+  if key.startswith("bert."):
+    key = key[len("bert."):]
+  if key.endswith(".gamma"):  # LayerNorm names of checkpoints older than transformers 4.
+    key = key[:-len(".gamma")] + ".weight"
+  elif key.endswith(".beta"):
+    key = key[:-len(".beta")] + ".bias"
+  if key == "cls.predictions.decoder.bias":  # HF ties it to cls.predictions.bias.
+    key = "cls.predictions.bias"
+  return key
+
+
+def is_hf_dir(path: pathlib.Path) -> bool:
+  """A directory with config.json and model.safetensors."""
+  return (path / CONFIG_NAME).is_file() and (path / WEIGHTS_NAME).is_file()
+
+
+def read_hf_dir(path: pathlib.Path):
+  """Reads a Hugging Face BERT directory.
+
+  Returns:
+    (config, tensors under canonical names, display: canonical -> file name,
+     ignored: {file name: reason}, vocab path or None).
+  """
+  with open(path / CONFIG_NAME) as f:
+    config = model_lib.BertConfig.from_hf_dict(json.load(f))
+  raw, _ = read_safetensors(path / WEIGHTS_NAME)
+  tensors, display, ignored = {}, {}, {}
+  decoder_weight = None
+  for key, array in raw.items():
+    if key.endswith("embeddings.position_ids"):
+      # A constant arange buffer PyTorch saves beside the weights; positions are implicit here.
+      ignored[key] = "position-id buffer, not a weight"
+      continue
+    if key.endswith("cls.predictions.decoder.weight"):
+      decoder_weight = (key, array)  # tied to the word embeddings; checked below.
+      continue
+    name = _canonical_name(key)
+    if name in tensors:
+      if name == "cls.predictions.bias" and np.array_equal(tensors[name], array):
+        ignored[key] = "tied copy of the MLM output bias"
+        continue
+      raise ValueError(f"{path / WEIGHTS_NAME}: {display[name]!r} and {key!r} both give "
+                       f"{name!r}" + (" with different values" if "bias" in name else ""))
+    tensors[name] = array
+    display[name] = key
+  if decoder_weight is not None:
+    key, array = decoder_weight
+    words = tensors.get("embeddings.word_embeddings.weight")
+    if words is None or words.shape != array.shape or not np.array_equal(words, array):
+      raise ValueError(
+          f"{path / WEIGHTS_NAME}: {key} differs from the word embeddings; this model ties the "
+          "MLM decoder to the word embeddings and cannot hold an untied decoder")
+    ignored[key] = "tied to the word embeddings"
+  vocab = path / VOCAB_NAME
+  return config, tensors, display, ignored, (vocab if vocab.is_file() else None)
+
+
+def display_name(display: dict[str, str], *, prefixed: bool):
+  """Name in messages: as in the file when present, else with the file's own prefix style."""
+  def name(canonical: str) -> str:
+    if canonical in display:
+      return display[canonical]
+    return f"bert.{canonical}" if prefixed and not canonical.startswith("cls.") else canonical
+  return name
+
+
+def export_hf(params, config, out_dir, vocab_file=None) -> pathlib.Path:
+  """Writes a Hugging Face BERT directory that transformers' BertForPreTraining loads.
+
+  Args:
+    params: plain nested dict, per-layer layout: the BertForPreTraining tree
+      {"bert", "mlm_head", "nsp_head"} (exported as BertForPreTraining, "bert." prefix) or the
+      BertModel tree (exported as BertModel, no prefix).
+    config: the model's BertConfig (standard BERT: no factorised embedding, no sharing).
+    out_dir: directory to create or fill.
+    vocab_file: WordPiece vocabulary copied to out_dir/vocab.txt; None only warns.
+
+  Returns:
+    out_dir as a Path.
+  """
+  out_dir = pathlib.Path(out_dir)
+  tensors = convert_layout.to_external(params, config, "hf")
+  pretraining = "mlm_head" in params
+  if pretraining:
+    tensors = {(k if k.startswith("cls.") else f"bert.{k}"): v for k, v in tensors.items()}
+  out_dir.mkdir(parents=True, exist_ok=True)
+  write_safetensors(out_dir / WEIGHTS_NAME, tensors, metadata={"format": "pt"})
+  hf_config = dict(config.to_hf_dict())
+  hf_config["architectures"] = ["BertForPreTraining" if pretraining else "BertModel"]
+  hf_config["model_type"] = "bert"
+  with open(out_dir / CONFIG_NAME, "w") as f:
+    json.dump(hf_config, f, indent=2, sort_keys=True)
+  copy_vocab(vocab_file, out_dir)
+  return out_dir
+
+
+def copy_vocab(vocab_file, out_dir: pathlib.Path) -> None:
+  """Copies the vocabulary beside a converted checkpoint; a checkpoint without one only warns."""
+  if vocab_file is None:
+    logging.warning("%s: no vocabulary given; the checkpoint is written without vocab.txt",
+                    out_dir)
+    return
+  vocab_file = pathlib.Path(vocab_file)
+  if not vocab_file.is_file():
+    raise ValueError(f"vocab_file {vocab_file} does not exist")
+  if vocab_file.resolve() != (out_dir / VOCAB_NAME).resolve():
+    shutil.copyfile(vocab_file, out_dir / VOCAB_NAME)

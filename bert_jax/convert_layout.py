@@ -1,0 +1,328 @@
+"""The name and shape table behind checkpoint conversion, and the strict assembler that uses it.
+
+One table (`layout`) lists every tensor of our parameter tree together with its name and
+storage shape in each external format: Hugging Face PyTorch names ("hf"), original
+google-research/bert TF variable names ("tf") and our own flattened tree ("own"). Import
+and export both read the same table, so the two directions cannot drift apart, and
+`assemble` turns a flat {name: array} dict into our tree, refusing any missing, unused or
+wrongly shaped tensor by name.
+
+Our tree is the one documented in the model contract: per-layer layout
+(`encoder/layer_{i}/...`), attention projections as [H, A, D] / [A, D, H] kernels, and for
+pretraining {"bert": ..., "mlm_head": ..., "nsp_head": ...}.
+"""
+
+import dataclasses
+import math
+from typing import Callable, Mapping
+
+from absl import logging
+import jax
+import numpy as np
+
+# Groups of tensors. A checkpoint may legitimately lack the non-encoder groups: a BertModel
+# export has no heads, a BertForMaskedLM export has no pooler and no NSP head.
+ENCODER = "encoder"
+POOLER = "pooler"
+MLM_HEAD = "mlm_head"
+NSP_HEAD = "nsp_head"
+HEAD_GROUPS = (MLM_HEAD, NSP_HEAD)
+OPTIONAL_GROUPS = (POOLER, MLM_HEAD, NSP_HEAD)
+
+FORMATS = ("hf", "tf", "own")
+TARGETS = ("pretraining", "encoder", "auto")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One tensor: where it lives in our tree and how one external format stores it.
+
+  Attributes:
+    path: path in our tree; relative to the encoder for ENCODER/POOLER entries, absolute
+      ("mlm_head"/"nsp_head", ...) for head entries.
+    group: ENCODER, POOLER, MLM_HEAD or NSP_HEAD.
+    name: the tensor's name in the external format.
+    shape: our shape.
+    source_shape: the external format's shape (PyTorch Linear weights are [out, in],
+      attention kernels are 2-D there).
+    transpose: the stored matrix is [out, in] and must be transposed into our [in, out].
+  """
+  path: tuple[str, ...]
+  group: str
+  name: str
+  shape: tuple[int, ...]
+  source_shape: tuple[int, ...]
+  transpose: bool = False
+
+  def to_ours(self, array: np.ndarray) -> np.ndarray:
+    """Stored tensor -> our float32 array (shape already checked against source_shape)."""
+    array = np.asarray(array, dtype=np.float32)
+    if self.transpose:
+      array = array.T
+    return np.ascontiguousarray(array.reshape(self.shape))
+
+  def from_ours(self, array: np.ndarray) -> np.ndarray:
+    """Our array -> the external format's float32 tensor."""
+    array = np.asarray(array, dtype=np.float32)
+    if self.transpose:
+      return np.ascontiguousarray(array.reshape(self.source_shape[::-1]).T)
+    return np.ascontiguousarray(array.reshape(self.source_shape))
+
+
+def _check_standard_bert(config, fmt: str) -> None:
+  """HF and TF BERT layouts cannot hold ALBERT's factorised embeddings or shared layers."""
+  if config.embedding_size not in (None, config.hidden_size):
+    raise ValueError(
+        f"embedding_size={config.embedding_size} != hidden_size={config.hidden_size}: the "
+        f"{fmt!r} BERT layout has no factorised embedding projection; use the 'own' format")
+  if config.share_layers:
+    raise ValueError(
+        f"share_layers=True: the {fmt!r} BERT layout stores one set of weights per layer; "
+        "use the 'own' format")
+
+
+def layout(config, fmt: str) -> list[Entry]:
+  """Every tensor of BertForPreTraining(config) (encoder, pooler, both heads) in format `fmt`.
+
+  Args:
+    config: a bert_jax.model.BertConfig.
+    fmt: "hf" (PyTorch names without the "bert." prefix), "tf" (google-research/bert
+      variable names) or "own" (our tree, "/"-joined, encoder entries without "bert/").
+
+  Returns:
+    The entries, in a stable order (embeddings, layers, pooler, heads).
+  """
+  if fmt not in FORMATS:
+    raise ValueError(f"unknown checkpoint format {fmt!r}; expected one of {FORMATS}")
+  if fmt != "own":
+    _check_standard_bert(config, fmt)
+  h = config.hidden_size
+  a = config.num_attention_heads
+  d = h // a
+  e = config.embedding_size or h
+  entries = []
+
+  def add(path, group, shape, *, hf, tf, kernel_in_ndim=0, tf_transposed=False, table=False):
+    """Adds one tensor. Kernels (kernel_in_ndim > 0) are 2-D [in, out] in TF, [out, in] in HF;
+    embedding tables are stored as they are; everything else is a flat vector there."""
+    shape = tuple(shape)
+    if fmt == "own":
+      entries.append(Entry(path, group, "/".join(path), shape, shape))
+      return
+    if kernel_in_ndim:
+      n_in = math.prod(shape[:kernel_in_ndim])
+      n_out = math.prod(shape[kernel_in_ndim:])
+      transpose = True if fmt == "hf" else tf_transposed
+      source_shape = (n_out, n_in) if transpose else (n_in, n_out)
+    else:
+      transpose = False
+      source_shape = shape if table else (math.prod(shape),)
+    entries.append(Entry(path, group, hf if fmt == "hf" else tf, shape, source_shape, transpose))
+
+  def dense(path, group, shape, hf, tf, in_ndim=1):
+    """A kernel/bias pair: HF `<hf>.weight/.bias`, TF `<tf>/kernel`, `<tf>/bias`."""
+    add(path + ("kernel",), group, shape, hf=f"{hf}.weight", tf=f"{tf}/kernel",
+        kernel_in_ndim=in_ndim)
+    add(path + ("bias",), group, shape[in_ndim:], hf=f"{hf}.bias", tf=f"{tf}/bias")
+
+  def layer_norm(path, group, size, hf, tf):
+    """HF LayerNorm.weight/.bias (older files: gamma/beta), TF LayerNorm/gamma and /beta."""
+    add(path + ("scale",), group, (size,), hf=f"{hf}.weight", tf=f"{tf}/gamma")
+    add(path + ("bias",), group, (size,), hf=f"{hf}.bias", tf=f"{tf}/beta")
+
+  # Embeddings.
+  for ours, rows in (("word_embeddings", config.vocab_size),
+                     ("position_embeddings", config.max_position_embeddings),
+                     ("token_type_embeddings", config.type_vocab_size)):
+    add(("embeddings", ours, "embedding"), ENCODER, (rows, e),
+        hf=f"embeddings.{ours}.weight", tf=f"bert/embeddings/{ours}", table=True)
+  layer_norm(("embeddings", "layer_norm"), ENCODER, e, "embeddings.LayerNorm",
+             "bert/embeddings/LayerNorm")
+  if e != h:  # ALBERT projection E -> H; only the own format reaches here (checked above).
+    dense(("embeddings", "projection"), ENCODER, (e, h), "", "")
+
+  # Encoder layers: one shared block or one per layer.
+  layer_names = (["layer"] if config.share_layers
+                 else [f"layer_{i}" for i in range(config.num_hidden_layers)])
+  for i, layer in enumerate(layer_names):
+    p = ("encoder", layer)
+    hf = f"encoder.layer.{i}"
+    tf = f"bert/encoder/layer_{i}"
+    for qkv in ("query", "key", "value"):
+      dense(p + ("attention", qkv), ENCODER, (h, a, d), f"{hf}.attention.self.{qkv}",
+            f"{tf}/attention/self/{qkv}")
+    dense(p + ("attention", "output"), ENCODER, (a, d, h), f"{hf}.attention.output.dense",
+          f"{tf}/attention/output/dense", in_ndim=2)
+    layer_norm(p + ("attention_layer_norm",), ENCODER, h, f"{hf}.attention.output.LayerNorm",
+               f"{tf}/attention/output/LayerNorm")
+    dense(p + ("intermediate",), ENCODER, (h, config.intermediate_size),
+          f"{hf}.intermediate.dense", f"{tf}/intermediate/dense")
+    dense(p + ("output",), ENCODER, (config.intermediate_size, h), f"{hf}.output.dense",
+          f"{tf}/output/dense")
+    layer_norm(p + ("output_layer_norm",), ENCODER, h, f"{hf}.output.LayerNorm",
+               f"{tf}/output/LayerNorm")
+
+  dense(("pooler", "dense"), POOLER, (h, h), "pooler.dense", "bert/pooler/dense")
+
+  # Heads. The MLM decoder matrix is tied to the word embeddings, so only its bias is stored.
+  dense((MLM_HEAD, "transform"), MLM_HEAD, (h, e), "cls.predictions.transform.dense",
+        "cls/predictions/transform/dense")
+  layer_norm((MLM_HEAD, "layer_norm"), MLM_HEAD, e, "cls.predictions.transform.LayerNorm",
+             "cls/predictions/transform/LayerNorm")
+  add((MLM_HEAD, "output_bias"), MLM_HEAD, (config.vocab_size,), hf="cls.predictions.bias",
+      tf="cls/predictions/output_bias")
+  # google-research/bert stores the NSP matrix as output_weights [2, H], i.e. [out, in].
+  add((NSP_HEAD, "kernel"), NSP_HEAD, (h, 2), hf="cls.seq_relationship.weight",
+      tf="cls/seq_relationship/output_weights", kernel_in_ndim=1, tf_transposed=True)
+  add((NSP_HEAD, "bias"), NSP_HEAD, (2,), hf="cls.seq_relationship.bias",
+      tf="cls/seq_relationship/output_bias")
+  return entries
+
+
+def _fresh(entry: Entry, config, seed: int) -> np.ndarray:
+  """BERT's initialisation for a head the checkpoint lacks: N(0, initializer_range) kernels
+  truncated at two standard deviations, zero biases, unit LayerNorm scales."""
+  leaf = entry.path[-1]
+  if leaf == "kernel":
+    init = jax.nn.initializers.truncated_normal(config.initializer_range)
+    return np.asarray(init(jax.random.PRNGKey(seed), entry.shape, np.float32))
+  if leaf == "scale":
+    return np.ones(entry.shape, np.float32)
+  return np.zeros(entry.shape, np.float32)
+
+
+def set_path(tree: dict, path: tuple[str, ...], value) -> None:
+  """tree[path[0]][path[1]]... = value, creating dicts on the way."""
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def flatten(tree: Mapping, prefix: str = "") -> dict[str, np.ndarray]:
+  """{"a": {"b": x}} -> {"a/b": x}; leaves are whatever is not a Mapping."""
+  flat = {}
+  for key, value in tree.items():
+    name = f"{prefix}{key}"
+    if isinstance(value, Mapping):
+      flat.update(flatten(value, name + "/"))
+    else:
+      flat[name] = value
+  return flat
+
+
+def assemble(tensors: Mapping[str, np.ndarray], config, fmt: str, *, target: str,
+             allow_missing_heads: bool = False, source: str = "checkpoint",
+             display: Callable[[str], str] = str, ignored: Mapping[str, str] | None = None,
+             omittable: tuple[str, ...] = ()) -> tuple[dict, str]:
+  """Builds our parameter tree from a flat {name: array} dict, strictly.
+
+  Args:
+    tensors: the checkpoint's tensors under the canonical names of `layout(config, fmt)`.
+    config: the model's BertConfig.
+    fmt: "hf", "tf" or "own".
+    target: "pretraining" ({"bert", "mlm_head", "nsp_head"}), "encoder" (the BertModel tree;
+      the checkpoint's heads are dropped, and logged) or "auto" (pretraining when the
+      checkpoint holds an MLM head).
+    allow_missing_heads: initialise freshly (BERT init) a pooler, MLM head or NSP head the
+      checkpoint lacks completely, instead of refusing.
+    source: what to call the checkpoint in messages (a path).
+    display: canonical name -> name as written in the file, for messages.
+    ignored: tensors the reader skipped knowingly, {name: reason}; only logged.
+    omittable: groups that may be absent entirely and are then left out of the tree
+      (export of a pretraining tree without NSP head).
+
+  Returns:
+    (params, target): plain nested dict of float32 numpy arrays, and the target resolved.
+
+  Raises:
+    ValueError: naming every missing, unused and wrongly shaped tensor at once.
+  """
+  if target not in TARGETS:
+    raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+  entries = layout(config, fmt)
+  if target == "auto":
+    has_mlm = any(e.name in tensors for e in entries if e.group == MLM_HEAD)
+    target = "pretraining" if has_mlm else "encoder"
+  by_reason = {}
+  for name, reason in (ignored or {}).items():
+    by_reason.setdefault(reason, []).append(display(name))
+  for reason, names in by_reason.items():
+    logging.info("%s: ignoring %d tensors (%s): %s", source, len(names), reason,
+                 ", ".join(names[:5]) + (", ..." if len(names) > 5 else ""))
+
+  missing, wrong_shape, dropped = [], [], []
+  by_group = {}
+  for entry in entries:
+    by_group.setdefault(entry.group, []).append(entry)
+  fresh_groups, skipped_groups, heads_missing = [], [], False
+  for group, group_entries in by_group.items():
+    present = [e for e in group_entries if e.name in tensors]
+    if target == "encoder" and group in HEAD_GROUPS:
+      dropped.extend(e.name for e in present)  # a BertModel has no heads: drop, knowingly.
+      continue
+    if not present and group in omittable:
+      skipped_groups.append(group)
+      continue
+    if not present and group in OPTIONAL_GROUPS and allow_missing_heads:
+      fresh_groups.append(group)
+      continue
+    absent = [display(e.name) for e in group_entries if e.name not in tensors]
+    missing.extend(absent)
+    heads_missing |= bool(absent) and not present and group in OPTIONAL_GROUPS
+    for e in present:
+      got = tuple(np.shape(tensors[e.name]))
+      if got != e.source_shape:
+        wrong_shape.append(f"{display(e.name)}: has shape {got}, expected {e.source_shape}")
+  known = {e.name for e in entries}
+  unused = sorted(display(n) for n in tensors if n not in known)
+  if missing or unused or wrong_shape:
+    lines = [f"cannot load {source} into the {target} model "
+             f"(L={config.num_hidden_layers}, H={config.hidden_size}, "
+             f"A={config.num_attention_heads}, V={config.vocab_size}):"]
+    if missing:
+      hint = ("; allow_missing_heads=True initialises an absent pooler/head freshly"
+              if heads_missing else "")
+      lines.append(f"  missing tensors ({len(missing)}{hint}): " + ", ".join(missing))
+    if unused:
+      lines.append(f"  unused tensors ({len(unused)}): " + ", ".join(unused))
+    if wrong_shape:
+      lines.append(f"  wrongly shaped tensors ({len(wrong_shape)}): " + "; ".join(wrong_shape))
+    raise ValueError("\n".join(lines))
+  if dropped:
+    logging.warning("%s: loading into an encoder-only model, dropping %d head tensors: %s",
+                    source, len(dropped), ", ".join(display(n) for n in dropped))
+
+  params = {}
+  for seed, entry in enumerate(entries):
+    if (target == "encoder" and entry.group in HEAD_GROUPS) or entry.group in skipped_groups:
+      continue
+    if entry.group in fresh_groups:
+      value = _fresh(entry, config, seed)
+    else:
+      value = entry.to_ours(tensors[entry.name])
+    path = entry.path
+    if target == "pretraining" and entry.group in (ENCODER, POOLER):
+      path = ("bert",) + path
+    set_path(params, path, value)
+  if fresh_groups:
+    logging.warning("%s: the checkpoint has no %s; initialised freshly", source,
+                    " / ".join(fresh_groups))
+  return params, target
+
+
+def to_external(params: Mapping, config, fmt: str, *, source: str = "params") -> dict:
+  """Our tree (pretraining or encoder-only, per-layer layout) -> {external name: array}.
+
+  The tree is checked against the layout first, so a wrong tree is refused by name rather
+  than exported half. A pretraining tree without "nsp_head" (RoBERTa-style) exports without
+  the NSP tensors.
+  """
+  flat = flatten(params)
+  if "bert" in params:  # pretraining tree: encoder under "bert/", heads at the top.
+    flat = {(k[len("bert/"):] if k.startswith("bert/") else k): v for k, v in flat.items()}
+  target = "pretraining" if MLM_HEAD in params else "encoder"
+  assemble(flat, config, "own", target=target, source=source, omittable=(NSP_HEAD,))
+  ours = {e.path: e.name for e in layout(config, "own")}
+  return {entry.name: entry.from_ours(flat[ours[entry.path]])
+          for entry in layout(config, fmt) if ours[entry.path] in flat
+          and (target == "pretraining" or entry.group not in HEAD_GROUPS)}

@@ -1,0 +1,69 @@
+"""Original google-research/bert TF checkpoints: bert_config.json + model.ckpt-* files.
+
+Variables keep their TF1 names (`bert/embeddings/word_embeddings`,
+`bert/encoder/layer_N/attention/self/query/kernel`, `cls/predictions/output_bias`, ...);
+kernels are already [in, out]. TensorFlow is imported only when such a checkpoint is read,
+so the rest of the converter does not pay for it.
+"""
+
+import pathlib
+import re
+
+import numpy as np
+
+from bert_jax import model as model_lib
+
+CONFIG_NAME = "bert_config.json"
+VOCAB_NAME = "vocab.txt"
+# Optimizer state and step counters written beside the weights; not part of the model.
+_OPTIMIZER_SUFFIXES = ("/adam_m", "/adam_v")
+_COUNTERS = ("global_step",)
+
+
+def find_checkpoint(path: pathlib.Path) -> pathlib.Path | None:
+  """The checkpoint prefix for `path`: a prefix itself, or the newest ckpt in a directory."""
+  if pathlib.Path(str(path) + ".index").is_file():
+    return path
+  if not path.is_dir():
+    return None
+  indexes = list(path.glob("*.index"))
+  if not indexes:
+    return None
+
+  def step(index: pathlib.Path) -> int:
+    match = re.search(r"-(\d+)$", index.stem)
+    return int(match.group(1)) if match else -1
+  # The TF `checkpoint` state file names the newest, but copied checkpoints often lack it.
+  return max(indexes, key=lambda p: (step(p), p.name)).with_suffix("")
+
+
+def read_tf_checkpoint(prefix: pathlib.Path, *, config_file: pathlib.Path | None = None):
+  """Reads an original BERT TF checkpoint.
+
+  Args:
+    prefix: the checkpoint prefix (".../model.ckpt-1000000").
+    config_file: bert_config.json; default: beside the checkpoint.
+
+  Returns:
+    (config, {variable name: float32 array}, display (identity), ignored {name: reason},
+     vocab path or None).
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  # heavy; only for this format.
+
+  directory = prefix.parent
+  config_file = config_file or directory / CONFIG_NAME
+  if not config_file.is_file():
+    raise ValueError(f"TF checkpoint {prefix}: no {CONFIG_NAME} beside it ({config_file})")
+  config = model_lib.BertConfig.from_tf_dict(config_file)
+  try:
+    reader = tf.train.load_checkpoint(str(prefix))
+  except (tf.errors.OpError, ValueError) as e:
+    raise ValueError(f"cannot read TF checkpoint {prefix}: {e}") from None
+  tensors, ignored = {}, {}
+  for name in sorted(reader.get_variable_to_shape_map()):
+    if name.endswith(_OPTIMIZER_SUFFIXES) or name in _COUNTERS:
+      ignored[name] = "optimizer state"
+      continue
+    tensors[name] = np.asarray(reader.get_tensor(name))
+  vocab = directory / VOCAB_NAME
+  return config, tensors, str, ignored, (vocab if vocab.is_file() else None)

@@ -1,0 +1,386 @@
+"""Checkpoint conversion against the reference: transformers' Flax BERT with random weights.
+
+The reference BertForPreTraining's weights are written out under the Hugging Face PyTorch
+names and under the original google-research/bert TF names by generic renaming rules
+(below), imported with bert_jax.convert, and our model must then reproduce the reference's
+MLM and NSP logits. Export goes back the other way and the reference must load it.
+"""
+
+import functools
+import json
+import pathlib
+import subprocess
+import sys
+import types
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.traverse_util import flatten_dict
+from flax.traverse_util import unflatten_dict
+import safetensors.numpy
+import transformers
+
+from bert_jax import convert
+from bert_jax import convert_hf
+from bert_jax import model as model_lib
+
+ATOL = 1e-5
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- reference
+
+@pytest.fixture(scope="module")
+def reference():
+  """A small transformers FlaxBertForPreTraining whose every weight is random.
+
+  Biases and LayerNorm parameters are perturbed too (their init is 0/1), so a bias loaded
+  into the wrong place cannot go unnoticed.
+  """
+  config = transformers.BertConfig(
+      vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+      intermediate_size=37, max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu")
+  # _do_init=False skips the reference's own (slow to compile) initialiser; every weight is
+  # drawn here instead: N(0, 0.1), plus 1 for LayerNorm scales.
+  model = transformers.FlaxBertForPreTraining(config, _do_init=False)
+  params = _random_like(model.params_shape_tree, np.random.default_rng(0))
+  return types.SimpleNamespace(model=model, params=params, config=config)
+
+
+def _random_like(shapes, rng):
+  """Random float32 values for a tree of shapes (LayerNorm-like "scale" leaves around 1)."""
+  flat = flatten_dict(shapes)
+  values = {k: (rng.normal(0, 0.1, v.shape) + (k[-1] == "scale")).astype(np.float32)
+            for k, v in flat.items()}
+  return unflatten_dict(values)
+
+
+@pytest.fixture(scope="module")
+def batch():
+  """Two sequences (the second padded), segment ids and masked-LM positions."""
+  rng = np.random.default_rng(1)
+  ids = rng.integers(5, 99, (2, 16)).astype(np.int32)
+  mask = np.ones_like(ids)
+  mask[1, 11:] = 0
+  ids[1, 11:] = 0
+  segments = np.zeros_like(ids)
+  segments[:, 6:] = 1
+  positions = np.array([[1, 3, 7, 14], [2, 5, 9, 0]], np.int32)
+  return ids, mask, segments, positions
+
+
+def _reference_logits(ref, batch):
+  ids, mask, segments, positions = batch
+  out = ref.model(ids, attention_mask=mask, token_type_ids=segments, params=ref.params)
+  mlm = np.take_along_axis(np.asarray(out.prediction_logits), positions[..., None], axis=1)
+  return mlm, np.asarray(out.seq_relationship_logits)
+
+
+@functools.cache
+def _jitted_apply(config):
+  # One compilation per config for the whole file: compiling dominates these tiny models.
+  return jax.jit(model_lib.BertForPreTraining(config).apply)
+
+
+def _our_logits(config, params, batch):
+  ids, mask, segments, positions = batch
+  out = _jitted_apply(config)({"params": params}, ids, mask, segments, positions)
+  return np.asarray(out["mlm_logits"]), np.asarray(out["nsp_logits"])
+
+
+def _assert_same_logits(config, params, ref, batch):
+  mlm, nsp = _our_logits(config, params, batch)
+  ref_mlm, ref_nsp = _reference_logits(ref, batch)
+  np.testing.assert_allclose(mlm, ref_mlm, atol=ATOL, rtol=0)
+  np.testing.assert_allclose(nsp, ref_nsp, atol=ATOL, rtol=0)
+
+
+# Generic renaming, the way transformers itself relates its Flax and PyTorch weights:
+# dotted path, kernel -> weight (transposed), scale / embedding -> weight.
+def _pytorch_state(ref_params) -> dict[str, np.ndarray]:
+  state = {}
+  for path, value in flatten_dict(ref_params).items():
+    *parents, leaf = path
+    value = np.asarray(value)
+    if leaf == "kernel":
+      value = value.T
+    name = ".".join(parents + ["bias" if leaf == "bias" else "weight"])
+    state[name] = np.ascontiguousarray(value)
+  return state
+
+
+# Original google-research/bert names: layer_N, LayerNorm gamma/beta, bare embedding tables,
+# cls/predictions/output_bias, cls/seq_relationship/output_weights stored [2, H].
+def _tf_variables(ref_params) -> dict[str, np.ndarray]:
+  variables = {}
+  for path, value in flatten_dict(ref_params).items():
+    value = np.asarray(value)
+    name = "/".join(path).replace("layer/", "layer_")
+    if path[-2] == "LayerNorm":
+      name = name.rsplit("/", 1)[0] + {"scale": "/gamma", "bias": "/beta"}[path[-1]]
+    elif path[-1] == "embedding":
+      name = name.rsplit("/", 1)[0]
+    elif path == ("cls", "predictions", "bias"):
+      name = "cls/predictions/output_bias"
+    elif path == ("cls", "seq_relationship", "kernel"):
+      name, value = "cls/seq_relationship/output_weights", value.T
+    elif path == ("cls", "seq_relationship", "bias"):
+      name = "cls/seq_relationship/output_bias"
+    variables[name] = value
+  return variables
+
+
+def _write_vocab(path: pathlib.Path, size: int) -> pathlib.Path:
+  path.write_text("".join(f"tok{i}\n" for i in range(size)))
+  return path
+
+
+def _write_hf_dir(path: pathlib.Path, ref, state: dict, metadata=None) -> pathlib.Path:
+  path.mkdir(parents=True, exist_ok=True)
+  ref.config.save_pretrained(path)
+  safetensors.numpy.save_file(state, str(path / "model.safetensors"),
+                              metadata=metadata or {"format": "pt"})
+  return path
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory, reference):
+  """The reference written as a PyTorch BertForPreTraining directory, with a vocab.txt."""
+  path = _write_hf_dir(tmp_path_factory.mktemp("hf"), reference,
+                       _pytorch_state(reference.params))
+  _write_vocab(path / "vocab.txt", 99)
+  return path
+
+
+# ----------------------------------------------------------------------------- HF import / export
+
+def test_hf_import_matches_reference_logits(hf_dir, reference, batch):
+  config, params, vocab = convert.load_pretrained(hf_dir)
+  assert vocab == hf_dir / "vocab.txt"
+  assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size) == (2, 32, 37)
+  _assert_same_logits(config, params, reference, batch)
+  # The converted tree is exactly the one our model initialises.
+  ids, mask, segments, positions = batch
+  shapes = jax.eval_shape(lambda: model_lib.BertForPreTraining(config).init(
+      jax.random.PRNGKey(0), ids, mask, segments, positions))
+  expected = jax.tree.map(lambda x: x.shape, nn.unbox(shapes["params"]))
+  assert jax.tree.map(np.shape, params) == expected
+
+
+def test_hf_export_loads_in_reference(hf_dir, reference, batch, tmp_path):
+  config, params, vocab = convert.load_pretrained(hf_dir)
+  out = convert.export_hf(params, config, tmp_path / "export", vocab)
+  assert (out / "vocab.txt").read_text() == vocab.read_text()
+  assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForPreTraining"]
+  reloaded = transformers.FlaxBertForPreTraining.from_pretrained(out, from_pt=True)
+  # Equal weights everywhere: transformers fills missing weights randomly with only a warning.
+  want = flatten_dict(reference.params)
+  got = flatten_dict(reloaded.params)
+  assert set(got) == set(want)
+  for key in want:
+    np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]), err_msg=str(key))
+  reloaded = types.SimpleNamespace(model=reloaded, params=reloaded.params)
+  for got, want in zip(_reference_logits(reloaded, batch), _reference_logits(reference, batch)):
+    np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
+
+
+def test_hf_key_variants(tmp_path, reference, batch):
+  """No "bert." prefix, gamma/beta LayerNorm names, tied decoder copies stored, float16."""
+  state = {}
+  for name, value in _pytorch_state(reference.params).items():
+    name = name.removeprefix("bert.")
+    if "LayerNorm" in name:
+      name = name.replace(".weight", ".gamma").replace(".bias", ".beta")
+    state[name] = value
+  state["cls.predictions.decoder.weight"] = state["embeddings.word_embeddings.weight"]
+  state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
+  state["embeddings.position_ids"] = np.arange(64, dtype=np.int64)[None]
+  config, params, _ = convert.load_pretrained(_write_hf_dir(tmp_path / "a", reference, state))
+  _assert_same_logits(config, params, reference, batch)
+
+  half = {k: (v.astype(np.float16) if v.dtype == np.float32 else v) for k, v in state.items()}
+  _, params16, _ = convert.load_pretrained(_write_hf_dir(tmp_path / "b", reference, half))
+  np.testing.assert_array_equal(
+      params16["mlm_head"]["transform"]["kernel"],
+      state["cls.predictions.transform.dense.weight"].astype(np.float16).astype(np.float32).T)
+
+  state["cls.predictions.decoder.weight"] = state["cls.predictions.decoder.weight"] + 1
+  with pytest.raises(ValueError, match=r"cls\.predictions\.decoder\.weight"):
+    convert.load_pretrained(_write_hf_dir(tmp_path / "c", reference, state))
+
+
+def test_safetensors_writer_reads_back_with_reference_library(tmp_path):
+  import ml_dtypes
+  tensors = {"a": np.arange(6, dtype=np.float32).reshape(2, 3),
+             "b": np.array([1.5, -2], ml_dtypes.bfloat16), "c": np.zeros((0, 4), np.float16)}
+  convert_hf.write_safetensors(tmp_path / "x.safetensors", tensors, metadata={"format": "pt"})
+  back = safetensors.numpy.load_file(str(tmp_path / "x.safetensors"))
+  ours, metadata = convert_hf.read_safetensors(tmp_path / "x.safetensors")
+  assert metadata == {"format": "pt"}
+  for name, value in tensors.items():
+    np.testing.assert_array_equal(back[name].astype(np.float32), value.astype(np.float32))
+    assert ours[name].dtype == value.dtype
+    np.testing.assert_array_equal(ours[name], value)
+
+
+# ----------------------------------------------------------------------------- TF import
+
+def test_tf_checkpoint_import_matches_reference(tmp_path, reference, batch):
+  import tensorflow as tf
+  variables = _tf_variables(reference.params)
+  graph = tf.Graph()
+  with graph.as_default():
+    for name, value in variables.items():
+      tf.compat.v1.Variable(value, name=name)
+      # Adam slots, as the original run_pretraining.py writes them beside each weight.
+      tf.compat.v1.Variable(np.zeros_like(value), name=f"{name}/adam_m")
+      tf.compat.v1.Variable(np.zeros_like(value), name=f"{name}/adam_v")
+    tf.compat.v1.train.get_or_create_global_step()
+    saver = tf.compat.v1.train.Saver()
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      saver.save(session, str(tmp_path / "model.ckpt"), global_step=1000)
+  names = {n for n, _ in tf.train.list_variables(str(tmp_path / "model.ckpt-1000"))}
+  assert "bert/encoder/layer_1/attention/self/query/kernel" in names  # TF1 names kept.
+  config = reference.config
+  (tmp_path / "bert_config.json").write_text(json.dumps({
+      "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+      "num_hidden_layers": config.num_hidden_layers,
+      "num_attention_heads": config.num_attention_heads,
+      "intermediate_size": config.intermediate_size, "hidden_act": "gelu",
+      "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+      "max_position_embeddings": config.max_position_embeddings,
+      "type_vocab_size": config.type_vocab_size, "initializer_range": 0.02}))
+  _write_vocab(tmp_path / "vocab.txt", 99)
+
+  for path in (tmp_path, tmp_path / "model.ckpt-1000"):  # directory or prefix
+    ours, params, vocab = convert.load_pretrained(path)
+    assert vocab == tmp_path / "vocab.txt"
+    _assert_same_logits(ours, params, reference, batch)
+
+  _, encoder, _ = convert.load_pretrained(tmp_path, target="encoder")
+  assert "mlm_head" not in encoder and "pooler" in encoder
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_missing_unused_and_misshapen_tensors_are_named(tmp_path, reference):
+  state = _pytorch_state(reference.params)
+  del state["cls.predictions.transform.LayerNorm.bias"]
+  state["bert.encoder.layer.2.output.dense.weight"] = np.zeros((32, 37), np.float32)
+  state["bert.encoder.layer.1.intermediate.dense.weight"] = np.zeros((37, 33), np.float32)
+  with pytest.raises(ValueError) as error:
+    convert.load_pretrained(_write_hf_dir(tmp_path, reference, state))
+  message = str(error.value)
+  assert "missing tensors (1" in message
+  assert "cls.predictions.transform.LayerNorm.bias" in message
+  assert "unused tensors (1)" in message
+  assert "bert.encoder.layer.2.output.dense.weight" in message
+  assert "bert.encoder.layer.1.intermediate.dense.weight: has shape (37, 33), expected (37, 32)" \
+      in message
+
+
+@pytest.mark.parametrize("corruption", ["header_too_long", "not_json", "short_data"])
+def test_corrupt_safetensors_is_refused(tmp_path, hf_dir, corruption):
+  raw = (hf_dir / "model.safetensors").read_bytes()
+  header_len = int.from_bytes(raw[:8], "little")
+  if corruption == "header_too_long":
+    raw = (len(raw) * 2).to_bytes(8, "little") + raw[8:]
+  elif corruption == "not_json":
+    raw = raw[:8] + b"{" * header_len + raw[8 + header_len:]
+  else:
+    raw = raw[:-100]
+  bad = tmp_path / "bad"
+  bad.mkdir()
+  (bad / "config.json").write_bytes((hf_dir / "config.json").read_bytes())
+  (bad / "model.safetensors").write_bytes(raw)
+  with pytest.raises(ValueError, match=r"corrupt safetensors file .*model\.safetensors"):
+    convert.load_pretrained(bad)
+
+
+def test_unknown_path_is_refused(tmp_path):
+  with pytest.raises(ValueError, match="not a checkpoint"):
+    convert.load_pretrained(tmp_path)
+
+
+# ----------------------------------------------------------------------------- own format
+
+def test_own_format_round_trip(hf_dir, reference, batch, tmp_path):
+  config, params, vocab = convert.load_pretrained(hf_dir)
+  out = convert.export_own(params, config, tmp_path / "own", vocab)
+  assert (out / "vocab.txt").read_text() == vocab.read_text()
+  config2, params2, vocab2 = convert.load_pretrained(out)
+  assert config2 == config and vocab2 == out / "vocab.txt"
+  jax.tree.map(np.testing.assert_array_equal, params2, params)
+  _assert_same_logits(config2, params2, reference, batch)
+
+  # A scanned (stacked) tree is stored in the canonical per-layer layout.
+  stacked = model_lib.stack_layers(params, config.num_hidden_layers)
+  convert.export_own(stacked, config.replace(scan_layers=True), tmp_path / "scanned", None)
+  config3, params3, vocab3 = convert.load_pretrained(tmp_path / "scanned")
+  assert vocab3 is None and config3 == config  # scan_layers=False: matches the params.
+  jax.tree.map(np.testing.assert_array_equal, params3, params)
+
+  # An encoder-only import of the pretraining export drops the heads.
+  _, encoder, _ = convert.load_pretrained(out, target="encoder")
+  jax.tree.map(np.testing.assert_array_equal, encoder, params["bert"])
+
+  # A tree that does not match the config is refused by name before anything is written.
+  broken = jax.tree.map(lambda x: x, params)
+  del broken["bert"]["encoder"]["layer_1"]["output"]["bias"]
+  with pytest.raises(ValueError, match="encoder/layer_1/output/bias"):
+    convert.export_own(broken, config, tmp_path / "broken", None)
+  assert not (tmp_path / "broken").exists()
+
+
+def test_albert_switches_round_trip_own_format_only(tmp_path):
+  config = model_lib.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3,
+                                num_attention_heads=4, intermediate_size=64,
+                                embedding_size=16, share_layers=True)
+  ids = jnp.ones((1, 8), jnp.int32)
+  shapes = jax.eval_shape(lambda: model_lib.BertForPreTraining(config).init(
+      jax.random.PRNGKey(0), ids, ids, ids, ids[:, :2]))["params"]
+  params = _random_like(nn.unbox(shapes), np.random.default_rng(0))
+  convert.export_own(params, config, tmp_path / "albert", None)
+  config2, params2, _ = convert.load_pretrained(tmp_path / "albert")
+  assert config2 == config
+  jax.tree.map(np.testing.assert_array_equal, params2, params)
+  with pytest.raises(ValueError, match="embedding_size"):
+    convert.export_hf(params2, config, tmp_path / "hf", None)
+
+
+def test_training_workdir_goes_through_checkpoint_module(hf_dir, monkeypatch, tmp_path):
+  config, params, vocab = convert.load_pretrained(hf_dir)
+  calls = []
+
+  def load_params_from_workdir(workdir):
+    calls.append(workdir)
+    return config.replace(scan_layers=True), model_lib.stack_layers(params, 2)
+  fake = types.ModuleType("bert_jax.checkpoint")
+  fake.load_params_from_workdir = load_params_from_workdir
+  monkeypatch.setitem(sys.modules, "bert_jax.checkpoint", fake)
+  (tmp_path / "checkpoints").mkdir()
+  _write_vocab(tmp_path / "vocab.txt", 99)
+  config2, params2, vocab2 = convert.load_pretrained(tmp_path, target="encoder")
+  assert calls == [str(tmp_path)]
+  assert config2 == config and vocab2 == tmp_path / "vocab.txt"
+  jax.tree.map(np.testing.assert_array_equal, params2, params["bert"])
+
+
+# ----------------------------------------------------------------------------- command line
+
+def test_cli_converts_hf_to_own(hf_dir, tmp_path, reference, batch):
+  vocab = _write_vocab(tmp_path / "other_vocab.txt", 99)
+  result = subprocess.run(
+      [sys.executable, "-m", "bert_jax.convert", f"--input={hf_dir}",
+       f"--output={tmp_path / 'out'}", "--format=own", f"--vocab_file={vocab}"],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode == 0, result.stderr
+  assert "converted Hugging Face directory" in result.stdout
+  assert "pretraining (L=2, H=32, A=4, V=99)" in result.stdout
+  config, params, vocab_out = convert.load_pretrained(tmp_path / "out")
+  assert vocab_out.read_text() == vocab.read_text()
+  _assert_same_logits(config, params, reference, batch)
