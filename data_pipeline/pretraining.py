@@ -140,17 +140,19 @@ def resolve_vocab(data_config) -> tuple[str, str]:
   if data_config.corpus != "embedded":
     raise ValueError("data.vocab_file (or data.spm_model_file) is required for corpus "
                      f"{data_config.corpus!r}; only the embedded corpus has a default vocab")
-  train = getattr(tokenizers, "train_wordpiece_vocab", None)
-  if train is None:
-    raise ValueError("data.vocab_file is required: this tokenizers module cannot train a vocab")
   corpus = corpora.embedded_corpus_path(data_config.embedded_cache_dir or None)
   case = "uncased" if data_config.do_lower_case else "cased"
   vocab = corpus.with_name(f"vocab_{data_config.embedded_vocab_size}_{case}.txt")
   if not vocab.exists():
     temp = vocab.with_name(f".{vocab.name}.tmp-{os.getpid()}")
     try:
-      train(str(corpus), str(temp), vocab_size=data_config.embedded_vocab_size,
-            do_lower_case=data_config.do_lower_case)
+      # Deferred import: only this default path trains a vocabulary.
+      from data_pipeline import vocab_training  # pylint: disable=g-import-not-at-top
+      logging.info("training a %d-token WordPiece vocab on %s (once; cached)",
+                   data_config.embedded_vocab_size, corpus)
+      vocab_training.train_wordpiece_vocab(
+          str(corpus), str(temp), data_config.embedded_vocab_size,
+          do_lower_case=data_config.do_lower_case)
       os.replace(temp, vocab)  # atomic, like the corpus itself
     finally:
       if temp.exists():

@@ -1,0 +1,82 @@
+r"""Writes a few pretraining batches to .npz and prints decoded examples with the masks visible.
+
+  python -m data_pipeline.preview --config=experiments/configs/pretrain.py:tiny \
+      --num_batches=4 --output=/tmp/batches.npz
+
+Without --config the defaults of ``pretraining.default_data_config()`` are used;
+a config with a ``data`` field (an experiment config) contributes that field,
+any other config is taken as the data config itself. ``--corpus`` and
+``--vocab_file`` override the config, as do ``--config.data.<field>=...`` flags.
+
+The .npz holds every batch feature (input_ids, input_mask, segment_ids,
+masked_lm_positions, masked_lm_ids, masked_lm_weights, next_sentence_labels),
+the batches concatenated along the example axis ([num_batches * batch_size, ...]).
+In the printout each predicted position reads ``shown(original)``: ``[MASK](dog)``
+is masked, ``cat(dog)`` a random replacement, ``dog(dog)`` a kept token.
+"""
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+import numpy as np
+
+from data_pipeline import pretraining
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment or data config file[:arg]")
+_NUM_BATCHES = flags.DEFINE_integer("num_batches", 2, "batches to write")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "examples per batch")
+_OUTPUT = flags.DEFINE_string("output", "batches.npz", ".npz file to write")
+_NUM_SHOWN = flags.DEFINE_integer("num_shown", 3, "examples to print")
+_CORPUS = flags.DEFINE_string("corpus", None, "overrides data.corpus")
+_VOCAB_FILE = flags.DEFINE_string("vocab_file", None, "overrides data.vocab_file")
+
+
+def data_config_from(config):
+  """The data config inside an experiment config (or the config itself, or the defaults)."""
+  if config is None:
+    return pretraining.default_data_config()
+  return config.data if "data" in config else config
+
+
+def render(example: dict, tokenizer) -> str:
+  """One example as text: tokens up to the padding, predictions as shown(original)."""
+  length = int(example["input_mask"].sum())
+  tokens = tokenizer.ids_to_tokens(example["input_ids"][:length])
+  for position, original, weight in zip(example["masked_lm_positions"],
+                                        example["masked_lm_ids"], example["masked_lm_weights"]):
+    if weight > 0:
+      tokens[position] = f"{tokens[position]}({tokenizer.ids_to_tokens([original])[0]})"
+  return " ".join(tokens)
+
+
+def write_preview(data_config, *, num_batches: int, batch_size: int, output: str,
+                  num_shown: int) -> dict:
+  """Writes the batches to ``output`` and prints ``num_shown`` decoded examples; returns the arrays."""
+  source = pretraining.PretrainingInput(data_config, batch_size=batch_size)
+  batches = [next(source) for _ in range(num_batches)]
+  arrays = {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
+  np.savez(output, **arrays)
+  print(f"wrote {num_batches} batches of {batch_size} to {output}: "
+        + ", ".join(f"{k} {v.dtype}{list(v.shape)}" for k, v in arrays.items()))
+  for i in range(min(num_shown, len(arrays["input_ids"]))):
+    example = {key: value[i] for key, value in arrays.items()}
+    print(f"\n--- example {i}: next_sentence_label={int(example['next_sentence_labels'])}, "
+          f"{int(example['masked_lm_weights'].sum())} predictions")
+    print(render(example, source.tokenizer))
+  return arrays
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  data_config = data_config_from(_CONFIG.value)
+  if _CORPUS.value is not None:
+    data_config.corpus = _CORPUS.value
+  if _VOCAB_FILE.value is not None:
+    data_config.vocab_file = _VOCAB_FILE.value
+  write_preview(data_config, num_batches=_NUM_BATCHES.value, batch_size=_BATCH_SIZE.value,
+                output=_OUTPUT.value, num_shown=_NUM_SHOWN.value)
+
+
+if __name__ == "__main__":
+  app.run(main)
