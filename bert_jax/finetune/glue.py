@@ -128,7 +128,7 @@ def custom_task(name: str, *, train_file: str, dev_file: str, text_a: Column,
 
 def _rows(path: pathlib.Path, file_format: str, header: bool):
   """Yields (line number, row) with row a dict (named columns) or list (headerless)."""
-  with open(path, encoding="utf-8", newline="") as f:
+  with open(path, encoding="utf-8-sig", newline="") as f:  # tolerate a BOM
     if file_format == "jsonl":
       for n, line in enumerate(f, 1):
         if not line.strip():
