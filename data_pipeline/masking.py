@@ -23,6 +23,7 @@ import math
 import numbers
 from typing import Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 _STRATEGIES = ("fixed", "bernoulli")
@@ -326,31 +327,20 @@ def mask_tokens(input_ids, maskable, word_starts, seed, spec: MaskingSpec, *,
   length = tf.shape(input_ids)[0]
   seeds = tf.random.experimental.stateless_split(seed, 6)
 
-  # Units: every maskable word start, every unmaskable token, and any maskable
-  # token after an unmaskable one (a truncated segment may begin with "##").
-  after_special = tf.concat([[True], ~maskable[:-1]], axis=0)
-  if spec.whole_word or spec.span:
-    unit_start = tf.cast(word_starts, tf.bool) | ~maskable | after_special
-  else:
-    unit_start = tf.ones([length], tf.bool)
-  unit_id = tf.cumsum(tf.cast(unit_start, tf.int32)) - 1
-  unit_length = tf.math.unsorted_segment_sum(tf.ones([length], tf.int32), unit_id, length)
-  unit_eligible = tf.math.unsorted_segment_max(
-      tf.cast(maskable, tf.int32), unit_id, length) > 0
-
-  # Independent of the ratio, so masks at different ratios are nested.
+  # Independent of the ratio, so token-level masks at different ratios are nested.
   scores = tf.random.stateless_uniform([length], seeds[0])
   num_maskable = tf.reduce_sum(tf.cast(maskable, tf.int32))
   if spec.strategy == "fixed":
     # float64 and half-to-even rounding, exactly Python's round(ratio * n).
     budget = tf.cast(tf.math.round(tf.cast(num_maskable, tf.float64) * spec.ratio), tf.int32)
     budget = tf.where(num_maskable > 0, tf.maximum(budget, 1), 0)
-    # Only reachable with a dynamic T longer than the P was derived for.
-    check = tf.debugging.assert_less_equal(
-        budget, max_predictions,
-        message="masking: max_predictions too small for this sequence length")
-    with tf.control_dependencies([check]):
-      budget = tf.identity(budget)
+    if static_length is None:
+      # A dynamic T longer than the one P was derived for: fail, never truncate.
+      check = tf.debugging.assert_less_equal(
+          budget, max_predictions,
+          message="masking: max_predictions too small for this sequence length")
+      with tf.control_dependencies([check]):
+        budget = tf.identity(budget)
   elif spec.span:
     # A Binomial(num_maskable, ratio) token budget, filled with spans.
     token_draws = tf.random.stateless_uniform([length], seeds[5])
@@ -359,29 +349,45 @@ def mask_tokens(input_ids, maskable, word_starts, seed, spec: MaskingSpec, *,
   else:
     budget = tf.constant(max_predictions, tf.int32)
 
-  if spec.span:
-    span_lengths = sample_span_lengths(seeds[1], length, spec)
-    chosen_units, span_of = _span_fill(unit_length, unit_eligible, scores,
-                                       span_lengths, budget)
-    decision_group = tf.gather(span_of, unit_id)
-  else:
-    candidates = unit_eligible
+  if not (spec.whole_word or spec.span):
+    # Token level (the hot path): the `budget` lowest-scoring candidates, no loop.
+    candidates = maskable
     if spec.strategy == "bernoulli":
       candidates &= scores < spec.ratio
-    chosen_units = _greedy_fill(unit_length, candidates, scores, budget)
-    decision_group = unit_id
-  selected = tf.gather(chosen_units, unit_id) & maskable
+    rank = tf.math.invert_permutation(
+        tf.argsort(tf.where(candidates, scores, 2.0), stable=True))
+    selected = candidates & (rank < budget)
+    decision = tf.random.stateless_uniform([length], seeds[2])
+  else:
+    # Units: every maskable word start, every unmaskable token, and any maskable
+    # token after an unmaskable one (a truncated segment may begin with "##").
+    after_special = tf.concat([[True], ~maskable[:-1]], axis=0)
+    unit_start = tf.cast(word_starts, tf.bool) | ~maskable | after_special
+    unit_id = tf.cumsum(tf.cast(unit_start, tf.int32)) - 1
+    unit_length = tf.math.unsorted_segment_sum(tf.ones([length], tf.int32), unit_id, length)
+    unit_eligible = tf.math.unsorted_segment_max(
+        tf.cast(maskable, tf.int32), unit_id, length) > 0
+    if spec.span:
+      span_lengths = sample_span_lengths(seeds[1], length, spec)
+      chosen_units, span_of = _span_fill(unit_length, unit_eligible, scores,
+                                         span_lengths, budget)
+      decision_group = tf.gather(span_of, unit_id)
+    else:
+      candidates = unit_eligible
+      if spec.strategy == "bernoulli":
+        candidates &= scores < spec.ratio
+      chosen_units = _greedy_fill(unit_length, candidates, scores, budget)
+      decision_group = unit_id
+    selected = tf.gather(chosen_units, unit_id) & maskable
+    # One mask/random/keep draw per word or span.
+    decision = tf.gather(tf.random.stateless_uniform([length], seeds[2]), decision_group)
 
-  # One mask/random/keep draw per decision group (token, word or span).
-  decision = tf.gather(tf.random.stateless_uniform([length], seeds[2]), decision_group)
   to_mask = selected & (decision < spec.mask_prob)
   to_random = selected & ~to_mask & (decision < spec.mask_prob + spec.random_prob)
-  # Uniform over the allowed ids: draw a rank among them, then step over each
-  # excluded id at or below it (ascending order makes one sweep enough).
-  random_ids = tf.random.stateless_uniform(
-      [length], seeds[3], minval=0, maxval=vocab_size - len(excluded), dtype=tf.int32)
-  for special in excluded:
-    random_ids += tf.cast(random_ids >= special, tf.int32)
+  # Uniform over the allowed ids: a uniform rank among them, looked up in a table.
+  allowed = tf.constant(np.setdiff1d(np.arange(vocab_size, dtype=np.int32), excluded))
+  random_ids = tf.gather(allowed, tf.random.stateless_uniform(
+      [length], seeds[3], minval=0, maxval=vocab_size - len(excluded), dtype=tf.int32))
   masked_ids = tf.where(to_mask, mask_id, tf.where(to_random, random_ids, input_ids))
 
   positions = tf.cast(tf.where(selected)[:, 0], tf.int32)
@@ -392,6 +398,5 @@ def mask_tokens(input_ids, maskable, word_starts, seed, spec: MaskingSpec, *,
       "masked_lm_positions": tf.ensure_shape(tf.pad(positions, padding), [max_predictions]),
       "masked_lm_ids": tf.ensure_shape(
           tf.pad(tf.gather(input_ids, positions), padding), [max_predictions]),
-      "masked_lm_weights": tf.ensure_shape(
-          tf.pad(tf.ones([num], tf.float32), padding), [max_predictions]),
+      "masked_lm_weights": tf.cast(tf.range(max_predictions) < num, tf.float32),
   }
