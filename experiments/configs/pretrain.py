@@ -40,7 +40,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # --- model ---
   config.model_size = "base"  # row of bert_jax.model.SIZES giving (L, H, A)
   config.model = ml_collections.ConfigDict()  # BertConfig fields overriding the size row
-  config.model.vocab_size = 30522  # must equal the vocabulary the pipeline tokenizes with
+  config.model.vocab_size = 0  # 0 -> the size of the vocabulary the pipeline tokenizes with
   config.model.dtype = "bfloat16"  # compute dtype; params and optimizer state stay float32
   config.model.embedding_size = ml_collections.FieldReference(None, field_type=int)  # ALBERT E; None -> H
   config.model.share_layers = False  # ALBERT cross-layer parameter sharing

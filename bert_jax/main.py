@@ -1,0 +1,30 @@
+r"""Entry point: `python -m bert_jax.main --config=experiments/configs/pretrain.py:tiny --workdir=DIR`.
+
+All logic lives in bert_jax.train; this file only parses the two flags.
+Single config fields are overridden by flag, e.g. `--config.total_steps=1000`.
+"""
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from bert_jax import train
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file[:variant].",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics "
+                               "(re-running with the same workdir resumes).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  """Runs the pretraining job described by --config in --workdir."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.INFO)
+  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

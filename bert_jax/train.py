@@ -1,0 +1,425 @@
+"""BERT-family pretraining: one straight-through function in labelled sections.
+
+`train_and_evaluate(config, workdir)` reads top to bottom: mesh, data, model
+and optimizer, shardings, step, restore, eval, loop. The per-step math is the
+pure module-level `train_step`; everything about placement lives in
+bert_jax.sharding, checkpoint layout in bert_jax.checkpoint.
+
+Where a run starts, decided once (in "restore"):
+  1. the latest complete checkpoint in workdir/checkpoints (auto-resume), else
+  2. config.init_checkpoint through bert_jax.convert.load_pretrained, else
+  3. random initialisation from config.seed.
+"""
+
+import copy
+import functools
+import os
+import signal
+import time
+from typing import Any
+
+from absl import logging
+import flax.linen as nn
+from flax.training import train_state as train_state_lib
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from bert_jax import checkpoint
+from bert_jax import losses
+from bert_jax import metrics_io
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import sharding
+from data_pipeline import pretraining
+
+TrainState = train_state_lib.TrainState
+
+
+def build_bert_config(config: ml_collections.ConfigDict) -> model_lib.BertConfig:
+  """The BertConfig of a run: the size-table row plus config.model overrides.
+
+  vocab_size 0 takes the pipeline's vocabulary size; an explicit one must be
+  at least that (larger, e.g. padded to a multiple of 128, is allowed).
+  """
+  overrides = config.model.to_dict()
+  vocab_size = len(pretraining.make_tokenizer(config.data).vocab)
+  if not overrides["vocab_size"]:
+    overrides["vocab_size"] = vocab_size
+  elif overrides["vocab_size"] < vocab_size:
+    raise ValueError(f"config.model.vocab_size={overrides['vocab_size']} is smaller than the "
+                     f"pipeline's vocabulary ({vocab_size} entries)")
+  return model_lib.BertConfig.from_size(config.model_size, **overrides)
+
+
+def phase_data_config(config: ml_collections.ConfigDict, step: int) -> tuple[int, Any]:
+  """(phase, data config) in force at `step`: phase 2 swaps in the long sequences."""
+  if step < phase2_start(config):
+    return 1, config.data
+  data = copy.deepcopy(config.data)
+  data.max_seq_length = config.phase2.max_seq_length
+  data.masking.max_predictions_per_seq = config.phase2.max_predictions_per_seq
+  return 2, data
+
+
+def phase2_start(config: ml_collections.ConfigDict) -> int:
+  """First step of phase 2 (total_steps when there is none)."""
+  if config.phase2.start_fraction >= 1.0:
+    return config.total_steps
+  return int(config.phase2.start_fraction * config.total_steps)
+
+
+def check_config(config: ml_collections.ConfigDict, bert_config: model_lib.BertConfig,
+                 mesh: jax.sharding.Mesh) -> None:
+  """Refuses, before anything compiles, a config that cannot run on this mesh."""
+  dp = sharding.data_parallel_size(mesh)
+  per_update = dp * config.grad_accum_steps
+  if config.total_steps <= 0:
+    raise ValueError(f"config.total_steps={config.total_steps} must be positive")
+  if config.grad_accum_steps < 1:
+    raise ValueError(f"config.grad_accum_steps={config.grad_accum_steps} must be >= 1")
+  if config.batch_size % per_update:
+    raise ValueError(
+        f"config.batch_size={config.batch_size} is not divisible by the data-parallel size "
+        f"(mesh data*fsdp={dp}) x config.grad_accum_steps={config.grad_accum_steps}")
+  if config.batch_size % jax.process_count() or config.eval_batch_size % jax.process_count():
+    raise ValueError(f"config.batch_size and eval_batch_size must divide evenly over "
+                     f"{jax.process_count()} processes")
+  if config.eval_batch_size % dp:
+    raise ValueError(f"config.eval_batch_size={config.eval_batch_size} is not divisible by "
+                     f"the data-parallel size {dp}")
+  if not 0.0 < config.phase2.start_fraction <= 1.0:
+    raise ValueError(f"config.phase2.start_fraction={config.phase2.start_fraction} not in (0, 1]")
+  for step in {0, phase2_start(config) % config.total_steps}:
+    length = phase_data_config(config, step)[1].max_seq_length
+    if length > bert_config.max_position_embeddings:
+      raise ValueError(
+          f"max_seq_length={length} (phase starting at step {step}) exceeds the model's "
+          f"max_position_embeddings={bert_config.max_position_embeddings}")
+  if config.init_checkpoint and not os.path.exists(config.init_checkpoint):
+    raise ValueError(f"config.init_checkpoint={config.init_checkpoint!r} does not exist")
+
+
+def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *,
+               grad_accum_steps: int, skip_nonfinite: bool) -> tuple[TrainState, dict[str, Any]]:
+  """One optimizer update on the global `batch`, optionally in micro-batches.
+
+  The loss is MLM cross-entropy averaged over all masked predictions of the
+  batch plus NSP/SOP cross-entropy averaged over its examples. Each
+  micro-batch's mean is re-weighted by its share of predictions (examples), so
+  the summed gradients equal the full-batch gradient exactly, whatever the
+  number of predictions per micro-batch.
+  """
+  step_rng = jax.random.fold_in(rng, state.step)
+  total_predictions = jnp.maximum(jnp.sum(batch["masked_lm_weights"]), 1.0)
+  total_examples = batch["input_ids"].shape[0]
+
+  def loss_fn(params, micro, micro_rng):
+    out = state.apply_fn({"params": params}, micro["input_ids"], micro["input_mask"],
+                         micro["segment_ids"], micro["masked_lm_positions"],
+                         deterministic=False, rngs={"dropout": micro_rng})
+    mlm, n = losses.masked_lm_loss(out["mlm_logits"], micro["masked_lm_ids"],
+                                   micro["masked_lm_weights"])
+    acc = losses.masked_lm_accuracy(out["mlm_logits"], micro["masked_lm_ids"],
+                                    micro["masked_lm_weights"])
+    examples = micro["input_ids"].shape[0]
+    loss = mlm * (n / total_predictions)
+    sums = {"mlm_loss": mlm * n, "mlm_correct": acc * n, "predictions": n}
+    if "nsp_logits" in out:
+      nsp = losses.nsp_loss(out["nsp_logits"], micro["next_sentence_labels"])
+      loss = loss + nsp * (examples / total_examples)
+      sums["nsp_loss"] = nsp * examples
+      sums["nsp_correct"] = losses.nsp_accuracy(
+          out["nsp_logits"], micro["next_sentence_labels"]) * examples
+    return loss, sums
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if grad_accum_steps == 1:
+    (loss, sums), grads = grad_fn(state.params, batch, step_rng)
+  else:
+    # Micro-batch j takes examples j, j+k, j+2k...: every device keeps its own
+    # rows, where a contiguous split would move each micro-batch to a few devices.
+    def split(x):
+      x = x.reshape((x.shape[0] // grad_accum_steps, grad_accum_steps) + x.shape[1:])
+      return jnp.moveaxis(x, 1, 0)
+    micro_batches = jax.tree.map(split, batch)
+
+    def accumulate(carry, xs):
+      j, micro = xs
+      micro = nn.with_logical_constraint(micro, jax.tree.map(
+          lambda x: ("batch",) + (None,) * (x.ndim - 1), micro))
+      (loss, sums), grads = grad_fn(state.params, micro, jax.random.fold_in(step_rng, j))
+      return jax.tree.map(jnp.add, carry, (loss, sums, grads)), None
+
+    first = jax.tree.map(lambda x: x[0], micro_batches)
+    (loss0, sums0), grads0 = jax.eval_shape(grad_fn, state.params, first, step_rng)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss0, sums0, grads0))
+    (loss, sums, grads), _ = jax.lax.scan(
+        accumulate, zeros, (jnp.arange(grad_accum_steps), micro_batches))
+
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  new_state = state.apply_gradients(grads=grads)
+  if skip_nonfinite:
+    # The step counter (and so the data and dropout stream) moves on; the update is dropped.
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+    new_state = new_state.replace(params=keep(new_state.params, state.params),
+                                  opt_state=keep(new_state.opt_state, state.opt_state))
+  predictions = jnp.maximum(sums["predictions"], 1.0)
+  metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite,
+             "mlm_loss": sums["mlm_loss"] / predictions,
+             "mlm_accuracy": sums["mlm_correct"] / predictions}
+  if "nsp_loss" in sums:
+    metrics["nsp_loss"] = sums["nsp_loss"] / total_examples
+    metrics["nsp_accuracy"] = sums["nsp_correct"] / total_examples
+  return new_state, metrics
+
+
+def eval_step(params: Any, batch: dict[str, jax.Array], *, apply_fn: Any) -> dict[str, jax.Array]:
+  """Sums of held-out MLM loss/correct predictions and NSP/SOP correct examples."""
+  out = apply_fn({"params": params}, batch["input_ids"], batch["input_mask"],
+                 batch["segment_ids"], batch["masked_lm_positions"], deterministic=True)
+  mlm, n = losses.masked_lm_loss(out["mlm_logits"], batch["masked_lm_ids"],
+                                 batch["masked_lm_weights"])
+  acc = losses.masked_lm_accuracy(out["mlm_logits"], batch["masked_lm_ids"],
+                                  batch["masked_lm_weights"])
+  sums = {"mlm_loss": mlm * n, "mlm_correct": acc * n, "predictions": n}
+  if "nsp_logits" in out:
+    examples = batch["input_ids"].shape[0]
+    sums["nsp_correct"] = losses.nsp_accuracy(out["nsp_logits"],
+                                              batch["next_sentence_labels"]) * examples
+    sums["examples"] = jnp.asarray(examples, jnp.float32)
+  return sums
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains (resuming when the workdir has checkpoints) and returns the final eval metrics."""
+  # ----------------------------------------------------------------- mesh
+  if config.distributed.enabled:
+    kwargs = {"coordinator_address": config.distributed.coordinator_address or None,
+              "num_processes": config.distributed.num_processes or None,
+              "process_id": None if config.distributed.process_id < 0
+                            else config.distributed.process_id}
+    jax.distributed.initialize(**kwargs)
+  checkpoint.check_writable(workdir)
+  mesh = sharding.make_mesh(config.mesh)
+  rules = [tuple(r) for r in config.logical_axis_rules]
+  bert_config = build_bert_config(config)
+  check_config(config, bert_config, mesh)
+  logging.info("mesh %s over %d devices (%d processes)", dict(mesh.shape), jax.device_count(),
+               jax.process_count())
+
+  # ----------------------------------------------------------------- data
+  host_batch = config.batch_size // jax.process_count()
+  host_eval_batch = config.eval_batch_size // jax.process_count()
+
+  def make_input(step: int, data_state: dict[str, Any] | None):
+    phase, data_config = phase_data_config(config, step)
+    data = pretraining.PretrainingInput(
+        data_config, batch_size=host_batch, process_index=jax.process_index(),
+        process_count=jax.process_count(), split="train")
+    if data_state is not None and data_state.get("phase") == phase:
+      data.set_state(data_state["input"])
+    return phase, data
+
+  def make_eval_set(phase_config):
+    return list(pretraining.make_eval_batches(
+        phase_config, batch_size=host_eval_batch, process_index=jax.process_index(),
+        process_count=jax.process_count()))
+
+  # ----------------------------------------------------- model and optimizer
+  model = model_lib.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
+  tx, lr_schedule = optim.make_optimizer(config.optimizer, config.total_steps)
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+
+  def init_params(rng):
+    length = config.data.max_seq_length
+    predictions = pretraining.max_predictions(config.data)
+    ids = jnp.zeros((1, length), jnp.int32)
+    return model.init({"params": rng}, ids, ids, ids, jnp.zeros((1, predictions), jnp.int32),
+                      deterministic=True)["params"]
+
+  # ------------------------------------------------------------- shardings
+  # No global mesh (jax.set_mesh): flax 0.12's DenseGeneral re-runs its kernel
+  # init (flat 2-D) inside every apply for a shape check, and under a global
+  # mesh the logical box then constrains that flat value with 3 axis names and
+  # fails. So the model's activation constraints are inactive and GSPMD
+  # propagates layouts from the explicit parameter and batch shardings.
+  with nn.logical_axis_rules(rules):
+    boxed = jax.eval_shape(init_params, init_rng)
+    param_shardings = sharding.logical_shardings(boxed, mesh, rules)
+    abstract_params = nn.unbox(boxed)
+    sharding.check_divisible(abstract_params, param_shardings)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    abstract_opt_state = jax.eval_shape(tx.init, abstract_params)
+    # Moments take their parameter's sharding; counters and the like are replicated.
+    opt_shardings = optax.tree_map_params(
+        tx, lambda _, s: s, abstract_opt_state, param_shardings,
+        transform_non_params=lambda _: replicated)
+    state_shardings = TrainState(step=replicated, apply_fn=model.apply, params=param_shardings,
+                                 tx=tx, opt_state=opt_shardings)
+    abstract_state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        {"params": abstract_params, "opt_state": abstract_opt_state,
+         "step": jax.ShapeDtypeStruct((), jnp.int32)},
+        {"params": param_shardings, "opt_state": opt_shardings, "step": replicated})
+    batch_sharding = sharding.batch_sharding(mesh)
+
+    # ------------------------------------------------------------------ step
+    p_train_step = jax.jit(
+        functools.partial(train_step, grad_accum_steps=config.grad_accum_steps,
+                          skip_nonfinite=config.skip_nonfinite_steps),
+        in_shardings=(state_shardings, batch_sharding, replicated),
+        out_shardings=(state_shardings, replicated), donate_argnums=(0,))
+    p_eval_step = jax.jit(functools.partial(eval_step, apply_fn=model.apply),
+                          in_shardings=(param_shardings, batch_sharding),
+                          out_shardings=replicated)
+    p_init = jax.jit(lambda rng: TrainState.create(
+        apply_fn=model.apply, params=nn.unbox(init_params(rng)), tx=tx),
+                     out_shardings=state_shardings)
+
+    # --------------------------------------------------------------- restore
+    manager = checkpoint.make_manager(workdir, config.checkpoint)
+    data_state = None
+    if manager.latest_step() is not None:  # 1. resume from the workdir
+      restored, data_state = checkpoint.restore(manager, abstract_state)
+      state = TrainState(step=restored["step"], apply_fn=model.apply, params=restored["params"],
+                         tx=tx, opt_state=restored["opt_state"])
+      logging.info("resumed from %s at step %d", manager.directory, manager.latest_step())
+    elif config.init_checkpoint:  # 2. initialise from a pretrained checkpoint
+      from bert_jax import convert  # pylint: disable=g-import-not-at-top  # only needed here
+      loaded_config, loaded, _ = convert.load_pretrained(
+          config.init_checkpoint, target="pretraining", allow_missing_heads=True)
+      for field in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "intermediate_size", "vocab_size", "embedding_size", "share_layers"):
+        if getattr(loaded_config, field) != getattr(bert_config, field):
+          raise ValueError(f"config.init_checkpoint has {field}={getattr(loaded_config, field)}"
+                           f" but the configured model has {getattr(bert_config, field)}")
+      if bert_config.scan_layers:
+        loaded = dict(loaded, bert=model_lib.stack_layers(loaded["bert"],
+                                                          bert_config.num_hidden_layers))
+      fresh = jax.device_get(p_init(init_rng).params)
+      merged = _merge(fresh, loaded)  # heads absent from the checkpoint keep their init
+      params = jax.device_put(merged, param_shardings)
+      state = TrainState(step=jnp.zeros((), jnp.int32), apply_fn=model.apply, params=params,
+                         tx=tx, opt_state=jax.jit(tx.init, out_shardings=opt_shardings)(params))
+      logging.info("initialised from %s", config.init_checkpoint)
+    else:  # 3. from scratch
+      state = p_init(init_rng)
+    step = int(state.step)
+    checkpoint.write_run_files(workdir, config, bert_config, _vocab_path(config.data))
+
+    # ------------------------------------------------------------------ eval
+    eval_sets: dict[int, list[dict[str, np.ndarray]]] = {}
+
+    def evaluate(at_step: int) -> dict[str, float]:
+      phase, data_config = phase_data_config(config, min(at_step, config.total_steps - 1))
+      if phase not in eval_sets:
+        eval_sets[phase] = make_eval_set(data_config)
+      totals: dict[str, float] = {}
+      for local in eval_sets[phase]:
+        sums = jax.device_get(p_eval_step(state.params, sharding.global_batch(local, mesh)))
+        for k, v in sums.items():
+          totals[k] = totals.get(k, 0.0) + float(v)
+      n = max(totals["predictions"], 1.0)
+      result = {"eval/mlm_loss": totals["mlm_loss"] / n, "eval/mlm_accuracy": totals["mlm_correct"] / n}
+      if "examples" in totals:
+        result["eval/nsp_accuracy"] = totals["nsp_correct"] / max(totals["examples"], 1.0)
+      writer.write(at_step, result)
+      logging.info("held-out at step %d: %s", at_step,
+                   " ".join(f"{k[5:]} {v:.4f}" for k, v in result.items()))
+      return result
+
+    # ------------------------------------------------------------------ loop
+    writer = metrics_io.MetricWriter(workdir)
+    preempted = []
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
+    phase, data = make_input(step, data_state)
+    progress = metrics_io.Progress(config.total_steps, step)
+    peak = metrics_io.peak_flops(config.peak_tflops_per_device)
+    pending = None  # (step, device metrics) not yet checked: checking lags one step
+    history: list[dict[str, float]] = []
+    result = evaluate(step)
+
+    def check(pending):
+      """Fetches a step's metrics; stops the run on a non-finite loss or gradient."""
+      at, device_metrics = pending
+      m = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+      if not m["finite"] and not config.skip_nonfinite_steps:
+        manager.wait_until_finished()
+        raise FloatingPointError(
+            f"non-finite loss ({m['loss']}) or gradient norm ({m['grad_norm']}) at step "
+            f"{at}; stopped without saving, last good checkpoint: step {manager.latest_step()} "
+            f"in {manager.directory} (config.skip_nonfinite_steps=True skips such steps)")
+      history.append(m)
+
+    try:
+      while step < config.total_steps:
+        if phase_data_config(config, step)[0] != phase:  # phase 2: longer sequences
+          phase, data = make_input(step, None)
+          logging.info("step %d: phase %d, max_seq_length %d", step, phase,
+                       phase_data_config(config, step)[1].max_seq_length)
+        local = next(data)
+        tokens = local["input_ids"].size * jax.process_count()
+        state, metrics = p_train_step(state, sharding.global_batch(local, mesh), dropout_rng)
+        if pending is not None:
+          check(pending)
+        step += 1
+        pending = (step, metrics)
+        stop = bool(preempted)
+        if jax.process_count() > 1:  # every host must agree to stop at the same step
+          stop = bool(multihost_utils.process_allgather(np.asarray(stop)).any())
+        log_now = step % config.log_every_steps == 0 or step == config.total_steps
+        save_now = (step % config.checkpoint.every_steps == 0 or step == config.total_steps
+                    or stop)
+        if log_now or save_now:
+          check(pending)
+          pending = None
+        if log_now:
+          scalars = {k: float(np.mean([h[k] for h in history])) for k in history[-1]}
+          scalars["skipped_steps"] = sum(1.0 - h["finite"] for h in history)
+          scalars["learning_rate"] = float(lr_schedule(step - 1))
+          flops = metrics_io.flops_per_step(bert_config, abstract_params, config.batch_size,
+                                            local["input_ids"].shape[1],
+                                            local["masked_lm_ids"].shape[1])
+          scalars.update(progress.measure(step, tokens, flops, peak))
+          writer.write(step, scalars)
+          logging.info("%s", metrics_io.progress_line(step, config.total_steps, scalars))
+          history.clear()
+        if save_now:
+          checkpoint.save(manager, step,
+                          {"params": state.params, "opt_state": state.opt_state,
+                           "step": state.step},
+                          {"phase": phase, "input": data.get_state()}, force=True)
+        if stop:
+          logging.info("SIGTERM: saved step %d, exiting", step)
+          break
+        if step % config.eval_every_steps == 0 and step < config.total_steps:
+          result = evaluate(step)
+      if pending is not None:
+        check(pending)
+      if step >= config.total_steps:
+        result = evaluate(step)
+    finally:
+      manager.wait_until_finished()
+      manager.close()
+      writer.close()
+      signal.signal(signal.SIGTERM, previous_handler)
+  return result
+
+
+def _merge(fresh: Any, loaded: Any) -> Any:
+  """`fresh` with every subtree present in `loaded` replaced (shapes checked)."""
+  if not isinstance(fresh, dict):
+    if np.shape(fresh) != np.shape(loaded):
+      raise ValueError(f"init_checkpoint shape {np.shape(loaded)} != model {np.shape(fresh)}")
+    return np.asarray(loaded, dtype=fresh.dtype)
+  return {k: _merge(v, loaded[k]) if k in loaded else v for k, v in fresh.items()}
+
+
+def _vocab_path(data_config: Any) -> str | None:
+  """The vocabulary file the pipeline tokenizes with (None for SentencePiece)."""
+  return pretraining.resolve_vocab(data_config)[0] or None
