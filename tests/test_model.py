@@ -1,0 +1,322 @@
+"""Tests of bert_jax/model.py: config, parameter counts and layouts, masking, dropout, dtypes.
+
+Parity with the reference implementation (transformers' Flax BERT) is in tests/test_heads.py.
+"""
+
+import functools
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import transformers
+
+from bert_jax import model as model_lib
+from bert_jax.heads import BertForPreTraining
+from bert_jax.model import BertConfig, BertModel
+
+# Small enough for 2 shared CPU cores; odd sizes catch transposed shapes.
+TINY = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=48, max_position_embeddings=24)
+
+
+def _inputs(batch=2, length=12, vocab=97, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(1, vocab, (batch, length)).astype(np.int32)
+  mask = np.ones((batch, length), np.int32)
+  mask[1, 7:] = 0  # row 1 is padded after 7 tokens
+  seg = np.zeros((batch, length), np.int32)
+  seg[:, 5:] = 1
+  return ids, mask, seg
+
+
+def _key(seed=0):
+  # The rbg generator compiles far faster than threefry on CPU; test randomness
+  # needs no particular generator.
+  return jax.random.key(seed, impl="rbg")
+
+
+def _init(module, *args, seed=0):
+  """Random params of the right tree and shapes, drawn in NumPy.
+
+  Shapes come from jax.eval_shape (no compilation); the values only need to be
+  BERT-like (N(0, 0.02) weights, LayerNorm scales near 1), not BERT's initialiser.
+  """
+  shapes = nn.unbox(jax.eval_shape(lambda: module.init(_key(), *args))["params"])
+  rng = np.random.default_rng(seed)
+  def draw(path, s):
+    base = 1.0 if path[-1].key == "scale" else 0.0
+    return (base + 0.02 * rng.standard_normal(s.shape)).astype(s.dtype)
+  return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+def _apply(model, params, *args, deterministic=True, seed=0):
+  return model.apply({"params": params}, *args, deterministic=deterministic,
+                     rngs={"dropout": _key(seed)})
+
+
+def _n(tree):
+  return sum(x.size for x in jax.tree.leaves(tree))
+
+
+# ----------------------------------------------------------------------------- config
+
+@pytest.mark.parametrize("size,lha", list(model_lib.SIZES.items()))
+def test_size_table(size, lha):
+  cfg = BertConfig.from_size(size)
+  assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads) == lha
+  assert cfg.intermediate_size == 4 * cfg.hidden_size
+  assert (cfg.vocab_size, cfg.max_position_embeddings, cfg.type_vocab_size) == (30522, 512, 2)
+  assert cfg.hidden_dropout_prob == cfg.attention_probs_dropout_prob == 0.1
+  assert cfg.layer_norm_eps == 1e-12
+
+
+@pytest.mark.parametrize("fields,named", [
+    (dict(hidden_size=100, num_attention_heads=12), "num_attention_heads"),
+    (dict(num_hidden_layers=0), "num_hidden_layers"),
+    (dict(vocab_size=-5), "vocab_size"),
+    (dict(intermediate_size=3.5), "intermediate_size"),
+    (dict(hidden_dropout_prob=1.0), "hidden_dropout_prob"),
+    (dict(attention_probs_dropout_prob=-0.1), "attention_probs_dropout_prob"),
+    (dict(layer_norm_eps=0.0), "layer_norm_eps"),
+    (dict(embedding_size=1024), "embedding_size"),
+    (dict(embedding_size=0), "embedding_size"),
+    (dict(dtype="float64"), "dtype"),
+    (dict(attention_impl="flash"), "attention_impl"),
+    (dict(share_layers="yes"), "share_layers"),
+])
+def test_config_refuses_impossible_values(fields, named):
+  with pytest.raises(ValueError, match=named):
+    BertConfig(**fields)
+
+
+def test_config_unknown_size():
+  with pytest.raises(ValueError, match="size"):
+    BertConfig.from_size("huge")
+
+
+def test_hf_dict_round_trip_through_transformers():
+  cfg = BertConfig.from_size("mini", hidden_dropout_prob=0.2)
+  hf = transformers.BertConfig(**cfg.to_hf_dict())
+  assert hf.hidden_act == "gelu" and hf.num_hidden_layers == 4 and hf.hidden_dropout_prob == 0.2
+  assert BertConfig.from_hf_dict(hf.to_dict()) == cfg
+  # The defaults of transformers' BertConfig are BERT-Base, as ours.
+  assert BertConfig.from_hf_dict(transformers.BertConfig().to_dict()) == BertConfig()
+
+
+def test_hf_dict_refuses_other_activations_and_models():
+  d = transformers.BertConfig(hidden_act="gelu_new").to_dict()
+  with pytest.raises(ValueError, match="hidden_act"):
+    BertConfig.from_hf_dict(d)
+  d = transformers.BertConfig(position_embedding_type="relative_key").to_dict()
+  with pytest.raises(ValueError, match="position_embedding_type"):
+    BertConfig.from_hf_dict(d)
+  with pytest.raises(ValueError, match="share_layers"):
+    BertConfig(share_layers=True).to_hf_dict()
+
+
+def test_tf_dict():
+  # The bert_config.json google-research/bert ships with BERT-Base uncased.
+  d = {"attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+       "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
+       "max_position_embeddings": 512, "num_attention_heads": 12, "num_hidden_layers": 12,
+       "type_vocab_size": 2, "vocab_size": 30522}
+  assert BertConfig.from_tf_dict(d) == BertConfig.from_size("base")
+  with pytest.raises(ValueError, match="vocab_size"):
+    BertConfig.from_tf_dict({k: v for k, v in d.items() if k != "vocab_size"})
+  with pytest.raises(ValueError, match="hidden_act"):
+    BertConfig.from_tf_dict({**d, "hidden_act": "relu"})
+
+
+# ----------------------------------------------------------------------------- parameters
+
+@pytest.mark.parametrize("size,encoder,pretraining", [
+    ("base", 109_482_240, 110_106_428), ("large", 335_141_888, 336_226_108)])
+def test_parameter_counts_equal_the_paper_models(size, encoder, pretraining):
+  cfg = BertConfig.from_size(size)
+  assert model_lib.count_params(BertModel(cfg)) == encoder
+  assert model_lib.count_params(BertForPreTraining(cfg)) == pretraining
+
+
+def test_parameter_tree_and_logical_names():
+  cfg = BertConfig(**TINY)
+  ids, mask, seg = _inputs()
+  boxed = jax.eval_shape(lambda: BertModel(cfg).init(_key(), ids, mask, seg))["params"]
+  flat = flax.traverse_util.flatten_dict(boxed, sep="/")
+  shapes = {k: v.value.shape for k, v in flat.items()}
+  assert shapes["embeddings/word_embeddings/embedding"] == (97, 32)
+  assert shapes["encoder/layer_1/attention/query/kernel"] == (32, 4, 8)
+  assert shapes["encoder/layer_1/attention/output/kernel"] == (4, 8, 32)
+  assert shapes["encoder/layer_0/intermediate/kernel"] == (32, 48)
+  assert shapes["pooler/dense/kernel"] == (32, 32)
+  for k, v in flat.items():
+    assert isinstance(v, nn.LogicallyPartitioned), k
+    assert len(v.names) == v.value.ndim and v.value.dtype == jnp.float32, k
+  assert flat["encoder/layer_0/attention/key/kernel"].names == ("embed", "heads", "kv")
+  assert flat["encoder/layer_0/output/kernel"].names == ("mlp", "embed")
+
+
+def test_layer_sharing_divides_encoder_params_by_num_layers():
+  cfg = BertConfig(**{**TINY, "num_hidden_layers": 3})
+  args = _inputs()
+  separate = _init(BertModel(cfg), *args)
+  shared = _init(BertModel(cfg.replace(share_layers=True)), *args)
+  assert list(shared["encoder"]) == ["layer"]
+  assert _n(separate["encoder"]) == 3 * _n(shared["encoder"])
+  assert _n(separate["embeddings"]) == _n(shared["embeddings"])
+
+
+def test_albert_factorised_embedding_shapes():
+  cfg = BertConfig(**TINY, embedding_size=8)
+  ids, mask, seg = _inputs()
+  params = _init(BertForPreTraining(cfg), ids, mask, seg, np.zeros((2, 3), np.int32))
+  emb = params["bert"]["embeddings"]
+  assert emb["word_embeddings"]["embedding"].shape == (97, 8)
+  assert emb["position_embeddings"]["embedding"].shape == (24, 8)
+  assert emb["layer_norm"]["scale"].shape == (8,)
+  assert emb["projection"]["kernel"].shape == (8, 32) and emb["projection"]["bias"].shape == (32,)
+  assert params["mlm_head"]["transform"]["kernel"].shape == (32, 8)
+  assert params["mlm_head"]["layer_norm"]["scale"].shape == (8,)
+  # Without factorisation there is no projection at all.
+  plain = _init(BertModel(BertConfig(**TINY)), ids, mask, seg)
+  assert "projection" not in plain["embeddings"]
+
+
+# ----------------------------------------------------------------------------- behaviour
+
+@pytest.fixture(scope="module")
+def tiny():
+  cfg = BertConfig(**TINY)
+  args = _inputs()
+  return cfg, _init(BertModel(cfg), *args), args
+
+
+def test_padding_mask_masks(tiny):
+  cfg, params, (ids, mask, seg) = tiny
+  seq, pooled = _apply(BertModel(cfg), params, ids, mask, seg)
+  changed = ids.copy()
+  changed[1, 9] = (changed[1, 9] + 5) % 97  # a padded position of row 1
+  seq2, pooled2 = _apply(BertModel(cfg), params, changed, mask, seg)
+  np.testing.assert_allclose(seq2[1, :7], seq[1, :7], atol=1e-6)
+  np.testing.assert_allclose(pooled2, pooled, atol=1e-6)
+  # Control: the same change at a real position does move the real outputs.
+  changed = ids.copy()
+  changed[1, 3] = (changed[1, 3] + 5) % 97
+  seq3, _ = _apply(BertModel(cfg), params, changed, mask, seg)
+  assert np.abs(seq3[1, :7] - seq[1, :7]).max() > 1e-3
+
+
+def test_dropout_only_when_not_deterministic(tiny):
+  cfg, params, args = tiny
+  model = BertModel(cfg)
+  run = lambda det, seed=0: _apply(model, params, *args, deterministic=det, seed=seed)[0]
+  np.testing.assert_array_equal(run(True, 0), run(True, 1))  # rng ignored at inference
+  assert np.abs(run(False, 0) - run(True)).max() > 1e-2
+  assert np.abs(run(False, 0) - run(False, 1)).max() > 1e-2
+  # Dropout off: training mode is the deterministic function.
+  off = BertModel(cfg.replace(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+  np.testing.assert_allclose(
+      _apply(off, params, *args, deterministic=False)[0], run(True), atol=1e-6)
+
+
+def test_attention_dropout_path_agrees_with_dot_product_attention(tiny):
+  cfg, params, args = tiny
+  # With a vanishing rate the explicit softmax + dropout path drops nothing, so it
+  # must reproduce jax.nn.dot_product_attention, padding mask included.
+  cfg = cfg.replace(hidden_dropout_prob=0.0, attention_probs_dropout_prob=1e-9)
+  model = BertModel(cfg)
+  train = _apply(model, params, *args, deterministic=False)[0]
+  np.testing.assert_allclose(train, _apply(model, params, *args)[0], atol=1e-5)
+  # And attention dropout alone really is active in training.
+  heavy = BertModel(cfg.replace(attention_probs_dropout_prob=0.5))
+  out = _apply(heavy, params, *args, deterministic=False)[0]
+  assert np.abs(out - train).max() > 1e-2
+
+
+def test_bfloat16_forward_close_to_float32(tiny):
+  cfg, params, (ids, mask, seg) = tiny
+  positions = np.array([[1, 4, 9], [0, 2, 6]], np.int32)
+  full = _init(BertForPreTraining(cfg), ids, mask, seg, positions)
+  f32 = _apply(BertForPreTraining(cfg), full, ids, mask, seg, positions)
+  bf16 = _apply(BertForPreTraining(cfg.replace(dtype="bfloat16")), full, ids, mask, seg, positions)
+  assert bf16["mlm_logits"].dtype == bf16["nsp_logits"].dtype == jnp.float32
+  # bfloat16 keeps 8 mantissa bits (relative step 2^-8 ~ 0.4%); two layers of
+  # LayerNorm-scaled activations stay within a few hundredths of float32.
+  for key in ("mlm_logits", "nsp_logits"):
+    np.testing.assert_allclose(bf16[key], f32[key], atol=5e-2, rtol=0)
+  seq16, _ = _apply(BertModel(cfg.replace(dtype="bfloat16")), params, ids, mask, seg)
+  seq32, _ = _apply(BertModel(cfg), params, ids, mask, seg)
+  assert seq16.dtype == jnp.bfloat16
+  np.testing.assert_allclose(seq16.astype(np.float32), seq32, atol=5e-2, rtol=0)
+  assert np.abs(seq16.astype(np.float32) - seq32).mean() < 1e-2
+
+
+def test_scanned_layers_match_per_layer(tiny):
+  cfg, params, args = tiny
+  ref = _apply(BertModel(cfg), params, *args)
+  stacked = model_lib.stack_layers(params, cfg.num_hidden_layers)
+  assert "layers" in stacked["encoder"] and "layer_0" not in stacked["encoder"]
+  assert stacked["encoder"]["layers"]["attention"]["query"]["kernel"].shape == (2, 32, 4, 8)
+  # remat on as well: it must not change the forward pass, and this runs its scan path.
+  scanned_model = BertModel(cfg.replace(scan_layers=True, remat=True))
+  # The layout stack_layers produces is exactly the one the scanned model initialises.
+  fresh = _init(scanned_model, *args)
+  assert jax.tree.map(np.shape, fresh) == jax.tree.map(np.shape, stacked)
+  out = _apply(scanned_model, stacked, *args)
+  for a, b in zip(out, ref):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  back = model_lib.unstack_layers(stacked)
+  jax.tree.map(np.testing.assert_array_equal, back, params)
+  with pytest.raises(ValueError, match="3 layers"):
+    model_lib.stack_layers(params, 3)
+
+
+def test_scanned_logical_names_get_a_layers_axis(tiny):
+  cfg, _, args = tiny
+  boxed = jax.eval_shape(
+      lambda: BertModel(cfg.replace(scan_layers=True)).init(_key(), *args))["params"]
+  kernel = boxed["encoder"]["layers"]["attention"]["query"]["kernel"]
+  assert kernel.names == ("layers", "embed", "heads", "kv")
+
+
+def test_remat_gives_same_outputs_and_grads(tiny):
+  cfg, _, args = tiny
+  positions = np.array([[1, 4, 9], [0, 2, 6]], np.int32)
+  params = _init(BertForPreTraining(cfg), *args, positions)
+
+  def loss(p, c):
+    out = _apply(BertForPreTraining(c), p, *args, positions, deterministic=False, seed=3)
+    return out["mlm_logits"].sum() + out["nsp_logits"].sum()
+
+  loss_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+  # remat really is on: the traced program holds one remat per layer.
+  jaxpr = str(jax.make_jaxpr(loss, static_argnums=1)(params, cfg.replace(remat=True)))
+  assert jaxpr.count("remat2[") == cfg.num_hidden_layers
+  assert "remat2[" not in str(jax.make_jaxpr(loss, static_argnums=1)(params, cfg))
+
+  def assert_close(a, b):
+    # Rematerialisation changes XLA's fusion, hence float rounding, not the maths.
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), a, b)
+
+  # With dropout: remat must replay the same masks in the backward pass.
+  assert_close(loss_and_grad(params, cfg.replace(remat=True)),
+               loss_and_grad(params, cfg))
+
+
+def test_shared_scanned_layers_match_shared_loop(tiny):
+  cfg, _, args = tiny
+  shared = cfg.replace(share_layers=True)
+  params = _init(BertModel(shared), *args)
+  out = _apply(BertModel(shared.replace(scan_layers=True)), params, *args)
+  ref = _apply(BertModel(shared), params, *args)
+  for a, b in zip(out, ref):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_too_long_sequence_is_refused(tiny):
+  cfg, params, _ = tiny
+  ids, mask, seg = _inputs(length=30)
+  with pytest.raises(ValueError, match="max_position_embeddings"):
+    _apply(BertModel(cfg), params, ids, mask, seg)
