@@ -332,3 +332,20 @@ def test_clear_errors(corpus_dir, uncased_vocab, tmp_path):
   with pytest.raises(ValueError, match=">= 2 sentences"):
     pretraining.PretrainingInput(_config(tmp_path, uncased_vocab, corpus=str(tmp_path / "single.txt"),
                                          heldout_modulus=1000), batch_size=4)
+
+
+def test_preview_writes_the_batches_and_shows_the_masks(corpus_dir, uncased_vocab, tmp_path,
+                                                        capsys):
+  from data_pipeline import preview  # pylint: disable=g-import-not-at-top
+  config = _config(corpus_dir, uncased_vocab)
+  output = tmp_path / "batches.npz"
+  preview.write_preview(config, num_batches=2, batch_size=4, output=str(output), num_shown=2)
+  saved = np.load(output)
+  expected = _batches(config, 2, batch_size=4)
+  for key in expected[0]:
+    np.testing.assert_array_equal(saved[key], np.concatenate([b[key] for b in expected]))
+  printed = capsys.readouterr().out
+  vocab = uncased_vocab.read_text().split("\n")
+  first = {key: saved[key][0] for key in saved.files}
+  shown = [f"({vocab[i]})" for i, w in zip(first["masked_lm_ids"], first["masked_lm_weights"]) if w]
+  assert "[MASK](" in printed and all(s in printed for s in shown)
