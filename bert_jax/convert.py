@@ -21,6 +21,7 @@ Command line:
 import dataclasses
 import json
 import pathlib
+import sys
 
 from absl import app
 from absl import flags
@@ -74,8 +75,7 @@ def is_own_dir(path: pathlib.Path) -> bool:
 
 def read_own_config(path: pathlib.Path) -> model_lib.BertConfig:
   """Our BertConfig from the JSON export_own writes (all dataclass fields by name)."""
-  with open(path) as f:
-    fields = json.load(f)
+  fields = convert_hf.read_json(path)
   known = {f.name for f in dataclasses.fields(model_lib.BertConfig)}
   unknown = sorted(set(fields) - known)
   if unknown:
@@ -131,10 +131,17 @@ def _read(path: pathlib.Path):
     prefixed = any(v.startswith("bert.") for v in display.values())
     return ("Hugging Face directory", "hf", config, tensors,
             convert_hf.display_name(display, prefixed=prefixed), ignored, vocab)
+  if (path / convert_hf.CONFIG_NAME).is_file():
+    found = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".json", ".msgpack",
+                                                                  ".h5", ".safetensors"))
+    raise ValueError(
+        f"{path} has {convert_hf.CONFIG_NAME} but no single-file {convert_hf.WEIGHTS_NAME} "
+        f"(found {found}); only that weight file is read here: re-save the model with "
+        "transformers' save_pretrained(..., safe_serialization=True, max_shard_size='20GB')")
   prefix = convert_tf.find_checkpoint(path)
   if prefix is not None:
     return ("TF checkpoint", "tf") + convert_tf.read_tf_checkpoint(prefix)
-  if not path.exists() and not path.parent.is_dir():
+  if not path.exists():  # (a TF prefix is not a file itself, but was found above)
     raise ValueError(f"checkpoint path {path} does not exist")
   raise ValueError(
       f"{path} is not a checkpoint this converter knows: expected a training workdir "
@@ -168,6 +175,8 @@ def load_pretrained(path, *, target: str = "pretraining", allow_missing_heads: b
     ValueError: unknown or corrupt checkpoint, or any missing / unused / wrongly shaped
       tensor (all named in one message).
   """
+  if target not in convert_layout.TARGETS:
+    raise ValueError(f"target must be one of {convert_layout.TARGETS}, got {target!r}")
   path = pathlib.Path(path)
   params, config, vocab, _, _ = _load(path, target, allow_missing_heads, vocab_file)
   return config, params, vocab
@@ -235,13 +244,18 @@ flags.DEFINE_bool("allow_missing_heads", False, "Initialise a pooler/MLM/NSP hea
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax reports every save step at INFO.
   path = pathlib.Path(FLAGS.input)
-  params, config, vocab, kind, target = _load(path, FLAGS.target, FLAGS.allow_missing_heads,
-                                              FLAGS.vocab_file)
-  if FLAGS.format == "hf":
-    out = export_hf(params, config, FLAGS.output, vocab)
-  else:
-    out = export_own(params, config, FLAGS.output, vocab)
+  try:
+    params, config, vocab, kind, target = _load(path, FLAGS.target, FLAGS.allow_missing_heads,
+                                                FLAGS.vocab_file)
+    if FLAGS.format == "hf":
+      out = export_hf(params, config, FLAGS.output, vocab)
+    else:
+      out = export_own(params, config, FLAGS.output, vocab)
+  except ValueError as e:  # bad input: the message names the problem; no traceback needed.
+    sys.exit(f"error: {e}")
   leaves = jax.tree.leaves(params)
   print(f"converted {kind} {path} -> {FLAGS.format} {out}\n"
         f"  model: {target} (L={config.num_hidden_layers}, H={config.hidden_size}, "

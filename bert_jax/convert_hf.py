@@ -111,6 +111,18 @@ def write_safetensors(path, tensors: dict[str, np.ndarray], metadata=None) -> No
       f.write(array.tobytes())
 
 
+def read_json(path: pathlib.Path) -> dict:
+  """A JSON object from a file; a broken file is a ValueError naming it."""
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not valid JSON: {e}") from None
+  if not isinstance(value, dict):
+    raise ValueError(f"{path} does not hold a JSON object")
+  return value
+
+
 def _canonical_name(key: str) -> str:
   """HF key -> the canonical name of convert_layout (no "bert." prefix, weight/bias names)."""
   if key.startswith("bert."):
@@ -136,8 +148,7 @@ def read_hf_dir(path: pathlib.Path):
     (config, tensors under canonical names, display: canonical -> file name,
      ignored: {file name: reason}, vocab path or None).
   """
-  with open(path / CONFIG_NAME) as f:
-    config = model_lib.BertConfig.from_hf_dict(json.load(f))
+  config = model_lib.BertConfig.from_hf_dict(read_json(path / CONFIG_NAME))
   raw, _ = read_safetensors(path / WEIGHTS_NAME)
   tensors, display, ignored = {}, {}, {}
   decoder_weight = None

@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 
+from bert_jax import convert_hf
 from bert_jax import model as model_lib
 
 CONFIG_NAME = "bert_config.json"
@@ -54,7 +55,7 @@ def read_tf_checkpoint(prefix: pathlib.Path, *, config_file: pathlib.Path | None
   config_file = config_file or directory / CONFIG_NAME
   if not config_file.is_file():
     raise ValueError(f"TF checkpoint {prefix}: no {CONFIG_NAME} beside it ({config_file})")
-  config = model_lib.BertConfig.from_tf_dict(config_file)
+  config = model_lib.BertConfig.from_tf_dict(convert_hf.read_json(config_file))
   try:
     reader = tf.train.load_checkpoint(str(prefix))
   except (tf.errors.OpError, ValueError) as e:

@@ -8,6 +8,7 @@ MLM and NSP logits. Export goes back the other way and the reference must load i
 
 import functools
 import json
+import logging
 import pathlib
 import subprocess
 import sys
@@ -304,11 +305,27 @@ def test_corrupt_safetensors_is_refused(tmp_path, hf_dir, corruption):
 def test_unknown_path_is_refused(tmp_path):
   with pytest.raises(ValueError, match="not a checkpoint"):
     convert.load_pretrained(tmp_path)
+  (tmp_path / "config.json").write_text("{}")
+  (tmp_path / "pytorch_model.bin").write_bytes(b"")
+  with pytest.raises(ValueError, match=r"no single-file model\.safetensors.*pytorch_model\.bin"):
+    convert.load_pretrained(tmp_path)
+
+
+def test_broken_config_is_named(tmp_path, hf_dir):
+  (tmp_path / "model.safetensors").write_bytes((hf_dir / "model.safetensors").read_bytes())
+  (tmp_path / "config.json").write_text('{"hidden_size": 32,')
+  with pytest.raises(ValueError, match=r"config\.json is not valid JSON"):
+    convert.load_pretrained(tmp_path)
+  config = json.loads((hf_dir / "config.json").read_text())
+  config["num_attention_heads"] = 5
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  with pytest.raises(ValueError, match="num_attention_heads"):
+    convert.load_pretrained(tmp_path)
 
 
 # ----------------------------------------------------------------------------- own format
 
-def test_own_format_round_trip(hf_dir, reference, batch, tmp_path):
+def test_own_format_round_trip(hf_dir, reference, batch, tmp_path, caplog):
   config, params, vocab = convert.load_pretrained(hf_dir)
   out = convert.export_own(params, config, tmp_path / "own", vocab)
   assert (out / "vocab.txt").read_text() == vocab.read_text()
@@ -320,8 +337,10 @@ def test_own_format_round_trip(hf_dir, reference, batch, tmp_path):
   # A scanned (stacked) tree is stored in the canonical per-layer layout.
   stacked = model_lib.stack_layers(params, config.num_hidden_layers)
   convert.export_own(stacked, config.replace(scan_layers=True), tmp_path / "scanned", None)
-  config3, params3, vocab3 = convert.load_pretrained(tmp_path / "scanned")
+  with caplog.at_level(logging.WARNING):
+    config3, params3, vocab3 = convert.load_pretrained(tmp_path / "scanned")
   assert vocab3 is None and config3 == config  # scan_layers=False: matches the params.
+  assert "no vocab.txt" in caplog.text
   jax.tree.map(np.testing.assert_array_equal, params3, params)
 
   # An encoder-only import of the pretraining export drops the heads.
@@ -384,3 +403,12 @@ def test_cli_converts_hf_to_own(hf_dir, tmp_path, reference, batch):
   config, params, vocab_out = convert.load_pretrained(tmp_path / "out")
   assert vocab_out.read_text() == vocab.read_text()
   _assert_same_logits(config, params, reference, batch)
+
+  # Bad input: the error names the problem, exit status 1, no traceback.
+  result = subprocess.run(
+      [sys.executable, "-m", "bert_jax.convert", f"--input={tmp_path / 'missing'}",
+       f"--output={tmp_path / 'out2'}", "--format=hf"],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode == 1
+  assert f"error: checkpoint path {tmp_path / 'missing'} does not exist" in result.stderr
+  assert "Traceback" not in result.stderr
