@@ -213,6 +213,19 @@ def test_hf_key_variants(tmp_path, reference, batch):
     convert.load_pretrained(_write_hf_dir(tmp_path / "c", reference, state))
 
 
+def test_masked_lm_layout_needs_consent_for_pooler_and_nsp(tmp_path, reference, batch):
+  """BertForMaskedLM checkpoints have no pooler and no NSP head."""
+  state = {k: v for k, v in _pytorch_state(reference.params).items()
+           if not k.startswith(("bert.pooler.", "cls.seq_relationship."))}
+  state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"]
+  path = _write_hf_dir(tmp_path, reference, state)
+  with pytest.raises(ValueError, match=r"bert\.pooler\.dense\.weight.*cls\.seq_relationship"):
+    convert.load_pretrained(path)
+  config, params, _ = convert.load_pretrained(path, allow_missing_heads=True)
+  mlm, _ = _our_logits(config, params, batch)
+  np.testing.assert_allclose(mlm, _reference_logits(reference, batch)[0], atol=ATOL, rtol=0)
+
+
 def test_safetensors_writer_reads_back_with_reference_library(tmp_path):
   import ml_dtypes
   tensors = {"a": np.arange(6, dtype=np.float32).reshape(2, 3),
@@ -371,22 +384,25 @@ def test_albert_switches_round_trip_own_format_only(tmp_path):
     convert.export_hf(params2, config, tmp_path / "hf", None)
 
 
-def test_training_workdir_goes_through_checkpoint_module(hf_dir, monkeypatch, tmp_path):
+def test_training_workdir_imports_through_checkpoint_module(hf_dir, tmp_path, reference, batch):
+  """A workdir written by bert_jax.checkpoint (scanned layers, as a TPU run saves them)."""
+  import ml_collections
+  from bert_jax import checkpoint
   config, params, vocab = convert.load_pretrained(hf_dir)
-  calls = []
+  scanned = config.replace(scan_layers=True)
+  manager = checkpoint.make_manager(str(tmp_path), types.SimpleNamespace(
+      keep=1, keep_period=0, async_save=False))
+  state = {"params": model_lib.stack_layers(params, config.num_hidden_layers),
+           "opt_state": {"count": np.zeros((), np.int32)}, "step": np.asarray(7)}
+  checkpoint.save(manager, 7, state, {"position": 0})
+  manager.wait_until_finished()
+  checkpoint.write_run_files(str(tmp_path), ml_collections.ConfigDict(), scanned, str(vocab))
 
-  def load_params_from_workdir(workdir):
-    calls.append(workdir)
-    return config.replace(scan_layers=True), model_lib.stack_layers(params, 2)
-  fake = types.ModuleType("bert_jax.checkpoint")
-  fake.load_params_from_workdir = load_params_from_workdir
-  monkeypatch.setitem(sys.modules, "bert_jax.checkpoint", fake)
-  (tmp_path / "checkpoints").mkdir()
-  _write_vocab(tmp_path / "vocab.txt", 99)
-  config2, params2, vocab2 = convert.load_pretrained(tmp_path, target="encoder")
-  assert calls == [str(tmp_path)]
-  assert config2 == config and vocab2 == tmp_path / "vocab.txt"
-  jax.tree.map(np.testing.assert_array_equal, params2, params["bert"])
+  for path in (tmp_path, tmp_path / "checkpoints", tmp_path / "checkpoints" / "7"):
+    config2, params2, vocab2 = convert.load_pretrained(path)
+    assert config2 == config and vocab2 == tmp_path / "vocab.txt"
+    jax.tree.map(np.testing.assert_array_equal, params2, params)
+  _assert_same_logits(config2, params2, reference, batch)
 
 
 # ----------------------------------------------------------------------------- command line
