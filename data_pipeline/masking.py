@@ -146,6 +146,10 @@ class MaskingSpec:
     max(1, round(ratio * L)), and for "bernoulli" the chance that a sequence
     draws more than P tokens (binomial tail over L tokens) must be
     <= 1e-9; anything smaller is a ValueError naming max_predictions_per_seq.
+    That tail is exact for token-level and span Bernoulli masking; whole-word
+    Bernoulli counts vary more (words are drawn, not tokens), so keep P
+    derived there: with an explicit P, a draw over P would keep only the
+    lowest-scoring whole words that fit.
     """
     if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int) \
         or max_seq_length < 1:
