@@ -1,10 +1,10 @@
 """Checkpoint import and export: Hugging Face BERT, original TF BERT, and our own format.
 
 Import (`load_pretrained`) recognises, in this order:
-  * a training workdir (has `checkpoints/`; or that directory, or one step in it): handed
-    to bert_jax.checkpoint.load_params_from_workdir;
   * our own export (`params/` orbax checkpoint + `bert_config.json` + `vocab.txt`);
   * a Hugging Face directory (`config.json` + `model.safetensors`);
+  * a training workdir (has `checkpoints/`; or that directory, or one step in it): handed
+    to bert_jax.checkpoint.load_params_from_workdir;
   * an original google-research/bert TF checkpoint (a directory holding `bert_config.json`
     and `model.ckpt-*`, or the checkpoint prefix itself).
 Every tensor the model needs must be there with the right shape and every tensor there
@@ -96,7 +96,7 @@ def _read_own_dir(path: pathlib.Path):
 def _is_workdir(path: pathlib.Path) -> bool:
   """A training workdir, its checkpoints/ directory, or one step directory in it."""
   return ((path / _WORKDIR_CHECKPOINTS).is_dir() or path.name == _WORKDIR_CHECKPOINTS
-          or path.parent.name == _WORKDIR_CHECKPOINTS)
+          or (path.name.isdigit() and path.parent.name == _WORKDIR_CHECKPOINTS))
 
 
 def _read_workdir(path: pathlib.Path):
@@ -122,8 +122,8 @@ def _read_workdir(path: pathlib.Path):
 
 def _read(path: pathlib.Path):
   """Detects the checkpoint kind; returns (kind, fmt, config, tensors, display, ignored, vocab)."""
-  if _is_workdir(path):
-    return ("training workdir", "own") + _read_workdir(path)
+  # Exports first: a directory that merely sits under a folder named "checkpoints" is still
+  # an export when it holds one.
   if is_own_dir(path):
     return ("bert_jax export", "own") + _read_own_dir(path)
   if convert_hf.is_hf_dir(path):
@@ -131,6 +131,11 @@ def _read(path: pathlib.Path):
     prefixed = any(v.startswith("bert.") for v in display.values())
     return ("Hugging Face directory", "hf", config, tensors,
             convert_hf.display_name(display, prefixed=prefixed), ignored, vocab)
+  if _is_workdir(path):
+    return ("training workdir", "own") + _read_workdir(path)
+  prefix = convert_tf.find_checkpoint(path)
+  if prefix is not None:
+    return ("TF checkpoint", "tf") + convert_tf.read_tf_checkpoint(prefix)
   if (path / convert_hf.CONFIG_NAME).is_file():
     found = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".json", ".msgpack",
                                                                   ".h5", ".safetensors"))
@@ -138,9 +143,6 @@ def _read(path: pathlib.Path):
         f"{path} has {convert_hf.CONFIG_NAME} but no single-file {convert_hf.WEIGHTS_NAME} "
         f"(found {found}); only that weight file is read here: re-save the model with "
         "transformers' save_pretrained(..., safe_serialization=True, max_shard_size='20GB')")
-  prefix = convert_tf.find_checkpoint(path)
-  if prefix is not None:
-    return ("TF checkpoint", "tf") + convert_tf.read_tf_checkpoint(prefix)
   if not path.exists():  # (a TF prefix is not a file itself, but was found above)
     raise ValueError(f"checkpoint path {path} does not exist")
   raise ValueError(
