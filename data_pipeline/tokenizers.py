@@ -32,12 +32,15 @@ what the reference checkpoints were tokenized with. The text path, in HF's order
      the rest go through greedy longest-match-first WordPiece ("##" suffixes), a word
      with any unmatchable remainder becoming a single [UNK].
 
-Known, documented divergences from HF (tested in tests/test_tokenizers.py):
-  * Unicode character tables differ: HF's Rust crates and TensorFlow's ICU/RE2 were
-    built from different Unicode versions, so a code point assigned in only one of
-    them (new emoji, recent scripts) can be classified differently: HF drops code
-    points unassigned in its tables (category Cn) while RE2 cannot name Cn, so we
-    keep them. See `tests/test_tokenizers.py::test_known_divergence_*`.
+Known, documented divergences from HF (each tested in tests/test_tokenizers.py):
+  * Unicode tables. HF's Rust crates classify characters with Unicode 8-era
+    tables; TensorFlow's RE2/ICU with current ones. 568 code points (115 in the
+    BMP, none of them in the test corpora) were added or re-categorised since, as
+    non-spacing marks (Mn), punctuation (P*) or format characters (Cf): HF treats
+    them as letters where we strip, split or drop them (e.g. U+2E5D OBLIQUE
+    HYPHEN splits a word here, not in HF), and the reverse for the few that left
+    those categories (U+166D, U+1734). All of them are [UNK] in BERT's vocabs, so
+    only the word boundaries around them differ.
   * Invalid UTF-8 reaches HF as a Python error; here the bad bytes are replaced by
     U+FFFD, which step 2 then drops (the CLI logs and blanks such lines instead).
 
@@ -380,55 +383,65 @@ def tokenize_file(tokenizer, input_file: str, output_file: str, batch_size: int 
   return {"lines": lines, "non_utf8_lines": non_utf8}
 
 
-def _define_flags():
-  """CLI flags; defined only when run as a script so importers' flags never clash."""
+def define_flags(flag_values=None):
+  """Defines the CLI flags on `flag_values` (absl's global FLAGS by default).
+
+  Called only by the CLI (or a test, on its own FlagValues), so that importing
+  this module never registers flags that could clash with an importer's.
+  """
   from absl import flags
+  fv = flags.FLAGS if flag_values is None else flag_values
   flags.DEFINE_enum("mode", "tokenize", ["tokenize", "train_wordpiece", "train_spm"],
-                    "tokenize a file, or train a WordPiece vocab / SentencePiece model.")
-  flags.DEFINE_string("input_file", None, "Text file to tokenize; glob(s) of training text.")
-  flags.DEFINE_string("output_file", None, "tokenize: where the id lines go.")
-  flags.DEFINE_string("vocab_file", "", "WordPiece vocab: read by tokenize, written by train_wordpiece.")
-  flags.DEFINE_string("spm_model_file", "", "tokenize: SentencePiece .model instead of a vocab.")
-  flags.DEFINE_string("spm_model_prefix", "", "train_spm: writes <prefix>.model and <prefix>.vocab.")
+                    "tokenize a file, or train a WordPiece vocab / SentencePiece model.",
+                    flag_values=fv)
+  flags.DEFINE_string("input_file", None, "Text file to tokenize; glob(s) of training text.",
+                      flag_values=fv)
+  flags.DEFINE_string("output_file", None, "tokenize: where the id lines go.", flag_values=fv)
+  flags.DEFINE_string("vocab_file", "", "WordPiece vocab: read by tokenize, written by "
+                      "train_wordpiece.", flag_values=fv)
+  flags.DEFINE_string("spm_model_file", "", "tokenize: SentencePiece .model instead of a vocab.",
+                      flag_values=fv)
+  flags.DEFINE_string("spm_model_prefix", "", "train_spm: writes <prefix>.model and "
+                      "<prefix>.vocab.", flag_values=fv)
   # Uncased is BERT's (and google-research/bert's CLI) default.
-  flags.DEFINE_bool("do_lower_case", True, "Lowercase and strip accents (--nodo_lower_case: cased).")
-  flags.DEFINE_integer("batch_size", 1024, "tokenize: lines per tf.data batch.")
-  flags.DEFINE_integer("vocab_size", 30522, "Training: vocabulary size (BERT's 30,522).")
-  flags.DEFINE_enum("spm_model_type", "unigram", ["unigram", "bpe"], "train_spm: model type.")
-  flags.DEFINE_integer("max_lines", None, "Training: read at most this many lines.")
-  flags.mark_flag_as_required("input_file")
-  return flags.FLAGS
+  flags.DEFINE_bool("do_lower_case", True, "Lowercase (and for WordPiece strip accents); "
+                    "--nodo_lower_case: cased.", flag_values=fv)
+  flags.DEFINE_integer("batch_size", 1024, "tokenize: lines per tf.data batch.", flag_values=fv)
+  flags.DEFINE_integer("vocab_size", 30522, "Training: vocabulary size (BERT's 30,522).",
+                       flag_values=fv)
+  flags.DEFINE_enum("spm_model_type", "unigram", ["unigram", "bpe"], "train_spm: model type.",
+                    flag_values=fv)
+  flags.DEFINE_integer("max_lines", None, "Training: read at most this many lines.",
+                       flag_values=fv)
+  flags.mark_flag_as_required("input_file", flag_values=fv)
+  return fv
 
 
-def main(argv):
-  """CLI entry point (see module docstring)."""
-  del argv
-  from absl import flags, logging
-  from data_pipeline import vocab_training
-  FLAGS = flags.FLAGS  # pylint: disable=invalid-name
-  if FLAGS.mode == "tokenize":
-    if not FLAGS.output_file:
+def run(fv) -> None:
+  """Runs the CLI mode selected by parsed flag values `fv` (see module docstring)."""
+  from absl import logging
+  from data_pipeline import vocab_training  # Deferred: it imports this module.
+  if fv.mode == "tokenize":
+    if not fv.output_file:
       raise ValueError("--output_file is required with --mode=tokenize")
-    tokenizer = load_tokenizer(vocab_file=FLAGS.vocab_file, spm_model_file=FLAGS.spm_model_file,
-                               do_lower_case=FLAGS.do_lower_case)
-    stats = tokenize_file(tokenizer, FLAGS.input_file, FLAGS.output_file, FLAGS.batch_size)
-    logging.info("tokenized %d lines into %s", stats["lines"], FLAGS.output_file)
-  elif FLAGS.mode == "train_wordpiece":
-    if not FLAGS.vocab_file:
+    tokenizer = load_tokenizer(vocab_file=fv.vocab_file, spm_model_file=fv.spm_model_file,
+                               do_lower_case=fv.do_lower_case)
+    stats = tokenize_file(tokenizer, fv.input_file, fv.output_file, fv.batch_size)
+    logging.info("tokenized %d lines into %s", stats["lines"], fv.output_file)
+  elif fv.mode == "train_wordpiece":
+    if not fv.vocab_file:
       raise ValueError("--vocab_file (the output vocab) is required with --mode=train_wordpiece")
-    vocab_training.train_wordpiece_vocab(FLAGS.input_file, FLAGS.vocab_file, FLAGS.vocab_size,
-                                         do_lower_case=FLAGS.do_lower_case,
-                                         max_lines=FLAGS.max_lines)
+    vocab_training.train_wordpiece_vocab(fv.input_file, fv.vocab_file, fv.vocab_size,
+                                         do_lower_case=fv.do_lower_case, max_lines=fv.max_lines)
   else:
-    if not FLAGS.spm_model_prefix:
+    if not fv.spm_model_prefix:
       raise ValueError("--spm_model_prefix is required with --mode=train_spm")
-    vocab_training.train_sentencepiece(FLAGS.input_file, FLAGS.spm_model_prefix, FLAGS.vocab_size,
-                                       model_type=FLAGS.spm_model_type,
-                                       do_lower_case=FLAGS.do_lower_case,
-                                       max_lines=FLAGS.max_lines)
+    vocab_training.train_sentencepiece(fv.input_file, fv.spm_model_prefix, fv.vocab_size,
+                                       model_type=fv.spm_model_type,
+                                       do_lower_case=fv.do_lower_case, max_lines=fv.max_lines)
 
 
 if __name__ == "__main__":
   from absl import app
-  _define_flags()
-  app.run(main)
+  _flags = define_flags()
+  app.run(lambda argv: run(_flags))

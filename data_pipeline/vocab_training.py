@@ -74,7 +74,8 @@ def train_wordpiece_vocab(input_files: str | Sequence[str], vocab_file: str, voc
     input_files: glob(s) of text files.
     vocab_file: output path, one token per line (the WordPieceTokenizer format).
     vocab_size: target size including the reserved tokens; the learner's
-      threshold search lands within a few percent below it.
+      frequency-threshold search lands at most 5% below it (above it only when
+      the corpus is too small for the search to converge).
     do_lower_case: must match the tokenizer that will use the vocab.
     max_lines: read at most this many lines (None: all).
     learn_params: extra arguments of tensorflow-text's
@@ -100,7 +101,8 @@ def train_wordpiece_vocab(input_files: str | Sequence[str], vocab_file: str, voc
 
   dataset = lines.batch(1024).map(words_joined)
   vocab = bert_vocab.bert_vocab_from_dataset(
-      dataset, vocab_size=vocab_size, reserved_tokens=RESERVED_TOKENS,
+      # The learner's size counts the learned pieces only.
+      dataset, vocab_size=vocab_size - len(RESERVED_TOKENS), reserved_tokens=RESERVED_TOKENS,
       bert_tokenizer_params={"lower_case": False}, learn_params=learn_params or {})
   if len(vocab) <= len(RESERVED_TOKENS):
     raise ValueError(f"no text to learn a vocabulary from in {input_files!r}")
