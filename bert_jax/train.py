@@ -206,7 +206,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     jax.distributed.initialize(**kwargs)
   checkpoint.check_writable(workdir)
   mesh = sharding.make_mesh(config.mesh)
-  rules = [tuple(r) for r in config.logical_axis_rules]
+  # JSON round trips turn the rules' tuples into lists; flax wants tuples.
+  rules = [(name, tuple(axes) if isinstance(axes, list) else axes)
+           for name, axes in config.logical_axis_rules]
   bert_config = build_bert_config(config)
   check_config(config, bert_config, mesh)
   logging.info("mesh %s over %d devices (%d processes)", dict(mesh.shape), jax.device_count(),

@@ -79,3 +79,101 @@ def allennlp_fixtures(tmp_path_factory) -> pathlib.Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(z.read(name))
   return out
+
+
+@pytest.fixture(scope="session")
+def pretrain_test_config(tmp_path_factory):
+  """Factory of a tiny, fast pretraining config on a small generated corpus and vocab.
+
+  The corpus (BERT format: a sentence per line, blank line between documents)
+  is generated from a fixed word list, and the WordPiece vocab holds exactly its
+  words, padded to 96 entries so that a tensor axis of 2 divides it. The model
+  is L=2, H=64, A=2; sequences of 32 tokens, 5 predictions, batch 8.
+  """
+  import numpy as np
+  from experiments.configs import pretrain
+  root = tmp_path_factory.mktemp("pretrain_corpus")
+  words = ("the a of to and in is was for on with as by at from that this it he she they "
+           "we you not but or an be are were has had have will would can could model data "
+           "train test layer token word text sentence river mountain city music paper "
+           "light water stone bird tree house road field night morning winter summer "
+           "red green blue small large old new quick slow").split()
+  rng = np.random.default_rng(0)
+  lines = []
+  for _ in range(300):
+    for _ in range(int(rng.integers(3, 8))):
+      lines.append(" ".join(rng.choice(words, size=int(rng.integers(4, 12)))) + " .")
+    lines.append("")
+  (root / "corpus.txt").write_text("\n".join(lines) + "\n")
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + sorted(set(words))
+  vocab += [f"[unused{i}]" for i in range(96 - len(vocab))]
+  (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
+
+  def make(**overrides):
+    config = pretrain.get_config("tiny")
+    config.model.hidden_size = 64
+    config.model.num_attention_heads = 2
+    config.model.intermediate_size = 128
+    config.model.max_position_embeddings = 64
+    config.data.corpus = str(root / "corpus.txt")
+    config.data.vocab_file = str(root / "vocab.txt")
+    config.data.max_seq_length = 32
+    config.data.masking.max_predictions_per_seq = 5
+    config.data.shuffle_buffer = 32
+    config.data.heldout_modulus = 10
+    config.data.eval.num_examples = 16
+    config.data.prefetch_batches = 1
+    config.batch_size = 8
+    config.eval_batch_size = 8
+    config.total_steps = 20
+    config.optimizer.warmup_steps = 5
+    config.checkpoint.every_steps = 5
+    config.checkpoint.keep = 10
+    config.checkpoint.keep_period = 0
+    config.eval_every_steps = 1000
+    config.log_every_steps = 1
+    config.update_from_flattened_dict(overrides)
+    return config
+
+  return make
+
+
+def _pretrain_env(devices: int) -> dict:
+  env = dict(os.environ)
+  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+             TF_CPP_MIN_LOG_LEVEL="2")
+  return env
+
+
+@pytest.fixture(scope="session")
+def pretrain_subprocess():
+  """Starts tests/pretrain_runner.py on a config in a fresh process with `devices` CPU devices.
+
+  Returns a function (config, workdir, *, devices=1, synthetic=False) -> subprocess.Popen
+  whose output goes to workdir + ".log".
+  """
+  import subprocess
+  import sys
+  runner = pathlib.Path(__file__).with_name("pretrain_runner.py")
+
+  def start(config, workdir, *, devices=1, synthetic=False):
+    workdir = pathlib.Path(workdir)
+    config_file = workdir.parent / f"{workdir.name}.config.json"
+    config_file.write_text(config.to_json())
+    log = open(workdir.parent / f"{workdir.name}.log", "ab")
+    args = [sys.executable, str(runner), str(config_file), str(workdir)]
+    return subprocess.Popen(args + (["--synthetic"] if synthetic else []), stdout=log,
+                            stderr=subprocess.STDOUT, env=_pretrain_env(devices))
+
+  return start
+
+
+@pytest.fixture(scope="session")
+def pretrain_reference_run(pretrain_test_config, pretrain_subprocess, tmp_path_factory):
+  """Workdir of an uninterrupted 20-step run of pretrain_test_config() on 1 CPU device."""
+  workdir = tmp_path_factory.mktemp("reference") / "run"
+  process = pretrain_subprocess(pretrain_test_config(), workdir)
+  if process.wait(timeout=600):
+    raise RuntimeError(f"reference run failed: {workdir}.log\n"
+                       + pathlib.Path(f"{workdir}.log").read_text()[-3000:])
+  return workdir

@@ -1,0 +1,97 @@
+"""Tests for bert_jax.checkpoint: retention policy, import hook, kill -9 exact resume."""
+
+import json
+import pathlib
+import random
+import signal
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from bert_jax import checkpoint
+from bert_jax import model as model_lib
+
+
+def step_losses(workdir) -> dict[int, float]:
+  """Training loss per step from metrics.jsonl (a resumed run's later record wins)."""
+  losses = {}
+  for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines():
+    record = json.loads(line)
+    if "loss" in record:
+      losses[record["step"]] = record["loss"]
+  return losses
+
+
+def test_keeps_last_n_plus_every_kth(tmp_path):
+  config = ml_collections.ConfigDict(dict(keep=2, keep_period=4, async_save=True))
+  manager = checkpoint.make_manager(str(tmp_path), config)
+  for step in range(1, 10):
+    state = {"params": {"w": jnp.full((3,), float(step))}, "opt_state": {},
+             "step": jnp.asarray(step)}
+    checkpoint.save(manager, step, state, {"position": step})
+  manager.wait_until_finished()
+  assert sorted(manager.all_steps()) == [4, 8, 9]
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
+  restored, data_state = checkpoint.restore(manager, abstract, step=8)
+  np.testing.assert_array_equal(restored["params"]["w"], np.full((3,), 8.0))
+  assert data_state == {"position": 8}
+  manager.close()
+
+
+def test_unwritable_workdir_is_refused(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a directory")
+  with pytest.raises(ValueError, match="not writable"):
+    checkpoint.check_writable(str(blocker / "workdir"))
+
+
+def test_load_params_from_workdir(pretrain_reference_run):
+  bert_config, params = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
+  assert (bert_config.hidden_size, bert_config.num_hidden_layers, bert_config.vocab_size) == (
+      64, 2, 96)
+  module = model_lib.BertForPreTraining(bert_config)
+  ids = jnp.zeros((1, 8), jnp.int32)
+  expected = jax.eval_shape(lambda: module.init(jax.random.key(0), ids, ids, ids, ids[:, :2]))
+  expected = jax.tree.map(lambda x: (x.shape, x.dtype), nn.unbox(expected["params"]))
+  got = jax.tree.map(lambda x: (x.shape, x.dtype), params)
+  assert got == expected
+  # A step directory names that step; the workdir means the latest.
+  step_dir = pretrain_reference_run / "checkpoints" / "10"
+  _, params_10 = checkpoint.load_params_from_workdir(str(step_dir))
+  assert not np.array_equal(params_10["mlm_head"]["output_bias"], params["mlm_head"]["output_bias"])
+  with pytest.raises(ValueError, match="bert_config.json"):
+    checkpoint.load_params_from_workdir(str(pretrain_reference_run.parent))
+
+
+@pytest.mark.slow
+def test_kill9_then_resume_is_bit_identical(pretrain_reference_run, pretrain_test_config,
+                                            pretrain_subprocess, tmp_path):
+  """kill -9 at an arbitrary moment after the first checkpoint; the resumed run ends identical."""
+  workdir = tmp_path / "run"
+  process = pretrain_subprocess(pretrain_test_config(), workdir)
+  deadline = time.time() + 300
+  while not (workdir / "checkpoints" / "5").exists():
+    assert process.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+    assert time.time() < deadline
+    time.sleep(0.005)
+  # Steps take milliseconds here: freeze the run at once, wherever it is
+  # (a step, the async save of step 5, a metrics write), then kill it there.
+  time.sleep(random.uniform(0.0, 0.05))
+  process.send_signal(signal.SIGSTOP)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  killed_at = max(step_losses(workdir))
+  assert killed_at < 20, "the run finished before it was killed; nothing was tested"
+  process = pretrain_subprocess(pretrain_test_config(), workdir)
+  assert process.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
+
+  _, reference = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
+  _, resumed = checkpoint.load_params_from_workdir(str(workdir))
+  jax.tree.map(np.testing.assert_array_equal, resumed, reference)
+  assert step_losses(workdir) == step_losses(pretrain_reference_run)

@@ -1,0 +1,142 @@
+"""Tests for bert_jax.train: gradient accumulation, faults, refusals, SIGTERM."""
+
+import functools
+import json
+import os
+import pathlib
+import re
+import signal
+import threading
+import time
+
+import flax.linen as nn
+from flax.training import train_state
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import checkpoint
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import train
+from experiments.configs import pretrain
+
+
+def _records(workdir) -> list[dict]:
+  path = pathlib.Path(workdir) / "metrics.jsonl"
+  return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+
+
+def _random_batch(rng, batch, length=16, predictions=4, vocab=96):
+  """Pipeline-shaped batch whose examples carry very different numbers of predictions."""
+  weights = np.zeros((batch, predictions), np.float32)
+  for i in range(batch):
+    weights[i, :int(rng.integers(0, predictions + 1))] = 1.0
+  weights[0] = 1.0  # at least one prediction in the batch
+  return {
+      "input_ids": rng.integers(5, vocab, size=(batch, length)).astype(np.int32),
+      "input_mask": np.ones((batch, length), np.int32),
+      "segment_ids": (np.arange(length)[None] >= length // 2).astype(np.int32).repeat(batch, 0),
+      "masked_lm_positions": rng.integers(1, length, size=(batch, predictions)).astype(np.int32),
+      "masked_lm_ids": rng.integers(5, vocab, size=(batch, predictions)).astype(np.int32),
+      "masked_lm_weights": weights,
+      "next_sentence_labels": rng.integers(0, 2, size=(batch,)).astype(np.int32),
+  }
+
+
+def test_gradient_accumulation_matches_the_large_batch():
+  bert_config = model_lib.BertConfig.from_size(
+      "tiny", vocab_size=96, hidden_size=64, num_attention_heads=2, intermediate_size=128,
+      max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+  module = model_lib.BertForPreTraining(bert_config)
+  batch = _random_batch(np.random.default_rng(0), batch=8)
+  params = nn.unbox(module.init(jax.random.key(0), batch["input_ids"], batch["input_mask"],
+                                batch["segment_ids"], batch["masked_lm_positions"])["params"])
+  tx, _ = optim.make_optimizer(pretrain.get_config("tiny").optimizer, total_steps=10)
+  state = train_state.TrainState.create(apply_fn=module.apply, params=params, tx=tx)
+  # Step 3 of the schedule, so that the update is not scaled by a zero learning rate.
+  state = state.replace(step=jnp.asarray(3, jnp.int32))
+
+  results = {}
+  for k in (1, 2, 4):
+    step = jax.jit(functools.partial(train.train_step, grad_accum_steps=k, skip_nonfinite=False))
+    results[k] = step(state, batch, jax.random.key(1))
+  (full, full_metrics) = results[1]
+  for k in (2, 4):
+    new, metrics = results[k]
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+                 new.params, full.params)
+    np.testing.assert_allclose(metrics["loss"], full_metrics["loss"], rtol=1e-6)
+    np.testing.assert_allclose(metrics["grad_norm"], full_metrics["grad_norm"], rtol=1e-5)
+  # The oracle can fail: the mean of micro-batch means is a different loss here.
+  halves = [jax.tree.map(lambda x, i=i: x[i::2], batch) for i in range(2)]
+  single = jax.jit(functools.partial(train.train_step, grad_accum_steps=1, skip_nonfinite=False))
+  naive = np.mean([single(state, h, jax.random.key(1))[1]["loss"] for h in halves])
+  assert abs(naive - full_metrics["loss"]) > 1e-3
+
+
+def test_bad_configs_are_refused_before_compiling(pretrain_test_config, tmp_path):
+  cases = [
+      ({"batch_size": 12}, "not divisible by the data-parallel size"),
+      ({"grad_accum_steps": 2}, "grad_accum_steps=2"),
+      ({"mesh.data": 3}, "needs 3 devices but 8 are available"),
+      ({"mesh.data": 1, "mesh.tensor": 8}, "cannot be split 8 ways"),
+      ({"data.max_seq_length": 128}, "exceeds the model's max_position_embeddings=64"),
+      ({"model.vocab_size": 50}, "smaller than the pipeline's vocabulary"),
+  ]
+  for i, (overrides, message) in enumerate(cases):
+    workdir = tmp_path / str(i)
+    with pytest.raises(ValueError, match=re.escape(message)):
+      train.train_and_evaluate(pretrain_test_config(**overrides), str(workdir))
+    assert not (workdir / "checkpoints").exists(), overrides
+
+
+def test_unwritable_workdir_fails_before_training(pretrain_test_config, tmp_path):
+  (tmp_path / "file").write_text("")
+  with pytest.raises(ValueError, match="is not writable"):
+    train.train_and_evaluate(pretrain_test_config(), str(tmp_path / "file" / "workdir"))
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(
+    pretrain_test_config, tmp_path):
+  # A learning rate of 1e38 makes the parameters overflow after one or two updates.
+  config = pretrain_test_config(**{"optimizer.learning_rate": 1e38, "total_steps": 8,
+                                   "checkpoint.every_steps": 1, "optimizer.warmup_steps": 1})
+  with pytest.raises(FloatingPointError, match=r"at step (\d+)") as error:
+    train.train_and_evaluate(config, str(tmp_path / "stop"))
+  bad_step = int(re.search(r"at step (\d+)", str(error.value)).group(1))
+  assert f"last good checkpoint: step {bad_step - 1}" in str(error.value)
+  _, params = checkpoint.load_params_from_workdir(str(tmp_path / "stop"))
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+  config.skip_nonfinite_steps = True
+  train.train_and_evaluate(config, str(tmp_path / "skip"))
+  records = [r for r in _records(tmp_path / "skip") if "skipped_steps" in r]
+  assert records[-1]["step"] == 8 and sum(r["skipped_steps"] for r in records) >= 1
+  _, params = checkpoint.load_params_from_workdir(str(tmp_path / "skip"))
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+def test_sigterm_saves_and_returns(pretrain_test_config, tmp_path):
+  workdir = tmp_path / "run"
+  config = pretrain_test_config(**{"total_steps": 100_000, "checkpoint.every_steps": 100_000})
+
+  def preempt():
+    deadline = time.time() + 300
+    while not any(r.get("step", 0) >= 3 and "loss" in r for r in _records(workdir)):
+      if time.time() > deadline:
+        return
+      time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  handler_before = signal.getsignal(signal.SIGTERM)
+  thread = threading.Thread(target=preempt, daemon=True)
+  thread.start()
+  train.train_and_evaluate(config, str(workdir))
+  thread.join()
+  last = max(r["step"] for r in _records(workdir) if "loss" in r)
+  assert 3 <= last < 100_000
+  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
+                if p.name.isdigit()) == [last]
+  assert signal.getsignal(signal.SIGTERM) == handler_before
