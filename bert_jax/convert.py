@@ -230,17 +230,22 @@ def export_own(params, config, out_dir, vocab_file=None) -> pathlib.Path:
 # ----------------------------------------------------------------------------- command line
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("input", None, "Checkpoint to convert: HF directory, TF checkpoint "
-                    "(directory or prefix), bert_jax export or training workdir.")
-flags.DEFINE_string("output", None, "Output directory.")
-flags.DEFINE_enum("format", None, ["hf", "own"], "Output format: Hugging Face directory "
-                  "(safetensors) or bert_jax's own orbax checkpoint.")
-flags.DEFINE_string("vocab_file", None, "Vocabulary to ship with the output; overrides the "
-                    "one found beside the input.")
-flags.DEFINE_enum("target", "auto", ["auto", "pretraining", "encoder"], "Which tree to "
-                  "convert: auto keeps the pretraining heads when the input has them.")
-flags.DEFINE_bool("allow_missing_heads", False, "Initialise a pooler/MLM/NSP head the "
-                  "input lacks instead of refusing (only with --target=pretraining).")
+
+
+def _define_flags() -> None:
+  # Only when run as a program: importing this module (extract_features, the trainer, tests)
+  # must not claim global flag names such as --vocab_file.
+  flags.DEFINE_string("input", None, "Checkpoint to convert: HF directory, TF checkpoint "
+                      "(directory or prefix), bert_jax export or training workdir.")
+  flags.DEFINE_string("output", None, "Output directory.")
+  flags.DEFINE_enum("format", None, ["hf", "own"], "Output format: Hugging Face directory "
+                    "(safetensors) or bert_jax's own orbax checkpoint.")
+  flags.DEFINE_string("vocab_file", None, "Vocabulary to ship with the output; overrides the "
+                      "one found beside the input.")
+  flags.DEFINE_enum("target", "auto", ["auto", "pretraining", "encoder"], "Which tree to "
+                    "convert: auto keeps the pretraining heads when the input has them.")
+  flags.DEFINE_bool("allow_missing_heads", False, "Initialise a pooler/MLM/NSP head the "
+                    "input lacks instead of refusing (only with --target=pretraining).")
 
 
 def main(argv):
@@ -267,5 +272,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _define_flags()
   flags.mark_flags_as_required(["input", "output", "format"])
   app.run(main)

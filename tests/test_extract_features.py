@@ -1,0 +1,83 @@
+"""extract_features on the real all-MiniLM-L6-v2 checkpoint, against transformers."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bert_jax import extract_features
+
+LINES = [
+    "This is an example sentence",
+    "The quick brown fox jumps over the lazy dog.",
+    "Who wrote the paper? ||| Devlin et al. wrote it in 2018, at Google AI Language.",
+    "Naïve café déjà vu — accents and punctuation!",
+]
+
+
+@pytest.fixture(scope="module")
+def reference(minilm_dir):
+  from transformers import BertTokenizerFast, FlaxBertModel
+  tokenizer = BertTokenizerFast.from_pretrained(str(minilm_dir))
+  model = FlaxBertModel.from_pretrained(str(minilm_dir), from_pt=True)
+  return tokenizer, model
+
+
+def test_matches_transformers(tmp_path, minilm_dir, reference):
+  hf_tokenizer, hf_model = reference
+  input_file = tmp_path / "in.txt"
+  input_file.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+  out = extract_features.run(str(input_file), str(tmp_path / "out.npz"), str(minilm_dir),
+                             vocab_file=None, do_lower_case=True, max_seq_length=32,
+                             batch_size=3)
+  saved = np.load(tmp_path / "out.npz")
+  assert sorted(saved.files) == ["input_ids", "mean_pooled", "pooled_output", "sequence_output"]
+  assert saved["sequence_output"].shape == (len(LINES), 32, 384)
+
+  firsts = [line.split(" ||| ")[0] for line in LINES]
+  seconds = [line.split(" ||| ")[1] if " ||| " in line else None for line in LINES]
+  for i, (a, b) in enumerate(zip(firsts, seconds)):
+    enc = hf_tokenizer(a, b, padding="max_length", max_length=32, truncation=True,
+                       return_tensors="np")
+    np.testing.assert_array_equal(saved["input_ids"][i], enc["input_ids"][0])
+    hf = hf_model(**enc)
+    n = int(enc["attention_mask"].sum())
+    np.testing.assert_allclose(saved["sequence_output"][i, :n], hf.last_hidden_state[0, :n],
+                               atol=1e-4)
+    np.testing.assert_allclose(saved["pooled_output"][i], hf.pooler_output[0], atol=1e-4)
+    mean = np.asarray(hf.last_hidden_state[0, :n]).mean(0)
+    np.testing.assert_allclose(saved["mean_pooled"][i], mean, atol=1e-4)
+  np.testing.assert_array_equal(out["input_ids"], saved["input_ids"])
+  # The model's published sentence embedding (normalised mean pooling).
+  first = saved["mean_pooled"][0] / np.linalg.norm(saved["mean_pooled"][0])
+  np.testing.assert_allclose(first[:5], [0.0677, 0.0635, 0.0487, 0.0793, 0.0374], atol=1e-4)
+
+
+def test_pair_is_truncated_longest_first():
+  a, b = list(range(10)), list(range(4))
+  extract_features.truncate_pair(a, b, 8)
+  assert (len(a), len(b)) == (4, 4)
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"fine\n\xff\xfe broken\n", "2: not valid UTF-8"),
+    (b"fine\n\n", "2: empty line"),
+    (b"", "no input lines"),
+])
+def test_bad_input_names_the_line(tmp_path, content, message):
+  path = tmp_path / "in.txt"
+  path.write_bytes(content)
+  with pytest.raises(ValueError, match=message):
+    extract_features.read_inputs(str(path))
+
+
+def test_cli_refuses_too_long_sequence(tmp_path, minilm_dir):
+  (tmp_path / "in.txt").write_text("hello\n")
+  result = subprocess.run(
+      [sys.executable, "-m", "bert_jax.extract_features", f"--input_file={tmp_path / 'in.txt'}",
+       f"--output_file={tmp_path / 'o.npz'}", f"--init_checkpoint={minilm_dir}",
+       "--max_seq_length=1024"], capture_output=True, text=True)
+  assert result.returncode != 0
+  assert "max_position_embeddings=512" in result.stderr
+  assert not (tmp_path / "o.npz").exists()
