@@ -149,18 +149,20 @@ def _pretrain_env(devices: int) -> dict:
 def pretrain_subprocess():
   """Starts tests/pretrain_runner.py on a config in a fresh process with `devices` CPU devices.
 
-  Returns a function (config, workdir, *, devices=1, synthetic=False) -> subprocess.Popen
-  whose output goes to workdir + ".log".
+  Returns a function (config, workdir, *, devices=1, synthetic=False, name=None) ->
+  subprocess.Popen; its config file and output log sit beside the workdir, named
+  `name` (default: the workdir's name) + ".config.json" / ".log".
   """
   import subprocess
   import sys
   runner = pathlib.Path(__file__).with_name("pretrain_runner.py")
 
-  def start(config, workdir, *, devices=1, synthetic=False):
+  def start(config, workdir, *, devices=1, synthetic=False, name=None):
     workdir = pathlib.Path(workdir)
-    config_file = workdir.parent / f"{workdir.name}.config.json"
+    name = name or workdir.name
+    config_file = workdir.parent / f"{name}.config.json"
     config_file.write_text(config.to_json())
-    log = open(workdir.parent / f"{workdir.name}.log", "ab")
+    log = open(workdir.parent / f"{name}.log", "ab")
     args = [sys.executable, str(runner), str(config_file), str(workdir)]
     return subprocess.Popen(args + (["--synthetic"] if synthetic else []), stdout=log,
                             stderr=subprocess.STDOUT, env=_pretrain_env(devices))
