@@ -62,9 +62,8 @@ output always belongs to line i of the input); they are counted and their line
 numbers logged.
 """
 
-import os
 import re
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -97,6 +96,10 @@ _CJK = (r"[\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2B7
         r"\x{2B740}-\x{2B81F}\x{2B920}-\x{2CEAF}\x{F900}-\x{FAFF}\x{2F800}-\x{2FA1F}]")
 _SPLIT = f"{_WHITESPACE}|{_PUNCTUATION}|[{_SENTINEL_CLASS}]"
 _KEEP = f"{_PUNCTUATION}|[{_SENTINEL_CLASS}]"
+
+# The ops below have no tensor-dependent Python control flow, so AutoGraph has
+# nothing to convert; skipping it saves seconds per trace inside tf.data maps.
+_graph_safe = tf.autograph.experimental.do_not_convert
 
 
 def read_vocab(vocab_file: str) -> list[str]:
@@ -133,6 +136,14 @@ def read_vocab(vocab_file: str) -> list[str]:
   if missing:
     raise ValueError(f"vocab file {vocab_file!r} lacks the special token(s) {', '.join(missing)}")
   return tokens
+
+
+def _rank1_strings(strings) -> tf.Tensor:
+  """The input as a rank-1 tf.string tensor; other ranks are a caller bug."""
+  strings = tf.convert_to_tensor(strings, tf.string)
+  if strings.shape.rank is not None and strings.shape.rank != 1:
+    raise ValueError(f"tokenizers take a rank-1 batch of strings, got shape {strings.shape}")
+  return strings
 
 
 def sanitize_utf8(strings: tf.Tensor) -> tf.Tensor:
@@ -174,6 +185,7 @@ def split_words(text: tf.Tensor) -> tf.RaggedTensor:
   return words
 
 
+@_graph_safe
 def bert_words(strings: tf.Tensor, do_lower_case: bool,
                special_tokens: Sequence[str] = ()) -> tf.RaggedTensor:
   """BERT pre-tokenization: rank-1 strings -> normalized words, ragged [batch, words].
@@ -183,7 +195,7 @@ def bert_words(strings: tf.Tensor, do_lower_case: bool,
   """
   if len(special_tokens) > len(_SENTINELS):
     raise ValueError(f"at most {len(_SENTINELS)} special tokens, got {list(special_tokens)}")
-  text = sanitize_utf8(tf.convert_to_tensor(strings, tf.string))
+  text = sanitize_utf8(_rank1_strings(strings))
   # Also run without specials: it removes sentinel look-alikes from the input.
   text = _protect_specials(text, special_tokens)
   words = split_words(normalize(text, do_lower_case))
@@ -237,10 +249,12 @@ class WordPieceTokenizer:
     words = self.words(strings)
     return words.with_values(self._wordpiece.tokenize(words.values))
 
+  @_graph_safe
   def tokenize(self, strings: tf.Tensor) -> tf.RaggedTensor:
     """Rank-1 tf.string -> tf.RaggedTensor[int32] [batch, (pieces)], no specials added."""
     return self._pieces(strings).merge_dims(1, 2)
 
+  @_graph_safe
   def tokenize_with_word_ids(self, strings: tf.Tensor) -> tuple[tf.RaggedTensor, tf.RaggedTensor]:
     """Like `tokenize`, plus the int32 index (within its line) of each piece's word.
 
@@ -305,9 +319,10 @@ class SentencePieceTokenizer:
     """Number of pieces in the model."""
     return len(self.vocab)
 
+  @_graph_safe
   def tokenize(self, strings: tf.Tensor) -> tf.RaggedTensor:
     """Rank-1 tf.string -> tf.RaggedTensor[int32] of piece ids, no specials added."""
-    text = sanitize_utf8(tf.convert_to_tensor(strings, tf.string))
+    text = sanitize_utf8(_rank1_strings(strings))
     if self.do_lower_case:
       specials = tuple(SPECIAL_TOKENS.values())
       text = tf.strings.lower(_protect_specials(text, specials), encoding="utf-8")
@@ -315,6 +330,7 @@ class SentencePieceTokenizer:
         text = tf.strings.regex_replace(text, sentinel, token)
     return self._spm.tokenize(text)
 
+  @_graph_safe
   def tokenize_with_word_ids(self, strings: tf.Tensor) -> tuple[tf.RaggedTensor, tf.RaggedTensor]:
     """Like `tokenize`, plus each piece's word index within its line (see WordPiece)."""
     ids = self.tokenize(strings)

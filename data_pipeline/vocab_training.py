@@ -91,6 +91,7 @@ def train_wordpiece_vocab(input_files: str | Sequence[str], vocab_file: str, voc
       lambda: _utf8_lines(_files(input_files), max_lines),
       output_signature=tf.TensorSpec([], tf.string))
 
+  @tf.autograph.experimental.do_not_convert
   def words_joined(batch):
     # The learner re-splits on whitespace and punctuation with its own (NFKC)
     # rules; handing it our words, already normalized and split, and disabling

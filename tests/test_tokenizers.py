@@ -118,7 +118,6 @@ def test_parity_english_prose(uncased, english_prose):
   _assert_parity(*uncased, english_prose)
 
 
-@pytest.mark.slow
 def test_parity_chinese_text(chinese, chinese_text):
   assert sum(len(line.encode()) for line in chinese_text) > 4.5e6
   _assert_parity(*chinese, chinese_text)
@@ -198,6 +197,8 @@ def test_in_tf_data_graph_and_empty_inputs(uncased):
   assert ids == hf(texts, add_special_tokens=False)["input_ids"]
   assert batches[0][0].dtype == tf.int32 and batches[0][1].dtype == tf.int32
   assert ids[1] == [] and ids[2] == []
+  with pytest.raises(ValueError, match="rank-1"):
+    ours.tokenize(tf.constant("a scalar"))
 
 
 def test_invalid_utf8_is_dropped_not_fatal(uncased):
