@@ -1,0 +1,149 @@
+r"""Tokens/s and MFU of the jitted pretraining train step, against transformers + optax.
+
+Usage (the issue's figures: tiny and base at sequence length 128, this machine):
+
+  python -m experiments.benchmarks.train_step --sizes=tiny,base --seq_len=128 --batch=8
+
+Two rows per size, identical BertConfig, batch, dtype, optimizer and dropout:
+
+  ours       bert_jax.train.train_step (BertForPreTraining, MLM head on the masked
+             positions only, AdamW chain of bert_jax.optim), jitted with donation.
+  reference  transformers' FlaxBertForPreTraining (MLM logits on every position,
+             gathered at the masked ones for the same loss), value_and_grad and the
+             same optax optimizer, jitted with donation.
+
+A step is the whole update: forward, backward, clipping, AdamW, parameter write.
+MFU uses the model-FLOPs formula of bert_jax.metrics_io (6 N_dense per token +
+12 L H T attention + 6 E V per prediction) for BOTH rows, i.e. useful work only;
+the reference's full-vocabulary logits on unmasked positions are not credited.
+On a CPU the peak is unknown: pass --peak_tflops (total over devices) for MFU.
+Shared CPUs are noisy: compare the ratio within one run.
+"""
+
+import argparse
+import functools
+import time
+
+import flax.linen as nn
+from flax.training import train_state
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from bert_jax import losses
+from bert_jax import metrics_io
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import train
+from experiments.configs import pretrain
+
+
+def make_batch(bert_config, batch: int, seq_len: int, predictions: int) -> dict:
+  """A random batch with the pipeline's features and shapes."""
+  rng = np.random.default_rng(0)
+  positions = np.sort(np.stack([rng.choice(np.arange(1, seq_len), predictions, replace=False)
+                                for _ in range(batch)]), axis=1).astype(np.int32)
+  return {
+      "input_ids": rng.integers(5, bert_config.vocab_size, (batch, seq_len)).astype(np.int32),
+      "input_mask": np.ones((batch, seq_len), np.int32),
+      "segment_ids": (np.arange(seq_len)[None] >= seq_len // 2).astype(np.int32).repeat(batch, 0),
+      "masked_lm_positions": positions,
+      "masked_lm_ids": rng.integers(5, bert_config.vocab_size, (batch, predictions)).astype(
+          np.int32),
+      "masked_lm_weights": np.ones((batch, predictions), np.float32),
+      "next_sentence_labels": rng.integers(0, 2, (batch,)).astype(np.int32),
+  }
+
+
+def ours(bert_config, tx, batch):
+  """(step function, state) for bert_jax.train.train_step."""
+  module = model_lib.BertForPreTraining(bert_config)
+  params = nn.unbox(jax.jit(lambda: module.init(
+      jax.random.key(0), batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+      batch["masked_lm_positions"]))()["params"])
+  state = train_state.TrainState.create(apply_fn=module.apply, params=params, tx=tx)
+  step = jax.jit(functools.partial(train.train_step, grad_accum_steps=1, skip_nonfinite=False),
+                 donate_argnums=(0,))
+  return (lambda s, b: step(s, b, jax.random.key(1))), state
+
+
+def reference(bert_config, tx, batch):
+  """(step function, state) for transformers' FlaxBertForPreTraining with the same optax chain."""
+  import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
+  hf_config = transformers.BertConfig(**{k: v for k, v in bert_config.to_hf_dict().items()
+                                         if k not in ("architectures", "model_type")})
+  hf = transformers.FlaxBertForPreTraining(hf_config, dtype=jnp.dtype(bert_config.dtype),
+                                           _do_init=False)
+  params = hf.init_weights(jax.random.key(0), batch["input_ids"].shape)
+
+  def loss_fn(params, b, rng):
+    out = hf(b["input_ids"], b["input_mask"], b["segment_ids"], params=params, dropout_rng=rng,
+             train=True)
+    mlm_logits = jnp.take_along_axis(out.prediction_logits,
+                                     b["masked_lm_positions"][:, :, None], axis=1)
+    mlm, _ = losses.masked_lm_loss(mlm_logits, b["masked_lm_ids"], b["masked_lm_weights"])
+    return mlm + losses.nsp_loss(out.seq_relationship_logits, b["next_sentence_labels"])
+
+  @functools.partial(jax.jit, donate_argnums=(0,))
+  def step(state, b):
+    params, opt_state, count = state
+    loss, grads = jax.value_and_grad(loss_fn)(params, b, jax.random.fold_in(
+        jax.random.key(1), count))
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state, count + 1), loss
+
+  return step, (params, tx.init(params), jnp.zeros((), jnp.int32))
+
+
+def time_steps(step, state, batch, steps: int) -> tuple[float, float]:
+  """(seconds per step after compiling, compile+first step seconds)."""
+  batch = jax.device_put(batch)
+  start = time.perf_counter()
+  state, out = step(state, batch)
+  jax.block_until_ready(out)
+  first = time.perf_counter() - start
+  start = time.perf_counter()
+  for _ in range(steps):
+    state, out = step(state, batch)
+  jax.block_until_ready((state, out))
+  return (time.perf_counter() - start) / steps, first
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--sizes", default="tiny,base", help="rows of bert_jax.model.SIZES")
+  parser.add_argument("--seq_len", type=int, default=128)
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--predictions", type=int, default=20, help="masked positions per sequence")
+  parser.add_argument("--dtype", default="float32", help="compute dtype (params stay float32)")
+  parser.add_argument("--steps", type=int, default=5, help="timed steps per row")
+  parser.add_argument("--peak_tflops", type=float, default=0.0,
+                      help="peak TFLOP/s of all devices together (0: the device table)")
+  args = parser.parse_args()
+  opt_config = pretrain.get_config("base").optimizer
+  peak = (args.peak_tflops * 1e12 if args.peak_tflops
+          else metrics_io.peak_flops(0.0))
+  print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; batch {args.batch} x "
+        f"seq {args.seq_len}, {args.predictions} predictions, dtype {args.dtype}")
+  for size in args.sizes.split(","):
+    bert_config = model_lib.BertConfig.from_size(size, dtype=args.dtype)
+    tx, _ = optim.make_optimizer(opt_config, total_steps=1000)
+    batch = make_batch(bert_config, args.batch, args.seq_len, args.predictions)
+    rates = {}
+    for name, build in (("ours", ours), ("reference", reference)):
+      step, state = build(bert_config, tx, batch)
+      if name == "ours":
+        flops = metrics_io.flops_per_step(bert_config, state.params, args.batch, args.seq_len,
+                                          args.predictions)
+      seconds, first = time_steps(step, state, batch, args.steps)
+      rates[name] = args.batch * args.seq_len / seconds
+      mfu = f"{100 * flops / seconds / peak:.1f}%" if peak else "n/a (peak unknown)"
+      print(f"{size:5s} {name:9s} {rates[name]:10.0f} tokens/s  {seconds * 1e3:8.1f} ms/step  "
+            f"MFU {mfu}  (compile + first step {first:.1f} s)", flush=True)
+      del state, step
+    print(f"{size:5s} ratio ours/reference: {rates['ours'] / rates['reference']:.2f}x")
+
+
+if __name__ == "__main__":
+  main()
