@@ -20,7 +20,8 @@ what the reference checkpoints were tokenized with. The text path, in HF's order
      normalization so that lowercasing and punctuation splitting cannot touch them.
   2. Clean: drop NUL, U+FFFD and "other" characters (Cc except \\t\\n\\r, Cf, Co);
      every Unicode whitespace character separates words.
-  3. Pad every CJK ideograph with spaces (before NFD, as HF does).
+  3. Pad every CJK ideograph with spaces (before NFD, as HF does; HF's blocks,
+     whose Extension E starts at U+2B920 rather than google-research's U+2B820).
   4. Uncased only: NFD, drop non-spacing marks (Mn), then lowercase. Lowercasing is
      ICU's full per-character mapping; capital sigma is mapped to "σ" first because
      ICU applies the context-sensitive final-sigma rule and HF does not.
