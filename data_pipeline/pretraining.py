@@ -33,7 +33,14 @@ epoch) through the pipeline, so ``get_state()`` after a batch is exactly the
 position after its last example, however much was prefetched. ``set_state``
 restarts the generator at that block and skips ``offset`` examples of it --
 before tokenization-free pair assembly and before masking, so a restore costs
-one block of pair building, not a replay of the epoch.
+one block of pair building, not a replay of the epoch. The state is tied to
+the corpus and the pair settings (a fingerprint); a change of
+max_seq_length (phase 2) starts a new stream at its own position 0.
+
+Vocabulary: ``vocab_file`` (WordPiece) or ``spm_model_file``; with neither
+and the embedded corpus, a WordPiece vocab of ``embedded_vocab_size`` is
+learnt once from the embedded corpus (vocab_training.py) and cached beside it,
+so the default job needs no download; other corpora require a vocab.
 """
 
 import collections
