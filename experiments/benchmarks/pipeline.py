@@ -17,8 +17,10 @@ sequence lengths 128 and 512. Reported per path:
   TextDatasetForNextSentencePrediction do) + ``DataCollatorForLanguageModeling
   (return_tensors="np")`` padding and masking each batch.
 
-Per-core figures divide by the cores visible to the process (both paths may use
-all of them: tf.data threads, the Rust tokenizer's threads). On a shared
+Per-core figures divide by the cores visible to the process. Our steady state
+uses all of them (tf.data threads); the HF steady state is one Python thread
+(pairs + collator), so its rate per core actually used is its overall rate --
+it scales only with extra worker processes, ours within one. On a shared
 machine the figures are noisy; run once, not in a loop.
 
 Accelerator demand (printed at the end): a TPU v4 chip peaks at 275 TFLOP/s
