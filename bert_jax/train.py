@@ -296,7 +296,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       loaded_config, loaded, _ = convert.load_pretrained(
           config.init_checkpoint, target="pretraining", allow_missing_heads=True)
       for field in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                    "intermediate_size", "vocab_size", "embedding_size", "share_layers"):
+                    "intermediate_size", "vocab_size", "embedding_size", "share_layers",
+                    "max_position_embeddings", "type_vocab_size"):
         if getattr(loaded_config, field) != getattr(bert_config, field):
           raise ValueError(f"config.init_checkpoint has {field}={getattr(loaded_config, field)}"
                            f" but the configured model has {getattr(bert_config, field)}")

@@ -95,3 +95,27 @@ def test_kill9_then_resume_is_bit_identical(pretrain_reference_run, pretrain_tes
   _, resumed = checkpoint.load_params_from_workdir(str(workdir))
   jax.tree.map(np.testing.assert_array_equal, resumed, reference)
   assert step_losses(workdir) == step_losses(pretrain_reference_run)
+
+
+@pytest.mark.slow
+def test_init_checkpoint_then_resume_takes_precedence(pretrain_reference_run, pretrain_test_config,
+                                                      tmp_path):
+  """Order of starts: the workdir's checkpoint, else config.init_checkpoint, else scratch.
+
+  The init checkpoint is another run's workdir, read through bert_jax.convert
+  (which calls load_params_from_workdir); HF and TF checkpoints take the same path.
+  """
+  from bert_jax import train
+  config = pretrain_test_config(**{"init_checkpoint": str(pretrain_reference_run),
+                                   "total_steps": 1, "checkpoint.every_steps": 1})
+  train.train_and_evaluate(config, str(tmp_path))
+  # Step 1 trains at learning rate 0 (warmup starts there): the parameters are the
+  # init checkpoint's, exactly, heads included.
+  _, expected = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
+  _, params = checkpoint.load_params_from_workdir(str(tmp_path))
+  jax.tree.map(np.testing.assert_array_equal, params, expected)
+  # A second start resumes from the workdir (nothing left to train) although
+  # init_checkpoint is still set: no training step is logged again.
+  train.train_and_evaluate(config, str(tmp_path))
+  records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records if "loss" in r] == [1]

@@ -110,12 +110,26 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(
   _, params = checkpoint.load_params_from_workdir(str(tmp_path / "stop"))
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
 
-  config.skip_nonfinite_steps = True
-  train.train_and_evaluate(config, str(tmp_path / "skip"))
-  records = [r for r in _records(tmp_path / "skip") if "skipped_steps" in r]
-  assert records[-1]["step"] == 8 and sum(r["skipped_steps"] for r in records) >= 1
-  _, params = checkpoint.load_params_from_workdir(str(tmp_path / "skip"))
-  assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+def test_skip_nonfinite_keeps_the_old_parameters_and_moves_on():
+  bert_config = model_lib.BertConfig.from_size(
+      "tiny", vocab_size=96, hidden_size=64, num_attention_heads=2, intermediate_size=128,
+      max_position_embeddings=32)
+  module = model_lib.BertForPreTraining(bert_config)
+  batch = _random_batch(np.random.default_rng(0), batch=4)
+  params = nn.unbox(module.init(jax.random.key(0), batch["input_ids"], batch["input_mask"],
+                                batch["segment_ids"], batch["masked_lm_positions"])["params"])
+  params["nsp_head"]["bias"] = jnp.array([jnp.nan, 0.0])  # poisons the loss, not the MLM part
+  tx, _ = optim.make_optimizer(pretrain.get_config("tiny").optimizer, total_steps=10)
+  state = train_state.TrainState.create(apply_fn=module.apply, params=params, tx=tx)
+  state = state.replace(step=jnp.asarray(3, jnp.int32))
+  for skip in (True, False):
+    new, metrics = jax.jit(functools.partial(train.train_step, grad_accum_steps=1,
+                                             skip_nonfinite=skip))(state, batch, jax.random.key(1))
+    assert not metrics["finite"] and int(new.step) == 4
+    kept = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b, equal_nan=True)),
+                        new.params, state.params)
+    assert all(jax.tree.leaves(kept)) == skip
 
 
 def test_sigterm_saves_and_returns(pretrain_test_config, tmp_path):
@@ -140,3 +154,21 @@ def test_sigterm_saves_and_returns(pretrain_test_config, tmp_path):
   assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
                 if p.name.isdigit()) == [last]
   assert signal.getsignal(signal.SIGTERM) == handler_before
+
+
+def test_phase_two_switches_to_long_sequences_and_continues(pretrain_test_config, tmp_path):
+  config = pretrain_test_config(**{
+      "total_steps": 4, "phase2.start_fraction": 0.5, "phase2.max_seq_length": 48,
+      "phase2.max_predictions_per_seq": 8, "checkpoint.every_steps": 2})
+  assert train.phase2_start(config) == 2
+  phase, data_config = train.phase_data_config(config, 2)
+  assert (phase, data_config.max_seq_length, data_config.masking.max_predictions_per_seq) == (
+      2, 48, 8)
+  assert train.phase_data_config(config, 1)[1].max_seq_length == 32
+  train.train_and_evaluate(config, str(tmp_path))
+  records = [r for r in _records(tmp_path) if "loss" in r]
+  assert [r["step"] for r in records] == [1, 2, 3, 4]
+  # The learning rate schedule runs on across the switch (warmup 5 steps: still rising).
+  rates = [r["learning_rate"] for r in records]
+  assert rates == sorted(rates) and rates[2] > rates[1] > 0
+  assert all(np.isfinite(r["loss"]) for r in records)
