@@ -49,7 +49,6 @@ import itertools
 import json
 import logging
 import os
-import pathlib
 from typing import Iterator
 
 import ml_collections

@@ -1,7 +1,6 @@
 """Tests of data_pipeline/corpora.py: formats, sharding, held-out split, bad input, embedded corpus."""
 
 import json
-import os
 import pathlib
 
 import pytest

@@ -38,7 +38,6 @@ from absl import flags
 import numpy as np
 
 from data_pipeline import corpora
-from data_pipeline import pairs
 from data_pipeline import pretraining
 
 _SECONDS = flags.DEFINE_float("seconds", 20.0, "timed seconds per steady-state measurement")
