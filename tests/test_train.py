@@ -20,6 +20,7 @@ from bert_jax import checkpoint
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import train
+from data_pipeline import pretraining
 from experiments.configs import pretrain
 
 
@@ -172,3 +173,21 @@ def test_phase_two_switches_to_long_sequences_and_continues(pretrain_test_config
   rates = [r["learning_rate"] for r in records]
   assert rates == sorted(rates) and rates[2] > rates[1] > 0
   assert all(np.isfinite(r["loss"]) for r in records)
+
+
+@pytest.mark.parametrize("variant", pretrain.VARIANTS)
+def test_every_variant_builds_a_consistent_run(variant):
+  config = pretrain.get_config(variant)
+  overrides = dict(config.model.to_dict(), vocab_size=30522)  # the vocab size is the pipeline's
+  bert_config = model_lib.BertConfig.from_size(config.model_size, **overrides)
+  for step in (0, train.phase2_start(config) % config.total_steps):
+    _, data_config = train.phase_data_config(config, step)
+    assert data_config.max_seq_length <= bert_config.max_position_embeddings
+    assert 0 < pretraining.max_predictions(data_config) <= data_config.max_seq_length
+  optim.make_optimizer(config.optimizer, config.total_steps)
+  assert config.batch_size % 8 == 0 and config.eval_batch_size % 8 == 0
+  if variant in ("base", "large"):  # the paper's two phases
+    assert train.phase2_start(config) == 900_000
+    assert train.phase_data_config(config, 900_000)[1].masking.max_predictions_per_seq == 80
+  if variant == "albert":
+    assert (bert_config.embedding_size, bert_config.share_layers) == (128, True)
