@@ -91,6 +91,9 @@ def check_config(config: ml_collections.ConfigDict, bert_config: model_lib.BertC
   if config.eval_batch_size % dp:
     raise ValueError(f"config.eval_batch_size={config.eval_batch_size} is not divisible by "
                      f"the data-parallel size {dp}")
+  if config.data.eval.num_examples < config.eval_batch_size:
+    raise ValueError(f"config.data.eval.num_examples={config.data.eval.num_examples} is smaller "
+                     f"than one eval batch (config.eval_batch_size={config.eval_batch_size})")
   if not 0.0 < config.phase2.start_fraction <= 1.0:
     raise ValueError(f"config.phase2.start_fraction={config.phase2.start_fraction} not in (0, 1]")
   for step in {0, phase2_start(config) % config.total_steps}:

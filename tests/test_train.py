@@ -85,6 +85,7 @@ def test_bad_configs_are_refused_before_compiling(pretrain_test_config, tmp_path
       ({"mesh.data": 1, "mesh.tensor": 8}, "cannot be split 8 ways"),
       ({"data.max_seq_length": 128}, "exceeds the model's max_position_embeddings=64"),
       ({"model.vocab_size": 50}, "smaller than the pipeline's vocabulary"),
+      ({"data.eval.num_examples": 4}, "smaller than one eval batch"),
   ]
   for i, (overrides, message) in enumerate(cases):
     workdir = tmp_path / str(i)
