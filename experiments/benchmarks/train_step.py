@@ -140,7 +140,8 @@ def main():
       rates[name] = args.batch * args.seq_len / seconds
       mfu = f"{100 * flops / seconds / peak:.1f}%" if peak else "n/a (peak unknown)"
       print(f"{size:5s} {name:9s} {rates[name]:10.0f} tokens/s  {seconds * 1e3:8.1f} ms/step  "
-            f"MFU {mfu}  (compile + first step {first:.1f} s)", flush=True)
+            f"{flops / seconds / 1e9:7.1f} model GFLOP/s  MFU {mfu}  "
+            f"(compile + first step {first:.1f} s)", flush=True)
       del state, step
     print(f"{size:5s} ratio ours/reference: {rates['ours'] / rates['reference']:.2f}x")
 

@@ -14,7 +14,7 @@ TensorBoard events land in the workdir; re-running the command resumes there.
 Other variants:
   base     BERT-Base paper recipe: 1M steps, batch 256, 90% at seq 128 (20
            predictions) then 10% at seq 512 (80 predictions), Adam lr 1e-4,
-           warmup 10k, weight decay 0.01. Expect MLM acc ~0.70 on Wikipedia+Books.
+           warmup 10k, weight decay 0.01 (published BERT-Base runs end near MLM acc 0.7).
   large    the same with BERT-Large (L=24, H=1024, A=16).
   roberta  no NSP, full-sentence packing (objective "none"), dynamic masking.
   albert   SOP objective, factorised embeddings E=128, cross-layer sharing, LAMB.
