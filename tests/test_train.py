@@ -59,22 +59,20 @@ def test_gradient_accumulation_matches_the_large_batch():
   # Step 3 of the schedule, so that the update is not scaled by a zero learning rate.
   state = state.replace(step=jnp.asarray(3, jnp.int32))
 
+  # The oracle can fail: micro-batches (examples j, j+4, ... for k=4) hold
+  # different numbers of predictions, so a mean of micro-batch means differs.
+  counts = [batch["masked_lm_weights"][j::4].sum() for j in range(4)]
+  assert len(set(counts)) > 1, counts
   results = {}
-  for k in (1, 2, 4):
+  for k in (1, 4):
     step = jax.jit(functools.partial(train.train_step, grad_accum_steps=k, skip_nonfinite=False))
     results[k] = step(state, batch, jax.random.key(1))
-  (full, full_metrics) = results[1]
-  for k in (2, 4):
-    new, metrics = results[k]
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
-                 new.params, full.params)
-    np.testing.assert_allclose(metrics["loss"], full_metrics["loss"], rtol=1e-6)
-    np.testing.assert_allclose(metrics["grad_norm"], full_metrics["grad_norm"], rtol=1e-5)
-  # The oracle can fail: the mean of micro-batch means is a different loss here.
-  halves = [jax.tree.map(lambda x, i=i: x[i::2], batch) for i in range(2)]
-  single = jax.jit(functools.partial(train.train_step, grad_accum_steps=1, skip_nonfinite=False))
-  naive = np.mean([single(state, h, jax.random.key(1))[1]["loss"] for h in halves])
-  assert abs(naive - full_metrics["loss"]) > 1e-3
+  (full, full_metrics), (new, metrics) = results[1], results[4]
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+               new.params, full.params)
+  np.testing.assert_allclose(metrics["loss"], full_metrics["loss"], rtol=1e-6)
+  np.testing.assert_allclose(metrics["grad_norm"], full_metrics["grad_norm"], rtol=1e-5)
+  np.testing.assert_allclose(metrics["mlm_accuracy"], full_metrics["mlm_accuracy"], rtol=1e-6)
 
 
 def test_bad_configs_are_refused_before_compiling(pretrain_test_config, tmp_path):
@@ -125,13 +123,12 @@ def test_skip_nonfinite_keeps_the_old_parameters_and_moves_on():
   tx, _ = optim.make_optimizer(pretrain.get_config("tiny").optimizer, total_steps=10)
   state = train_state.TrainState.create(apply_fn=module.apply, params=params, tx=tx)
   state = state.replace(step=jnp.asarray(3, jnp.int32))
-  for skip in (True, False):
-    new, metrics = jax.jit(functools.partial(train.train_step, grad_accum_steps=1,
-                                             skip_nonfinite=skip))(state, batch, jax.random.key(1))
-    assert not metrics["finite"] and int(new.step) == 4
-    kept = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b, equal_nan=True)),
-                        new.params, state.params)
-    assert all(jax.tree.leaves(kept)) == skip
+  new, metrics = jax.jit(functools.partial(train.train_step, grad_accum_steps=1,
+                                           skip_nonfinite=True))(state, batch, jax.random.key(1))
+  assert not metrics["finite"] and int(new.step) == 4
+  same = lambda a, b: bool(jnp.array_equal(a, b, equal_nan=True))
+  assert all(jax.tree.leaves(jax.tree.map(same, new.params, state.params)))
+  assert all(jax.tree.leaves(jax.tree.map(same, new.opt_state, state.opt_state)))
 
 
 def test_sigterm_saves_and_returns(pretrain_test_config, tmp_path):
