@@ -138,15 +138,20 @@ def pretrain_test_config(tmp_path_factory):
   return make
 
 
-def _pretrain_env(devices: int) -> dict:
+def _pretrain_env(devices: int, cache_dir: pathlib.Path) -> dict:
   env = dict(os.environ)
   env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
-             TF_CPP_MIN_LOG_LEVEL="2")
+             TF_CPP_MIN_LOG_LEVEL="2",
+             # Trainer subprocesses of one session compile the same programs again
+             # (reference, killed, resumed runs): a shared compilation cache skips that.
+             JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   return env
 
 
 @pytest.fixture(scope="session")
-def pretrain_subprocess():
+def pretrain_subprocess(tmp_path_factory):
   """Starts tests/pretrain_runner.py on a config in a fresh process with `devices` CPU devices.
 
   Returns a function (config, workdir, *, devices=1, synthetic=False, name=None) ->
@@ -156,6 +161,7 @@ def pretrain_subprocess():
   import subprocess
   import sys
   runner = pathlib.Path(__file__).with_name("pretrain_runner.py")
+  cache_dir = tmp_path_factory.mktemp("jax_compilation_cache")
 
   def start(config, workdir, *, devices=1, synthetic=False, name=None):
     workdir = pathlib.Path(workdir)
@@ -165,7 +171,7 @@ def pretrain_subprocess():
     log = open(workdir.parent / f"{name}.log", "ab")
     args = [sys.executable, str(runner), str(config_file), str(workdir)]
     return subprocess.Popen(args + (["--synthetic"] if synthetic else []), stdout=log,
-                            stderr=subprocess.STDOUT, env=_pretrain_env(devices))
+                            stderr=subprocess.STDOUT, env=_pretrain_env(devices, cache_dir))
 
   return start
 
