@@ -16,6 +16,7 @@ import json
 import os
 import pathlib
 import shutil
+import socket
 from typing import Any
 
 import jax
@@ -37,7 +38,8 @@ def check_writable(workdir: str) -> None:
   Raises:
     ValueError: naming the workdir and the OS error.
   """
-  probe = pathlib.Path(workdir) / ".write_probe"
+  # One probe per process: hosts of a multi-host run probe the same workdir at once.
+  probe = pathlib.Path(workdir) / f".write_probe.{socket.gethostname()}.{os.getpid()}"
   try:
     probe.parent.mkdir(parents=True, exist_ok=True)
     probe.write_text("ok")
