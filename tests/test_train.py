@@ -189,3 +189,21 @@ def test_every_variant_builds_a_consistent_run(variant):
     assert train.phase_data_config(config, 900_000)[1].masking.max_predictions_per_seq == 80
   if variant == "albert":
     assert (bert_config.embedding_size, bert_config.share_layers) == (128, True)
+
+
+def test_bfloat16_compute_keeps_float32_parameters_and_optimizer_state():
+  bert_config = model_lib.BertConfig.from_size(
+      "tiny", vocab_size=96, hidden_size=64, num_attention_heads=2, intermediate_size=128,
+      max_position_embeddings=32, dtype="bfloat16")
+  module = model_lib.BertForPreTraining(bert_config)
+  batch = _random_batch(np.random.default_rng(0), batch=4)
+  params = nn.unbox(jax.jit(module.init)(jax.random.key(0), batch["input_ids"],
+                                         batch["input_mask"], batch["segment_ids"],
+                                         batch["masked_lm_positions"])["params"])
+  tx, _ = optim.make_optimizer(pretrain.get_config("tiny").optimizer, total_steps=10)
+  state = train_state.TrainState.create(apply_fn=module.apply, params=params, tx=tx)
+  new, metrics = jax.jit(functools.partial(train.train_step, grad_accum_steps=2,
+                                           skip_nonfinite=False))(state, batch, jax.random.key(1))
+  assert metrics["finite"] and metrics["loss"].dtype == jnp.float32
+  assert {x.dtype for x in jax.tree.leaves((new.params, new.opt_state))
+          if jnp.issubdtype(x.dtype, jnp.floating)} == {jnp.dtype(jnp.float32)}
