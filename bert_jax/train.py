@@ -15,7 +15,6 @@ import copy
 import functools
 import os
 import signal
-import time
 from typing import Any
 
 from absl import logging
