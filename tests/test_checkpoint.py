@@ -51,6 +51,7 @@ def test_unwritable_workdir_is_refused(tmp_path):
     checkpoint.check_writable(str(blocker / "workdir"))
 
 
+@pytest.mark.slow  # its fixture is an end-to-end training run
 def test_load_params_from_workdir(pretrain_reference_run):
   bert_config, params = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
   assert (bert_config.hidden_size, bert_config.num_hidden_layers, bert_config.vocab_size) == (
