@@ -4,6 +4,8 @@ All logic lives in bert_jax.train; this file only parses the two flags.
 Single config fields are overridden by flag, e.g. `--config.total_steps=1000`.
 """
 
+import logging as std_logging
+
 from absl import app
 from absl import flags
 from absl import logging
@@ -23,6 +25,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
+  # orbax logs a dozen INFO lines per save; keep the terminal for progress and evaluation.
+  logging.get_absl_handler().addFilter(
+      lambda record: record.levelno >= std_logging.WARNING or "/orbax/" not in record.pathname)
   train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
 
 
