@@ -364,6 +364,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     try:
       while step < config.total_steps:
         if phase_data_config(config, step)[0] != phase:  # phase 2: longer sequences
+          data.close()
           phase, data = make_input(step, None)
           logging.info("step %d: phase %d, max_seq_length %d", step, phase,
                        phase_data_config(config, step)[1].max_seq_length)
@@ -409,6 +410,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if step >= config.total_steps:
         result = evaluate(step)
     finally:
+      data.close()
       manager.wait_until_finished()
       manager.close()
       writer.close()

@@ -43,13 +43,16 @@ learnt once from the embedded corpus (vocab_training.py) and cached beside it,
 so the default job needs no download; other corpora require a vocab.
 """
 
+import atexit
 import collections
 import hashlib
 import itertools
 import json
 import logging
 import os
+import threading
 from typing import Iterator
+import weakref
 
 import ml_collections
 import numpy as np
@@ -341,14 +344,25 @@ class ExampleStream:
 
 
 def _masked_dataset(stream: ExampleStream, start: dict, spec: masking.MaskingSpec, *,
-                    tokenizer, seed: int, batch_size: int, prefetch: int) -> tf.data.Dataset:
-  """from_generator(stream) -> per-example in-graph masking -> batches (with positions)."""
+                    tokenizer, seed: int, batch_size: int, prefetch: int,
+                    stop: threading.Event | None = None) -> tf.data.Dataset:
+  """from_generator(stream) -> per-example in-graph masking -> batches (with positions).
+
+  Setting `stop` ends the generator at its next block, so the dataset runs out
+  (see PretrainingInput.close for why that matters).
+  """
   t = stream.max_seq_length
   signature = {"input_ids": tf.TensorSpec([None, t], tf.int32),
                "segment_ids": tf.TensorSpec([None, t], tf.int32),
                "next_sentence_labels": tf.TensorSpec([None], tf.int32),
                _POSITION: tf.TensorSpec([None, 4], tf.int64)}
-  ds = tf.data.Dataset.from_generator(lambda: stream.blocks(**start), output_signature=signature)
+  def blocks():
+    for block in stream.blocks(**start):
+      if stop is not None and stop.is_set():
+        return
+      yield block
+
+  ds = tf.data.Dataset.from_generator(blocks, output_signature=signature)
   ds = ds.unbatch()
   specials = tokenizer.special_ids
   starts = tf.constant(word_start_table(tokenizer))
@@ -402,16 +416,19 @@ class PretrainingInput:
     self._fingerprint = hashlib.md5(json.dumps(fields).encode()).hexdigest()[:16]
     self._position = {"epoch": 0, "block": 0, "offset": 0, "index": 0}
     self._iterator = None
+    self._stop = threading.Event()
+    _LIVE_INPUTS.add(self)
 
   def __iter__(self):
     return self
 
   def __next__(self) -> dict:
     if self._iterator is None:
+      self._stop = threading.Event()
       self._iterator = _masked_dataset(
           self.stream, dict(self._position), self.spec, tokenizer=self.tokenizer,
           seed=self.config.seed, batch_size=self.batch_size,
-          prefetch=self.config.prefetch_batches).as_numpy_iterator()
+          prefetch=self.config.prefetch_batches, stop=self._stop).as_numpy_iterator()
     batch = next(self._iterator)
     epoch, block, offset, index = (int(v) for v in batch.pop(_POSITION)[-1])
     self._position = {"epoch": epoch, "block": block, "offset": offset + 1, "index": index + 1}
@@ -437,7 +454,29 @@ class PretrainingInput:
           f"pipeline state fingerprint {state.get('fingerprint')!r} does not match this "
           f"pipeline's {self._fingerprint!r}: corpus, seed, objective, max_seq_length, "
           "shuffle_buffer or process layout changed, so an exact resume is impossible")
-    self._position, self._iterator = position, None
+    self.close()
+    self._position = position
+
+  def close(self) -> None:
+    """Stops the background pipeline; the position is kept (next() restarts from it).
+
+    Dropping a running iterator can deadlock: its destructor waits, holding the
+    GIL, for a tf.data worker that waits for the GIL to call the Python
+    generator. So the generator is told to stop and the pipeline is drained
+    (next() releases the GIL) before the iterator is let go. Called on
+    set_state, by the trainer when it is done with an input, and at exit.
+    """
+    if self._iterator is None:
+      return
+    self._stop.set()
+    for _ in self._iterator:  # at most the few batches already in flight
+      pass
+    self._iterator = None
+
+
+# Inputs whose pipelines must be drained before the interpreter tears TF down.
+_LIVE_INPUTS = weakref.WeakSet()
+atexit.register(lambda: [source.close() for source in list(_LIVE_INPUTS)])
 
 
 def make_eval_batches(data_config, *, batch_size: int, process_index: int = 0,

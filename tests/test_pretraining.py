@@ -349,3 +349,30 @@ def test_preview_writes_the_batches_and_shows_the_masks(corpus_dir, uncased_voca
   first = {key: saved[key][0] for key in saved.files}
   shown = [f"({vocab[i]})" for i, w in zip(first["masked_lm_ids"], first["masked_lm_weights"]) if w]
   assert "[MASK](" in printed and all(s in printed for s in shown)
+
+
+def test_close_keeps_the_position_and_lets_the_process_exit(corpus_dir, uncased_vocab, tmp_path):
+  config = _config(corpus_dir, uncased_vocab)
+  reference = pretraining.PretrainingInput(config, batch_size=32)
+  expected = [next(reference) for _ in range(4)]
+  reference.close()
+  source = pretraining.PretrainingInput(config, batch_size=32)
+  got = [next(source) for _ in range(2)]
+  source.close()
+  source.close()  # idempotent
+  got += [next(source) for _ in range(2)]  # restarts from the kept position
+  for want, have in zip(expected, got):
+    for key in want:
+      np.testing.assert_array_equal(have[key], want[key], err_msg=key)
+  # A process that leaves its input running must still exit (the pipeline is drained
+  # at exit; dropping it mid-flight can deadlock on the GIL).
+  script = ("import json, sys, ml_collections\n"
+            "from data_pipeline import pretraining\n"
+            "source = pretraining.PretrainingInput(\n"
+            "    ml_collections.ConfigDict(json.loads(sys.argv[1])), batch_size=32)\n"
+            "for _ in range(3): next(source)\n")
+  for _ in range(2):
+    run = subprocess.run([sys.executable, "-c", script, config.to_json()], cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
