@@ -154,7 +154,8 @@ def _pretrain_env(devices: int, cache_dir: pathlib.Path) -> dict:
 def pretrain_subprocess(tmp_path_factory):
   """Starts tests/pretrain_runner.py on a config in a fresh process with `devices` CPU devices.
 
-  Returns a function (config, workdir, *, devices=1, synthetic=False, name=None) ->
+  Returns a function (config, workdir, *, devices=1, synthetic=False, name=None,
+  preexec_fn=None) ->
   subprocess.Popen; its config file and output log sit beside the workdir, named
   `name` (default: the workdir's name) + ".config.json" / ".log".
   """
@@ -163,7 +164,7 @@ def pretrain_subprocess(tmp_path_factory):
   runner = pathlib.Path(__file__).with_name("pretrain_runner.py")
   cache_dir = tmp_path_factory.mktemp("jax_compilation_cache")
 
-  def start(config, workdir, *, devices=1, synthetic=False, name=None):
+  def start(config, workdir, *, devices=1, synthetic=False, name=None, preexec_fn=None):
     workdir = pathlib.Path(workdir)
     name = name or workdir.name
     config_file = workdir.parent / f"{name}.config.json"
@@ -171,7 +172,8 @@ def pretrain_subprocess(tmp_path_factory):
     log = open(workdir.parent / f"{name}.log", "ab")
     args = [sys.executable, str(runner), str(config_file), str(workdir)]
     return subprocess.Popen(args + (["--synthetic"] if synthetic else []), stdout=log,
-                            stderr=subprocess.STDOUT, env=_pretrain_env(devices, cache_dir))
+                            stderr=subprocess.STDOUT, env=_pretrain_env(devices, cache_dir),
+                            preexec_fn=preexec_fn)
 
   return start
 

@@ -120,3 +120,30 @@ def test_init_checkpoint_then_resume_takes_precedence(pretrain_reference_run, pr
   train.train_and_evaluate(config, str(tmp_path))
   records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records if "loss" in r] == [1]
+
+
+def _full_disk():
+  """In the child: writes past 32 KiB fail with EFBIG, as on a full disk (not a signal)."""
+  import resource  # pylint: disable=g-import-not-at-top
+  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+  resource.setrlimit(resource.RLIMIT_FSIZE, (32 << 10, 32 << 10))
+
+
+@pytest.mark.slow
+def test_full_disk_fails_at_the_save_and_keeps_earlier_checkpoints(
+    pretrain_reference_run, pretrain_test_config, pretrain_subprocess, tmp_path):
+  """A save that cannot be written stops the run; the checkpoints before it stay loadable."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "run"
+  shutil.copytree(pretrain_reference_run, workdir)  # complete checkpoints up to step 20
+  config = pretrain_test_config(total_steps=30)
+  process = pretrain_subprocess(config, workdir, preexec_fn=_full_disk)
+  assert process.wait(timeout=300) != 0, "the run did not notice that its save failed"
+  assert "File too large" in (tmp_path / "run.log").read_text()
+  _, reference = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
+  _, kept = checkpoint.load_params_from_workdir(str(workdir))  # latest complete: step 20
+  jax.tree.map(np.testing.assert_array_equal, kept, reference)
+  # With space again, the same command resumes from step 20 and finishes.
+  process = pretrain_subprocess(config, workdir)
+  assert process.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
+  assert max(step_losses(workdir)) == 30
