@@ -410,11 +410,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if step >= config.total_steps:
         result = evaluate(step)
     finally:
-      data.close()
+      # Checkpoints first: a pending async save must finish whatever else fails here.
       manager.wait_until_finished()
       manager.close()
       writer.close()
       signal.signal(signal.SIGTERM, previous_handler)
+      data.close()
   return result
 
 

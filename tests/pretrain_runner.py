@@ -60,6 +60,9 @@ class SyntheticInput:
   def set_state(self, state):
     self.position = state["position"]
 
+  def close(self):
+    pass  # nothing runs in the background
+
 
 def synthetic_eval_batches(data_config, *, batch_size, process_index=0, process_count=1):
   """Two fixed global eval batches, sliced per process."""
