@@ -3,6 +3,8 @@
 import json
 import pathlib
 import random
+import resource
+import shutil
 import signal
 import time
 
@@ -123,8 +125,11 @@ def test_init_checkpoint_then_resume_takes_precedence(pretrain_reference_run, pr
 
 
 def _full_disk():
-  """In the child: writes past 32 KiB fail with EFBIG, as on a full disk (not a signal)."""
-  import resource  # pylint: disable=g-import-not-at-top
+  """In the child: writes past 32 KiB fail with EFBIG, as on a full disk (not a signal).
+
+  It runs between fork and exec, so it only makes two system calls: no imports,
+  no locks another thread of the parent might have held.
+  """
   signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
   resource.setrlimit(resource.RLIMIT_FSIZE, (32 << 10, 32 << 10))
 
@@ -133,7 +138,6 @@ def _full_disk():
 def test_full_disk_fails_at_the_save_and_keeps_earlier_checkpoints(
     pretrain_reference_run, pretrain_test_config, pretrain_subprocess, tmp_path):
   """A save that cannot be written stops the run; the checkpoints before it stay loadable."""
-  import shutil  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / "run"
   shutil.copytree(pretrain_reference_run, workdir)  # complete checkpoints up to step 20
   config = pretrain_test_config(total_steps=30)
