@@ -187,3 +187,10 @@ def pretrain_reference_run(pretrain_test_config, pretrain_subprocess, tmp_path_f
     raise RuntimeError(f"reference run failed: {workdir}.log\n"
                        + pathlib.Path(f"{workdir}.log").read_text()[-3000:])
   return workdir
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(uncased_vocab):
+  """The reference (transformers) WordPiece tokenizer on the real bert-base-uncased vocab."""
+  import transformers  # test-only dependency, imported where used
+  return transformers.BertTokenizer(str(uncased_vocab), do_lower_case=True)

@@ -19,12 +19,6 @@ import transformers
 from bert_jax.finetune import conll
 from bert_jax.finetune import glue
 
-@pytest.fixture(scope="session")
-def hf_tokenizer(uncased_vocab):
-  """The reference WordPiece tokenizer on the real bert-base-uncased vocabulary."""
-  return transformers.BertTokenizer(str(uncased_vocab), do_lower_case=True)
-
-
 def _write(path: pathlib.Path, text: str) -> pathlib.Path:
   path.write_text(text, encoding="utf-8")
   return path

@@ -20,12 +20,6 @@ from bert_jax.finetune import metrics
 from bert_jax.finetune import squad
 
 
-@pytest.fixture(scope="session")
-def hf_tokenizer(uncased_vocab):
-  """The reference WordPiece tokenizer on the real bert-base-uncased vocabulary."""
-  return transformers.BertTokenizer(str(uncased_vocab), do_lower_case=True)
-
-
 def _write(path: pathlib.Path, text: str) -> pathlib.Path:
   path.write_text(text, encoding="utf-8")
   return path

