@@ -14,7 +14,6 @@ import types
 
 import numpy as np
 import pytest
-import transformers
 
 from bert_jax.finetune import metrics
 from bert_jax.finetune import squad
