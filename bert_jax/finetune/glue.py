@@ -303,6 +303,18 @@ def hash_fraction(text: str) -> float:
   return int.from_bytes(hashlib.sha1(text.encode("utf-8")).digest()[:8], "big") / 2.0**64
 
 
+def subset(examples: Sequence[Example], n: int) -> list[Example]:
+  """The `n` examples with the smallest hash_fraction of their text, in their
+  original order: a fixed pseudo-random sample (the same on every machine and
+  for every seed), so quick runs and their reference runs see the same data.
+  n <= 0 or n >= len(examples) keeps them all."""
+  if n <= 0 or n >= len(examples):
+    return list(examples)
+  keys = [hash_fraction(e.text_a + (e.text_b or "")) for e in examples]
+  keep = set(sorted(range(len(examples)), key=keys.__getitem__)[:n])
+  return [e for i, e in enumerate(examples) if i in keep]
+
+
 def load_split(task: TaskSpec | str, data_dir, split: str,
                labels: Sequence[str] | None = None) -> list[Example]:
   """Reads one split of a task; `labels` (default: the task's) are enforced.
