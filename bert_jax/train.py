@@ -19,13 +19,11 @@ from typing import Any
 
 from absl import logging
 import flax.linen as nn
-from flax.training import train_state as train_state_lib
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from bert_jax import checkpoint
 from bert_jax import losses
@@ -33,9 +31,10 @@ from bert_jax import metrics_io
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding
+from bert_jax import state as state_lib
 from data_pipeline import pretraining
 
-TrainState = train_state_lib.TrainState
+TrainState = state_lib.TrainState
 
 
 def build_bert_config(config: ml_collections.ConfigDict) -> model_lib.BertConfig:
@@ -138,38 +137,9 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
           out["nsp_logits"], micro["next_sentence_labels"]) * examples
     return loss, sums
 
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  if grad_accum_steps == 1:
-    (loss, sums), grads = grad_fn(state.params, batch, step_rng)
-  else:
-    # Micro-batch j takes examples j, j+k, j+2k...: every device keeps its own
-    # rows, where a contiguous split would move each micro-batch to a few devices.
-    def split(x):
-      x = x.reshape((x.shape[0] // grad_accum_steps, grad_accum_steps) + x.shape[1:])
-      return jnp.moveaxis(x, 1, 0)
-    micro_batches = jax.tree.map(split, batch)
-
-    def accumulate(carry, xs):
-      j, micro = xs
-      micro = nn.with_logical_constraint(micro, jax.tree.map(
-          lambda x: ("batch",) + (None,) * (x.ndim - 1), micro))
-      (loss, sums), grads = grad_fn(state.params, micro, jax.random.fold_in(step_rng, j))
-      return jax.tree.map(jnp.add, carry, (loss, sums, grads)), None
-
-    first = jax.tree.map(lambda x: x[0], micro_batches)
-    (loss0, sums0), grads0 = jax.eval_shape(grad_fn, state.params, first, step_rng)
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss0, sums0, grads0))
-    (loss, sums, grads), _ = jax.lax.scan(
-        accumulate, zeros, (jnp.arange(grad_accum_steps), micro_batches))
-
-  grad_norm = optax.global_norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  new_state = state.apply_gradients(grads=grads)
-  if skip_nonfinite:
-    # The step counter (and so the data and dropout stream) moves on; the update is dropped.
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-    new_state = new_state.replace(params=keep(new_state.params, state.params),
-                                  opt_state=keep(new_state.opt_state, state.opt_state))
+  (loss, sums), grads = state_lib.accumulated_grads(loss_fn, state.params, batch, step_rng,
+                                                    grad_accum_steps)
+  new_state, grad_norm, finite = state_lib.apply_update(state, grads, loss, skip_nonfinite)
   predictions = jnp.maximum(sums["predictions"], 1.0)
   metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite,
              "mlm_loss": sums["mlm_loss"] / predictions,
@@ -200,17 +170,7 @@ def eval_step(params: Any, batch: dict[str, jax.Array], *, apply_fn: Any) -> dic
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains (resuming when the workdir has checkpoints) and returns the final eval metrics."""
   # ----------------------------------------------------------------- mesh
-  if config.distributed.enabled:
-    kwargs = {"coordinator_address": config.distributed.coordinator_address or None,
-              "num_processes": config.distributed.num_processes or None,
-              "process_id": None if config.distributed.process_id < 0
-                            else config.distributed.process_id}
-    jax.distributed.initialize(**kwargs)
-  checkpoint.check_writable(workdir)
-  mesh = sharding.make_mesh(config.mesh)
-  # JSON round trips turn the rules' tuples into lists; flax wants tuples.
-  rules = [(name, tuple(axes) if isinstance(axes, list) else axes)
-           for name, axes in config.logical_axis_rules]
+  mesh, rules = state_lib.setup_mesh(config, workdir)
   bert_config = build_bert_config(config)
   check_config(config, bert_config, mesh)
   logging.info("mesh %s over %d devices (%d processes)", dict(mesh.shape), jax.device_count(),
@@ -247,73 +207,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                       deterministic=True)["params"]
 
   # ------------------------------------------------------------- shardings
-  # No global mesh (jax.set_mesh): flax 0.12's DenseGeneral re-runs its kernel
-  # init (flat 2-D) inside every apply for a shape check, and under a global
-  # mesh the logical box then constrains that flat value with 3 axis names and
-  # fails. So the model's activation constraints are inactive and GSPMD
-  # propagates layouts from the explicit parameter and batch shardings.
+  layout = state_lib.make_layout(model, init_params, tx, mesh, rules, init_rng)
   with nn.logical_axis_rules(rules):
-    boxed = jax.eval_shape(init_params, init_rng)
-    param_shardings = sharding.logical_shardings(boxed, mesh, rules)
-    abstract_params = nn.unbox(boxed)
-    sharding.check_divisible(abstract_params, param_shardings)
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    abstract_opt_state = jax.eval_shape(tx.init, abstract_params)
-    # Moments take their parameter's sharding; counters and the like are replicated.
-    opt_shardings = optax.tree_map_params(
-        tx, lambda _, s: s, abstract_opt_state, param_shardings,
-        transform_non_params=lambda _: replicated)
-    state_shardings = TrainState(step=replicated, apply_fn=model.apply, params=param_shardings,
-                                 tx=tx, opt_state=opt_shardings)
-    abstract_state = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        {"params": abstract_params, "opt_state": abstract_opt_state,
-         "step": jax.ShapeDtypeStruct((), jnp.int32)},
-        {"params": param_shardings, "opt_state": opt_shardings, "step": replicated})
-    batch_sharding = sharding.batch_sharding(mesh)
-
     # ------------------------------------------------------------------ step
     p_train_step = jax.jit(
         functools.partial(train_step, grad_accum_steps=config.grad_accum_steps,
                           skip_nonfinite=config.skip_nonfinite_steps),
-        in_shardings=(state_shardings, batch_sharding, replicated),
-        out_shardings=(state_shardings, replicated), donate_argnums=(0,))
+        in_shardings=(layout.state, layout.batch, layout.replicated),
+        out_shardings=(layout.state, layout.replicated), donate_argnums=(0,))
     p_eval_step = jax.jit(functools.partial(eval_step, apply_fn=model.apply),
-                          in_shardings=(param_shardings, batch_sharding),
-                          out_shardings=replicated)
-    p_init = jax.jit(lambda rng: TrainState.create(
-        apply_fn=model.apply, params=nn.unbox(init_params(rng)), tx=tx),
-                     out_shardings=state_shardings)
+                          in_shardings=(layout.params, layout.batch),
+                          out_shardings=layout.replicated)
 
     # --------------------------------------------------------------- restore
     manager = checkpoint.make_manager(workdir, config.checkpoint)
-    data_state = None
-    if manager.latest_step() is not None:  # 1. resume from the workdir
-      restored, data_state = checkpoint.restore(manager, abstract_state)
-      state = TrainState(step=restored["step"], apply_fn=model.apply, params=restored["params"],
-                         tx=tx, opt_state=restored["opt_state"])
-      logging.info("resumed from %s at step %d", manager.directory, manager.latest_step())
-    elif config.init_checkpoint:  # 2. initialise from a pretrained checkpoint
-      from bert_jax import convert  # pylint: disable=g-import-not-at-top  # only needed here
-      loaded_config, loaded, _ = convert.load_pretrained(
-          config.init_checkpoint, target="pretraining", allow_missing_heads=True)
-      for field in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                    "intermediate_size", "vocab_size", "embedding_size", "share_layers",
-                    "max_position_embeddings", "type_vocab_size"):
-        if getattr(loaded_config, field) != getattr(bert_config, field):
-          raise ValueError(f"config.init_checkpoint has {field}={getattr(loaded_config, field)}"
-                           f" but the configured model has {getattr(bert_config, field)}")
-      if bert_config.scan_layers:
-        loaded = dict(loaded, bert=model_lib.stack_layers(loaded["bert"],
-                                                          bert_config.num_hidden_layers))
-      fresh = jax.device_get(p_init(init_rng).params)
-      merged = _merge(fresh, loaded)  # heads absent from the checkpoint keep their init
-      params = jax.device_put(merged, param_shardings)
-      state = TrainState(step=jnp.zeros((), jnp.int32), apply_fn=model.apply, params=params,
-                         tx=tx, opt_state=jax.jit(tx.init, out_shardings=opt_shardings)(params))
-      logging.info("initialised from %s", config.init_checkpoint)
-    else:  # 3. from scratch
-      state = p_init(init_rng)
+    load_init = (functools.partial(_load_init_checkpoint, config, bert_config)
+                 if config.init_checkpoint else None)
+    state, data_state = state_lib.start(manager, layout, model, tx, init_rng, load_init,
+                                        config.init_checkpoint)
     step = int(state.step)
     checkpoint.write_run_files(workdir, config, bert_config, _vocab_path(config.data))
 
@@ -388,7 +299,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           scalars = {k: float(np.mean([h[k] for h in history])) for k in history[-1]}
           scalars["skipped_steps"] = sum(1.0 - h["finite"] for h in history)
           scalars["learning_rate"] = float(lr_schedule(step - 1))
-          flops = metrics_io.flops_per_step(bert_config, abstract_params, config.batch_size,
+          flops = metrics_io.flops_per_step(bert_config, layout.abstract_params, config.batch_size,
                                             local["input_ids"].shape[1],
                                             local["masked_lm_ids"].shape[1])
           scalars.update(progress.measure(step, tokens, flops, peak))
@@ -419,13 +330,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   return result
 
 
-def _merge(fresh: Any, loaded: Any) -> Any:
-  """`fresh` with every subtree present in `loaded` replaced (shapes checked)."""
-  if not isinstance(fresh, dict):
-    if np.shape(fresh) != np.shape(loaded):
-      raise ValueError(f"init_checkpoint shape {np.shape(loaded)} != model {np.shape(fresh)}")
-    return np.asarray(loaded, dtype=fresh.dtype)
-  return {k: _merge(v, loaded[k]) if k in loaded else v for k, v in fresh.items()}
+def _load_init_checkpoint(config: ml_collections.ConfigDict, bert_config: model_lib.BertConfig,
+                          fresh: Any) -> Any:
+  """`fresh` params with everything config.init_checkpoint holds loaded over them."""
+  from bert_jax import convert  # pylint: disable=g-import-not-at-top  # only needed here
+  loaded_config, loaded, _ = convert.load_pretrained(
+      config.init_checkpoint, target="pretraining", allow_missing_heads=True)
+  state_lib.check_architecture(loaded_config, bert_config,
+                               f"config.init_checkpoint={config.init_checkpoint!r}")
+  loaded = dict(loaded, bert=state_lib.stack_if_scanned(loaded["bert"], bert_config))
+  return state_lib.merge_params(fresh, loaded)  # heads absent from it keep their init
 
 
 def _vocab_path(data_config: Any) -> str | None:
