@@ -184,6 +184,47 @@ def load_pretrained(path, *, target: str = "pretraining", allow_missing_heads: b
   return config, params, vocab
 
 
+def load_for_finetuning(path, *, task_heads: tuple[str, ...], vocab_file=None):
+  """Loads a checkpoint's encoder (pretraining heads dropped) and any task heads it holds.
+
+  A fine-tuned checkpoint (this project's, or a Hugging Face
+  BertFor{SequenceClassification,TokenClassification,QuestionAnswering}) carries
+  its task head beside the encoder; pretraining checkpoints carry none.
+
+  Args:
+    path: anything load_pretrained reads.
+    task_heads: top-level head names of the task model ("classifier", "qa_outputs").
+    vocab_file: overrides the vocabulary found beside the checkpoint.
+
+  Returns:
+    (config, encoder params (the BertModel tree, pooler initialised freshly if
+    absent), {head name: {"kernel" [H, n], "bias" [n]}} for the heads found,
+    vocab path or None).
+  """
+  path = pathlib.Path(path)
+  kind, fmt, config, tensors, display, ignored, vocab = _read(path)
+  heads = {}
+  for name in list(tensors):
+    head, sep, leaf = name.replace(".", "/", 1).partition("/")
+    if not sep or head not in task_heads:
+      continue
+    array = np.asarray(tensors.pop(name), np.float32)
+    if leaf == "weight":  # PyTorch Linear: [out, in]
+      leaf, array = "kernel", array.T
+    if leaf not in ("kernel", "bias"):
+      raise ValueError(f"{kind} {path}: task-head tensor {display(name)!r} is neither a "
+                       "kernel nor a bias")
+    heads.setdefault(head, {})[leaf] = array
+  params, _ = convert_layout.assemble(
+      tensors, config, fmt, target="encoder", allow_missing_heads=True,
+      source=f"{kind} {path}", display=display, ignored=ignored)
+  if vocab_file is not None:
+    vocab = pathlib.Path(vocab_file)
+    if not vocab.is_file():
+      raise ValueError(f"vocab_file {vocab} does not exist")
+  return _per_layer_config(config), params, heads, vocab
+
+
 def _load(path, target, allow_missing_heads, vocab_file):
   kind, fmt, config, tensors, display, ignored, vocab = _read(path)
   params, target = convert_layout.assemble(

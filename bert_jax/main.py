@@ -1,6 +1,8 @@
 r"""Entry point: `python -m bert_jax.main --config=experiments/configs/pretrain.py:tiny --workdir=DIR`.
 
-All logic lives in bert_jax.train; this file only parses the two flags.
+config.family picks the trainer: "pretrain" (bert_jax.train) or "finetune"
+(bert_jax.finetune.trainer, e.g. --config=experiments/configs/finetune.py:sst2).
+All logic lives there; this file only parses the two flags.
 Single config fields are overridden by flag, e.g. `--config.total_steps=1000`.
 """
 
@@ -12,6 +14,9 @@ from absl import logging
 from ml_collections import config_flags
 
 from bert_jax import train
+from bert_jax.finetune import trainer as finetune_trainer
+
+TRAINERS = {"pretrain": train.train_and_evaluate, "finetune": finetune_trainer.finetune}
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file[:variant].",
                                           lock_config=True)
@@ -21,14 +26,17 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-  """Runs the pretraining job described by --config in --workdir."""
+  """Runs the job described by --config in --workdir."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
   # orbax logs a dozen INFO lines per save; keep the terminal for progress and evaluation.
   logging.get_absl_handler().addFilter(
       lambda record: record.levelno >= std_logging.WARNING or "/orbax/" not in record.pathname)
-  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  config = _CONFIG.value
+  if config.family not in TRAINERS:
+    raise app.UsageError(f"config.family={config.family!r}: expected one of {sorted(TRAINERS)}")
+  TRAINERS[config.family](config, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -116,7 +116,8 @@ class Progress:
 def progress_line(step: int, total: int, scalars: dict[str, float]) -> str:
   """One terminal line: step, loss, accuracy, steps/s, tokens/s, ETA, MFU."""
   eta = scalars["eta_s"]
-  line = (f"step {step}/{total} loss {scalars['loss']:.4f} mlm_acc {scalars['mlm_accuracy']:.3f} "
+  accuracy = f" mlm_acc {scalars['mlm_accuracy']:.3f}" if "mlm_accuracy" in scalars else ""
+  line = (f"step {step}/{total} loss {scalars['loss']:.4f}{accuracy} "
           f"lr {scalars['learning_rate']:.2e} | {scalars['steps_per_s']:.2f} steps/s "
           f"{scalars['tokens_per_s']:.0f} tok/s ETA {int(eta) // 3600}h{int(eta) % 3600 // 60:02d}m"
           f"{int(eta) % 60:02d}s")

@@ -28,6 +28,7 @@ coordinator is discovered from the environment); nothing else changes.
 import ml_collections
 
 from data_pipeline import pretraining
+from experiments.configs import common
 
 VARIANTS = ("tiny", "base", "large", "roberta", "albert")
 
@@ -37,6 +38,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   if arg not in VARIANTS:
     raise ValueError(f"unknown pretrain variant {arg!r}; expected one of {VARIANTS}")
   config = ml_collections.ConfigDict()
+  config.family = "pretrain"  # tells bert_jax.main which trainer runs this config
   config.variant = arg  # recorded in config.json so a workdir says what it is
 
   # --- model ---
@@ -68,45 +70,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   config.grad_accum_steps = 1  # micro-batches per update; same update as the full batch
   config.total_steps = 1_000_000  # optimizer updates
   config.seed = 0  # parameter init and dropout
-  config.optimizer = ml_collections.ConfigDict()
-  config.optimizer.name = "adamw"  # "adamw" | "lamb"
-  config.optimizer.learning_rate = 1e-4  # peak learning rate
-  config.optimizer.warmup_steps = 10_000  # linear warmup from 0 to the peak
-  config.optimizer.decay_power = 1.0  # polynomial decay from peak to end_learning_rate; 1 = linear
-  config.optimizer.end_learning_rate = 0.0  # learning rate at total_steps
-  config.optimizer.decay_from_step0 = False  # True: google-research/bert schedule (decay spans warmup too)
-  config.optimizer.b1 = 0.9  # Adam beta1
-  config.optimizer.b2 = 0.999  # Adam beta2
-  config.optimizer.eps = 1e-6  # google-research/bert value
-  config.optimizer.weight_decay = 0.01  # decoupled; spared: LayerNorm and biases
-  config.optimizer.bias_correction = True  # False reproduces google-research/bert AdamWeightDecayOptimizer
-  config.optimizer.grad_clip_norm = 1.0  # global-norm clipping before the optimizer
+  config.optimizer = common.optimizer_config()
   config.skip_nonfinite_steps = False  # True: skip NaN/Inf updates instead of stopping
 
   # --- sharding ---
-  config.mesh = ml_collections.ConfigDict()
-  config.mesh.data = -1  # data-parallel axis; -1 takes the devices left over
-  config.mesh.fsdp = 1  # parameter/optimizer-state sharding axis (also splits the batch)
-  config.mesh.tensor = 1  # tensor-parallel axis (heads, mlp, vocab)
-  # Logical axis name -> mesh axes. A mesh axis is used once per array, so
-  # "embed" activations fall back to replicated when "batch" already took fsdp.
-  config.logical_axis_rules = [
-      ("batch", ("data", "fsdp")),
-      ("embed", "fsdp"),
-      ("heads", "tensor"),
-      ("mlp", "tensor"),
-      ("vocab", "tensor"),
-      ("kv", None),
-      ("length", None),
-      ("layers", None),
-      ("pos", None),
-      ("type", None),
-  ]
-  config.distributed = ml_collections.ConfigDict()
-  config.distributed.enabled = False  # call jax.distributed.initialize (multi-host)
-  config.distributed.coordinator_address = ""  # "host:port"; "" -> discovered from the environment
-  config.distributed.num_processes = 0  # 0 -> discovered from the environment
-  config.distributed.process_id = -1  # -1 -> discovered from the environment
+  common.add_sharding(config)
 
   # --- checkpoints, evaluation, logging ---
   config.init_checkpoint = ""  # used only when the workdir has no checkpoint; see bert_jax.convert

@@ -1,0 +1,438 @@
+"""Fine-tuning: one task, any checkpoint, the pretraining trainer's machinery.
+
+`finetune(config, workdir)` runs every (learning rate, seed) of the config
+(each in its own workdir when there are several) and writes summary.json:
+per learning rate the median, min, max and standard deviation over seeds of
+every dev metric, and the learning rate with the best median main metric.
+
+`finetune_run(config, workdir)` is one run, top to bottom in sections: mesh,
+checkpoint and tokenizer, task data, model and optimizer, shardings, step,
+restore, eval, loop. Mesh set-up, parameter/optimizer sharding, gradient
+accumulation, the update and where a run starts (resume > init_checkpoint >
+random) are bert_jax.state's, shared with pretraining; checkpoints are
+bert_jax.checkpoint's; metrics.jsonl and TensorBoard are bert_jax.metrics_io's.
+
+A run's workdir holds, beside pretraining's layout (config.json,
+bert_config.json, vocab.txt, checkpoints/, metrics.jsonl):
+  predictions/<step>/     dev predictions of every evaluation
+  best/                   the best evaluation by the task's main dev metric: its
+                          params (a workdir bert_jax.convert loads), metrics.json
+                          and predictions
+  result.json             final and best dev metrics
+"""
+
+import copy
+import functools
+import json
+import os
+import pathlib
+import shutil
+import signal
+import statistics
+from typing import Any
+
+from absl import logging
+import flax.linen as nn
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from bert_jax import checkpoint
+from bert_jax import metrics_io
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import sharding
+from bert_jax import state as state_lib
+from bert_jax.finetune import tasks as tasks_lib
+from bert_jax.finetune import tokenization
+
+TrainState = state_lib.TrainState
+BEST_DIR = "best"
+RESULT_FILE = "result.json"
+SUMMARY_FILE = "summary.json"
+
+
+def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *, task: Any,
+               grad_accum_steps: int, skip_nonfinite: bool) -> tuple[TrainState, dict]:
+  """One update on the global batch: the task loss, averaged over the batch's weight."""
+  step_rng = jax.random.fold_in(rng, state.step)
+  # The normaliser is the whole batch's weight, so micro-batch losses add up exactly.
+  total_weight = jnp.maximum(_batch_weight(task, batch), 1.0)
+
+  def loss_fn(params, micro, micro_rng):
+    out = state.apply_fn({"params": params}, *(micro[k] for k in tasks_lib.INPUTS),
+                         deterministic=False, rngs={"dropout": micro_rng})
+    loss_sum, weight = task.loss(out, micro)
+    return loss_sum / total_weight, {"loss_sum": loss_sum, "weight": weight}
+
+  (loss, sums), grads = state_lib.accumulated_grads(loss_fn, state.params, batch, step_rng,
+                                                    grad_accum_steps)
+  new_state, grad_norm, finite = state_lib.apply_update(state, grads, loss, skip_nonfinite)
+  return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite}
+
+
+def _batch_weight(task: Any, batch: dict[str, jax.Array]) -> jax.Array:
+  """What the task's loss is averaged over: labelled tokens for NER, else examples."""
+  if task.kind == "ner":
+    return jnp.sum(batch["label_weights"])
+  return jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+
+
+def eval_step(params: Any, batch: dict[str, jax.Array], *, apply_fn: Any, task: Any) -> dict:
+  """The task's kept outputs on one dev batch (deterministic)."""
+  out = apply_fn({"params": params}, *(batch[k] for k in tasks_lib.INPUTS), deterministic=True)
+  return task.outputs(out)
+
+
+def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Every (learning rate, seed) run of `config`; returns and writes the summary.
+
+  The summary's top-level "dev/..." entries are the medians over seeds of the
+  final dev metrics at the best learning rate; "per_seed" holds that learning
+  rate's runs, "spread" their min/max/std, "by_learning_rate" all of them.
+  """
+  learning_rates = list(config.learning_rates) or [config.optimizer.learning_rate]
+  seeds = list(config.seeds)
+  if not seeds:
+    raise ValueError("config.seeds is empty: give at least one seed")
+  several = len(learning_rates) * len(seeds) > 1
+  by_lr = {}
+  for lr in learning_rates:
+    runs = {}
+    for seed in seeds:
+      run_config = copy.deepcopy(config)
+      with run_config.unlocked():
+        run_config.optimizer.learning_rate = lr
+        run_config.seed = seed
+      run_dir = os.path.join(workdir, f"lr{lr:g}_seed{seed}") if several else workdir
+      runs[seed] = finetune_run(run_config, run_dir)["final"]
+    by_lr[f"{lr:g}"] = runs
+  main = "dev/" + _main_metric(config)
+  best_lr = max(by_lr, key=lambda lr: statistics.median(r[main] for r in by_lr[lr].values()))
+  runs = by_lr[best_lr]
+  keys = [k for k in next(iter(runs.values())) if k.startswith("dev")]
+  summary = {k: statistics.median(r[k] for r in runs.values()) for k in keys}
+  summary.update(
+      learning_rate=float(best_lr), main_metric=main, per_seed=runs,
+      spread={k: {"min": min(r[k] for r in runs.values()), "max": max(r[k] for r in runs.values()),
+                  "std": statistics.pstdev([r[k] for r in runs.values()])} for k in keys},
+      by_learning_rate={lr: {"median_" + main: statistics.median(r[main] for r in rs.values())}
+                        for lr, rs in by_lr.items()})
+  if jax.process_index() == 0:
+    pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
+    _write_json(pathlib.Path(workdir) / SUMMARY_FILE, summary)
+  logging.info("%s: %s median %.4f over seeds %s (lr %s)", config.task.name, main,
+               summary[main], seeds, best_lr)
+  return summary
+
+
+def _main_metric(config: ml_collections.ConfigDict) -> str:
+  """The task's main dev metric name, known before any data is read."""
+  if config.task.kind != "classification":
+    return "f1"
+  return tasks_lib.classification_spec(config.task).main_metric
+
+
+def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
+  """Refuses, before reading data or compiling, a config that cannot run."""
+  dp = sharding.data_parallel_size(mesh)
+  if config.num_epochs <= 0:
+    raise ValueError(f"config.num_epochs={config.num_epochs} must be positive")
+  if not 0.0 <= config.warmup_fraction < 1.0:
+    raise ValueError(f"config.warmup_fraction={config.warmup_fraction} not in [0, 1)")
+  if config.grad_accum_steps < 1:
+    raise ValueError(f"config.grad_accum_steps={config.grad_accum_steps} must be >= 1")
+  for name in ("batch_size", "eval_batch_size"):
+    size = config[name]
+    per = dp * (config.grad_accum_steps if name == "batch_size" else 1)
+    if size <= 0 or size % per or size % jax.process_count():
+      raise ValueError(f"config.{name}={size} must be a positive multiple of the data-parallel "
+                       f"size {dp}" + (f" x grad_accum_steps {config.grad_accum_steps}"
+                                       if name == "batch_size" else "")
+                       + f" and divide over {jax.process_count()} processes")
+  if config.max_seq_length < 8:
+    raise ValueError(f"config.max_seq_length={config.max_seq_length} is too short")
+  if not config.init_checkpoint and not (config.vocab_file or config.spm_model_file):
+    raise ValueError("fine-tuning from random initialisation needs config.vocab_file "
+                     "(or spm_model_file); with config.init_checkpoint it comes from the checkpoint")
+  if config.init_checkpoint and not os.path.exists(config.init_checkpoint):
+    raise ValueError(f"config.init_checkpoint={config.init_checkpoint!r} does not exist")
+
+
+def finetune_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, dict]:
+  """Fine-tunes one (learning rate, seed); resumes when the workdir has checkpoints.
+
+  Returns {"final": dev metrics of the last evaluation, "best": of the best one}.
+  """
+  # ----------------------------------------------------------------- mesh
+  mesh, rules = state_lib.setup_mesh(config, workdir)
+  check_config(config, mesh)
+
+  # ---------------------------------------------- checkpoint and tokenizer
+  head_name = tasks_lib.HEAD_NAMES.get(config.task.kind)
+  loaded = None
+  if config.init_checkpoint:
+    from bert_jax import convert  # pylint: disable=g-import-not-at-top  # only needed here
+    loaded = convert.load_for_finetuning(config.init_checkpoint, task_heads=(head_name,),
+                                         vocab_file=config.vocab_file or None)
+    loaded_config, _, _, vocab_path = loaded
+    if vocab_path is None and not config.spm_model_file:
+      raise ValueError(f"{config.init_checkpoint} has no vocab.txt; give config.vocab_file")
+    tokenizer = tokenization.load_word_tokenizer(
+        "" if config.spm_model_file else str(vocab_path), config.spm_model_file,
+        config.do_lower_case)
+    bert_config = loaded_config.replace(**config.model.to_dict())
+  else:
+    tokenizer = tokenization.load_word_tokenizer(config.vocab_file, config.spm_model_file,
+                                                 config.do_lower_case)
+    bert_config = model_lib.BertConfig.from_size(
+        config.model_size, vocab_size=len(tokenizer.vocab), **config.model.to_dict())
+  if len(tokenizer.vocab) > bert_config.vocab_size:
+    raise ValueError(f"the vocabulary has {len(tokenizer.vocab)} entries but the model "
+                     f"only {bert_config.vocab_size} embeddings")
+  if config.max_seq_length > bert_config.max_position_embeddings:
+    raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds the model's "
+                     f"max_position_embeddings={bert_config.max_position_embeddings}")
+
+  # ------------------------------------------------------------ task data
+  task = tasks_lib.build(config.task, bert_config, tokenizer, config.max_seq_length)
+  num_train = len(task.train["input_ids"])
+  steps_per_epoch = num_train // config.batch_size
+  if steps_per_epoch == 0:
+    raise ValueError(f"{num_train} training features are fewer than one batch "
+                     f"(config.batch_size={config.batch_size})")
+  total_steps = steps_per_epoch * config.num_epochs
+  logging.info("%s: %d train features, %d steps/epoch, %d steps; dev %s", task.name, num_train,
+               steps_per_epoch, total_steps,
+               {s: len(d.features["input_ids"]) for s, d in task.dev.items()})
+
+  # ----------------------------------------------------- model and optimizer
+  opt_config = copy.deepcopy(config.optimizer)
+  with opt_config.unlocked():
+    opt_config.warmup_steps = int(config.warmup_fraction * total_steps)
+  tx, lr_schedule = optim.make_optimizer(opt_config, total_steps)
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  model = task.model
+
+  def init_params(rng):
+    ids = jnp.zeros((1, config.max_seq_length), jnp.int32)
+    return model.init({"params": rng}, ids, ids, ids, deterministic=True)["params"]
+
+  # ------------------------------------------------------------- shardings
+  layout = state_lib.make_layout(model, init_params, tx, mesh, rules, init_rng)
+  with nn.logical_axis_rules(rules):
+    # ------------------------------------------------------------------ step
+    p_train_step = jax.jit(
+        functools.partial(train_step, task=task, grad_accum_steps=config.grad_accum_steps,
+                          skip_nonfinite=config.skip_nonfinite_steps),
+        in_shardings=(layout.state, layout.batch, layout.replicated),
+        out_shardings=(layout.state, layout.replicated), donate_argnums=(0,))
+    p_eval_step = jax.jit(functools.partial(eval_step, apply_fn=model.apply, task=task),
+                          in_shardings=(layout.params, layout.batch),
+                          out_shardings=layout.replicated)
+
+    # --------------------------------------------------------------- restore
+    manager = checkpoint.make_manager(workdir, config.checkpoint)
+    load_init = None
+    if loaded is not None:
+      load_init = functools.partial(_merge_pretrained, loaded, bert_config, head_name,
+                                    config.init_checkpoint)
+    state, _ = state_lib.start(manager, layout, model, tx, init_rng, load_init,
+                               config.init_checkpoint)
+    step = int(state.step)
+    checkpoint.write_run_files(workdir, config, bert_config, tokenizer.vocab_file
+                               if not config.spm_model_file else None)
+    best = _Best(pathlib.Path(workdir), config, bert_config, tokenizer)
+
+    # ------------------------------------------------------------------ eval
+    writer = metrics_io.MetricWriter(workdir)
+
+    def evaluate(at_step: int) -> dict[str, float]:
+      result, predictions = {}, {}
+      for split, dev in task.dev.items():
+        outputs = _predict(p_eval_step, state.params, dev.features, config.eval_batch_size,
+                           mesh)
+        metrics, predictions[split] = dev.score(outputs)
+        prefix = "dev" if len(task.dev) == 1 else f"dev_{split}"
+        result.update({f"{prefix}/{k}": float(v) for k, v in metrics.items()})
+      writer.write(at_step, result)
+      logging.info("dev at step %d: %s", at_step,
+                   " ".join(f"{k} {v:.4f}" for k, v in result.items()))
+      if jax.process_index() == 0:
+        out = pathlib.Path(workdir) / "predictions" / str(at_step)
+        for split, rows in predictions.items():
+          tasks_lib.write_predictions(task, out, split, rows)
+      main = next(v for k, v in result.items() if k.endswith("/" + task.main_metric))
+      best.update(at_step, main, result, state.params, pathlib.Path(workdir) / "predictions"
+                  / str(at_step))
+      return result
+
+    # ------------------------------------------------------------------ loop
+    preempted = []
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
+    progress = metrics_io.Progress(total_steps, step)
+    eval_every = config.eval_every_steps or steps_per_epoch
+    history = []
+    result = None
+    try:
+      if step == 0 and config.eval_at_start:
+        result = evaluate(step)
+      while step < total_steps:
+        local = _train_batch(task.train, step, steps_per_epoch, config)
+        state, metrics = p_train_step(state, sharding.global_batch(local, mesh), dropout_rng)
+        step += 1
+        history.append(metrics)
+        stop = bool(preempted)
+        if jax.process_count() > 1:  # every host must agree to stop at the same step
+          stop = bool(multihost_utils.process_allgather(np.asarray(stop)).any())
+        if step % config.log_every_steps == 0 or step == total_steps:
+          m = jax.device_get(history)
+          history.clear()
+          if not all(h["finite"] for h in m) and not config.skip_nonfinite_steps:
+            raise FloatingPointError(
+                f"non-finite loss or gradient before step {step}; last good checkpoint: step "
+                f"{manager.latest_step()} in {manager.directory}")
+          scalars = {"loss": float(np.mean([h["loss"] for h in m])),
+                     "grad_norm": float(np.mean([h["grad_norm"] for h in m])),
+                     "learning_rate": float(lr_schedule(step - 1))}
+          scalars.update(progress.measure(step, local["input_ids"].size * jax.process_count(),
+                                          0.0, None))
+          writer.write(step, scalars)
+          logging.info("%s", metrics_io.progress_line(step, total_steps, scalars))
+        evaluated = step % eval_every == 0 or step == total_steps
+        if evaluated:
+          result = evaluate(step)
+        if step % config.checkpoint.every_steps == 0 or evaluated or stop:
+          checkpoint.save(manager, step, {"params": state.params, "opt_state": state.opt_state,
+                                          "step": state.step}, {"step": step}, force=True)
+          if evaluated and jax.process_index() == 0:
+            # Written after the evaluation it reports; on resume it is re-read.
+            _write_json(pathlib.Path(workdir) / RESULT_FILE,
+                        {"final": result, "best": best.metrics, "step": step})
+        if stop:
+          logging.info("SIGTERM: saved step %d, exiting", step)
+          break
+      if result is None and not preempted:  # resumed after the last step: its evaluation may not be on record
+        result = _read_json(pathlib.Path(workdir) / RESULT_FILE).get("final") or evaluate(step)
+    finally:
+      manager.wait_until_finished()
+      manager.close()
+      best.close()
+      writer.close()
+      signal.signal(signal.SIGTERM, previous_handler)
+  return {"final": result or {}, "best": best.metrics}
+
+
+def _merge_pretrained(loaded: tuple, bert_config: model_lib.BertConfig, head_name: str,
+                      source: str, fresh: dict) -> dict:
+  """`fresh` task-model params with the checkpoint's encoder (and task head, if any) in."""
+  loaded_config, encoder, found_heads, _ = loaded
+  state_lib.check_architecture(loaded_config, bert_config, f"config.init_checkpoint={source!r}")
+  params = dict(fresh)
+  params["bert"] = state_lib.merge_params(
+      fresh["bert"], state_lib.stack_if_scanned(encoder, bert_config), "bert")
+  if head_name in found_heads:
+    head = found_heads[head_name]
+    for leaf, value in fresh[head_name].items():
+      if leaf not in head or np.shape(head[leaf]) != np.shape(value):
+        raise ValueError(
+            f"config.init_checkpoint={source!r} holds a task head {head_name!r} whose {leaf} "
+            f"has shape {np.shape(head.get(leaf))}, but this task's head needs "
+            f"{np.shape(value)} (a different number of labels?); fine-tune from the "
+            "pretrained checkpoint instead, or export the encoder alone")
+    params[head_name] = jax.tree.map(lambda v: np.asarray(v, np.float32), head)
+    logging.info("loaded the task head %r from %s", head_name, source)
+  return params
+
+
+def _train_batch(features: dict[str, np.ndarray], step: int, steps_per_epoch: int,
+                 config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+  """This host's rows of the global batch of `step`: a fixed function of (seed, step),
+  so a resumed run sees exactly the batches it would have seen."""
+  epoch, index = divmod(step, steps_per_epoch)
+  order = np.random.default_rng([config.seed, epoch]).permutation(len(features["input_ids"]))
+  rows = order[index * config.batch_size:(index + 1) * config.batch_size]
+  per_host = config.batch_size // jax.process_count()
+  rows = rows[jax.process_index() * per_host:(jax.process_index() + 1) * per_host]
+  return {k: v[rows] for k, v in features.items() if k in _TRAIN_KEYS}
+
+
+# Features the loss reads; bookkeeping arrays (word_ids, unique_ids, ...) stay on the host.
+_TRAIN_KEYS = ("input_ids", "input_mask", "segment_ids", "label_ids", "label_weights",
+               "start_positions", "end_positions")
+
+
+def _predict(p_eval_step, params, features: dict[str, np.ndarray], eval_batch_size: int,
+             mesh) -> dict[str, np.ndarray]:
+  """Outputs for every feature row, in order: the last batch is padded and trimmed."""
+  n = len(features["input_ids"])
+  per_host = eval_batch_size // jax.process_count()
+  outputs = []
+  for start in range(0, n, eval_batch_size):
+    batch = {}
+    for k in tasks_lib.INPUTS:
+      rows = features[k][start:start + eval_batch_size]
+      pad = eval_batch_size - len(rows)
+      rows = np.concatenate([rows, np.zeros((pad,) + rows.shape[1:], rows.dtype)])
+      batch[k] = rows[jax.process_index() * per_host:(jax.process_index() + 1) * per_host]
+    out = jax.device_get(p_eval_step(params, sharding.global_batch(batch, mesh)))
+    outputs.append({k: v[:min(eval_batch_size, n - start)] for k, v in out.items()})
+  return {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
+
+
+class _Best:
+  """The best evaluation so far by the main dev metric: params, metrics, predictions.
+
+  Kept in workdir/best as a workdir of its own (bert_config.json, vocab.txt,
+  checkpoints/<step>), so bert_jax.convert and this trainer's init_checkpoint
+  load it; metrics.json records the score, so a resumed run keeps comparing
+  against it.
+  """
+
+  def __init__(self, workdir: pathlib.Path, config, bert_config, tokenizer):
+    self.dir = workdir / BEST_DIR
+    self.dir.mkdir(parents=True, exist_ok=True)
+    best_ckpt = copy.deepcopy(config.checkpoint)
+    with best_ckpt.unlocked():
+      best_ckpt.keep, best_ckpt.keep_period = 1, 0
+    self.manager = checkpoint.make_manager(str(self.dir), best_ckpt)
+    checkpoint.write_run_files(str(self.dir), config, bert_config,
+                               None if config.spm_model_file else tokenizer.vocab_file)
+    record = _read_json(self.dir / "metrics.json")
+    # Only trust a record whose checkpoint is complete (a kill can fall between the two).
+    if record and record.get("step") == self.manager.latest_step():
+      self.metrics, self.score = record["metrics"], record["score"]
+    else:
+      self.metrics, self.score = {}, None
+
+  def update(self, step: int, score: float, metrics: dict, params: Any,
+             predictions_dir: pathlib.Path) -> None:
+    if self.score is not None and not score > self.score:
+      return
+    self.score, self.metrics = score, {**metrics, "step": step}
+    checkpoint.save(self.manager, step, {"params": params}, {"step": step}, force=True)
+    self.manager.wait_until_finished()
+    if jax.process_index() == 0:
+      target = self.dir / "predictions"
+      shutil.rmtree(target, ignore_errors=True)
+      if predictions_dir.exists():
+        shutil.copytree(predictions_dir, target)
+      _write_json(self.dir / "metrics.json",
+                  {"step": step, "score": score, "metrics": self.metrics})
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def _write_json(path: pathlib.Path, content: Any) -> None:
+  """Writes JSON atomically: a kill leaves the old file or the new one, never half."""
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(json.dumps(content, indent=2, ensure_ascii=False))
+  tmp.replace(path)
+
+
+def _read_json(path: pathlib.Path) -> dict:
+  return json.loads(path.read_text()) if path.exists() else {}

@@ -1,0 +1,53 @@
+"""Config blocks every experiment family shares (one definition of each default).
+
+optimizer_config()   optax AdamW / LAMB fields read by bert_jax.optim
+add_sharding(config) device mesh, logical-axis rules and multi-host fields read by
+                     bert_jax.sharding and bert_jax.state
+"""
+
+import ml_collections
+
+
+def optimizer_config() -> ml_collections.ConfigDict:
+  """The optimizer fields; families set learning_rate and warmup for their recipe."""
+  c = ml_collections.ConfigDict()
+  c.name = "adamw"  # "adamw" | "lamb"
+  c.learning_rate = 1e-4  # peak learning rate
+  c.warmup_steps = 10_000  # linear warmup from 0 to the peak
+  c.decay_power = 1.0  # polynomial decay from peak to end_learning_rate; 1 = linear
+  c.end_learning_rate = 0.0  # learning rate at total_steps
+  c.decay_from_step0 = False  # True: google-research/bert schedule (decay spans warmup too)
+  c.b1 = 0.9  # Adam beta1
+  c.b2 = 0.999  # Adam beta2
+  c.eps = 1e-6  # google-research/bert value
+  c.weight_decay = 0.01  # decoupled; spared: LayerNorm and biases
+  c.bias_correction = True  # False reproduces google-research/bert AdamWeightDecayOptimizer
+  c.grad_clip_norm = 1.0  # global-norm clipping before the optimizer
+  return c
+
+
+def add_sharding(config: ml_collections.ConfigDict) -> None:
+  """Adds config.mesh, config.logical_axis_rules and config.distributed."""
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.data = -1  # data-parallel axis; -1 takes the devices left over
+  config.mesh.fsdp = 1  # parameter/optimizer-state sharding axis (also splits the batch)
+  config.mesh.tensor = 1  # tensor-parallel axis (heads, mlp, vocab)
+  # Logical axis name -> mesh axes. A mesh axis is used once per array, so
+  # "embed" activations fall back to replicated when "batch" already took fsdp.
+  config.logical_axis_rules = [
+      ("batch", ("data", "fsdp")),
+      ("embed", "fsdp"),
+      ("heads", "tensor"),
+      ("mlp", "tensor"),
+      ("vocab", "tensor"),
+      ("kv", None),
+      ("length", None),
+      ("layers", None),
+      ("pos", None),
+      ("type", None),
+  ]
+  config.distributed = ml_collections.ConfigDict()
+  config.distributed.enabled = False  # call jax.distributed.initialize (multi-host)
+  config.distributed.coordinator_address = ""  # "host:port"; "" -> discovered from the environment
+  config.distributed.num_processes = 0  # 0 -> discovered from the environment
+  config.distributed.process_id = -1  # -1 -> discovered from the environment

