@@ -39,8 +39,8 @@ run; training loss 0.70 -> 0.66 over the 62 steps. The dev majority class is
 0.55, so at this budget the model is only just learning, and F1 swings with
 where the head's boundary falls: read F1 verdicts with that in mind. About 61%
 of the pieces are [UNK] (the uncased vocabulary has few of these CJK
-characters), which is what makes the task hard for MiniLM; both sides see the
-identical features.
+characters), which is what makes the task hard for MiniLM; both sides get the
+same examples (ours tokenizes with its own WordPiece code).
 
 Wall time is the whole run on this machine: loading the checkpoint,
 featurising, compiling, training and evaluating. Shared CPUs are noisy; the
