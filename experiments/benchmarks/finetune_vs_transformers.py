@@ -44,8 +44,8 @@ same examples, and our WordPiece code gives the reference's token ids on all
 1,800 of them. Ours at the trainer's first commit, same settings: accuracy
 0.5887 / 0.5938 / 0.6088, F1 0.240 / 0.321 / 0.411, about 235-255 s a run;
 median differences -0.017 accuracy and -0.195 F1, each just inside the larger
-spread (0.020, 0.200): "within seed noise" on three seeds, but ours is lower
-on every accuracy median and predicts "pos" less often; more seeds or a
+spread (0.020, 0.200): "within seed noise" on three seeds, but our medians are
+lower on both metrics and ours predicts "pos" less often; more seeds or a
 budget the model learns from would make this a sharper test.
 
 Wall time is the whole run on this machine: loading the checkpoint,
