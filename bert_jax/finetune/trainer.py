@@ -335,7 +335,7 @@ def _merge_pretrained(loaded: tuple, bert_config: model_lib.BertConfig, head_nam
       fresh["bert"], state_lib.stack_if_scanned(encoder, bert_config), "bert")
   if head_name in found_heads:
     head = found_heads[head_name]
-    for leaf, value in fresh[head_name].items():
+    for leaf, value in sorted(fresh[head_name].items(), key=lambda kv: kv[0] != "kernel"):
       if leaf not in head or np.shape(head[leaf]) != np.shape(value):
         raise ValueError(
             f"config.init_checkpoint={source!r} holds a task head {head_name!r} whose {leaf} "

@@ -1,0 +1,226 @@
+"""Tests of the fine-tuning trainer (bert_jax/finetune/trainer.py) end to end.
+
+The toy task is learnable only by reading the text: a sentence is "pos" when
+it contains "river", and half of them do. Sentences come from the word list
+of the pretraining test corpus (conftest.pretrain_test_config), so the tiny
+pretraining run of conftest can be the checkpoint fine-tuned from.
+"""
+
+import json
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import checkpoint
+from bert_jax import convert
+from bert_jax.finetune import trainer
+from experiments.configs import finetune as finetune_configs
+
+
+@pytest.fixture(scope="module")
+def toy_files(pretrain_test_config, tmp_path_factory) -> dict[str, pathlib.Path]:
+  """train.tsv (256 rows), dev.tsv (64 rows), a 3-label train/dev pair and the vocab."""
+  vocab = pathlib.Path(pretrain_test_config().data.vocab_file)
+  words = [w for w in vocab.read_text().split("\n")
+           if w and not w.startswith("[") and w not in (".", "river")]
+  rng = np.random.default_rng(0)
+  root = tmp_path_factory.mktemp("toy_task")
+
+  def write(name, n, classes=2):
+    rows = ["sentence\tlabel"]
+    for i in range(n):
+      sentence = list(rng.choice(words, size=int(rng.integers(4, 10))))
+      label = i % classes
+      if label == 1:
+        sentence.insert(int(rng.integers(0, len(sentence))), "river")
+      rows.append(" ".join(sentence) + f"\t{['neg', 'pos', 'mid'][label]}")
+    (root / name).write_text("\n".join(rows) + "\n")
+    return root / name
+  return {"train": write("train.tsv", 256), "dev": write("dev.tsv", 64),
+          "train3": write("train3.tsv", 96, 3), "dev3": write("dev3.tsv", 24, 3), "vocab": vocab}
+
+
+def toy_config(files, **overrides):
+  """finetune.py:custom on the toy task: tiny model, length 16, batch 16, 2 epochs."""
+  config = finetune_configs.get_config("custom")
+  config.task.train_file = str(files["train"])
+  config.task.dev_file = str(files["dev"])
+  config.task.labels = "neg,pos"
+  config.task.positive_label = "pos"
+  config.vocab_file = str(files["vocab"])
+  config.model_size = "tiny"
+  config.max_seq_length = 16
+  config.batch_size = 16
+  config.eval_batch_size = 16
+  config.num_epochs = 2
+  config.optimizer.learning_rate = 1e-3
+  config.log_every_steps = 4
+  config.checkpoint.every_steps = 4
+  config.update_from_flattened_dict(overrides)
+  return config
+
+
+def _records(workdir) -> list[dict]:
+  return [json.loads(l) for l in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def seed_runs(toy_files, tmp_path_factory):
+  """Workdir and summary of the toy task fine-tuned with seeds 0 and 1 (default mesh)."""
+  workdir = tmp_path_factory.mktemp("seed_runs")
+  summary = trainer.finetune(toy_config(toy_files, seeds=(0, 1), eval_at_start=True),
+                             str(workdir))
+  return workdir, summary
+
+
+def test_learns_the_task_over_seeds_and_writes_every_output(seed_runs):
+  workdir, summary = seed_runs
+  assert sorted(summary["per_seed"]) == [0, 1]
+  for seed in (0, 1):
+    run = workdir / f"lr0.001_seed{seed}"
+    evals = [r for r in _records(run) if "dev/accuracy" in r]
+    # Step 0 (untrained head) guesses; one epoch = 16 steps later it reads the text.
+    assert [r["step"] for r in evals] == [0, 16, 32]
+    assert evals[0]["dev/accuracy"] < 0.75
+    assert evals[-1]["dev/accuracy"] >= 0.95, evals
+    result = json.loads((run / "result.json").read_text())
+    assert result["final"]["dev/accuracy"] == evals[-1]["dev/accuracy"]
+    best = json.loads((run / "best" / "metrics.json").read_text())
+    assert best["score"] == max(r["dev/accuracy"] for r in evals)
+    rows = [json.loads(l) for l in (run / "predictions" / "32" / "dev_predictions.jsonl")
+            .read_text().splitlines()]
+    assert len(rows) == 64 and {r["prediction"] for r in rows} <= {"neg", "pos"}
+    assert sum(r["prediction"] == r["label"] for r in rows) / 64 == evals[-1]["dev/accuracy"]
+    # The best checkpoint is a workdir bert_jax.convert reads, task head included.
+    _, _, heads, vocab = convert.load_for_finetuning(run / "best", task_heads=("classifier",))
+    assert heads["classifier"]["kernel"].shape == (128, 2) and vocab.name == "vocab.txt"
+
+  accuracies = [summary["per_seed"][s]["dev/accuracy"] for s in (0, 1)]
+  assert summary["dev/accuracy"] == pytest.approx(np.median(accuracies))
+  assert summary["spread"]["dev/accuracy"]["min"] == min(accuracies)
+  assert json.loads((workdir / "summary.json").read_text())["main_metric"] == "dev/accuracy"
+
+
+def test_refuses_impossible_configs_before_reading_data(toy_files, tmp_path):
+  cases = [({"vocab_file": ""}, "needs config.vocab_file"),
+           ({"num_epochs": 0}, "num_epochs=0"),
+           ({"batch_size": 12}, "batch_size=12 must be a positive multiple of the data-parallel "
+                                "size 8"),
+           ({"init_checkpoint": str(tmp_path / "nope")}, "does not exist"),
+           ({"seeds": ()}, "config.seeds is empty")]
+  for overrides, message in cases:
+    with pytest.raises(ValueError, match=message):
+      trainer.finetune(toy_config(toy_files, **overrides), str(tmp_path / "run"))
+  assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_meshes_agree(seed_runs, toy_files, tmp_path):
+  """8 devices as (8,1,1) (seed_runs) and as data 2 x fsdp 2 x tensor 2 train the same model."""
+  reference = seed_runs[0] / "lr0.001_seed0"
+  config = toy_config(toy_files, eval_at_start=True,
+                      **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2})
+  trainer.finetune(config, str(tmp_path))
+  for name in ("", "best"):
+    _, expected = checkpoint.load_params_from_workdir(str(reference / name))
+    _, params = checkpoint.load_params_from_workdir(str(tmp_path / name))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+                 params, expected)
+  losses = [[r["loss"] for r in _records(d) if "loss" in r] for d in (reference, tmp_path)]
+  np.testing.assert_allclose(losses[0], losses[1], rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_kill_at_any_moment_then_resume_is_exact(seed_runs, toy_files, tmp_path):
+  """kill -9 after the first checkpoint, run the same command again: the end is
+  bit-identical to seed 0 of seed_runs, which ran uninterrupted."""
+  def start(workdir):
+    config = toy_config(toy_files, eval_at_start=True)
+    config_file = workdir.parent / f"{workdir.name}.json"
+    config_file.write_text(config.to_json())
+    log = open(workdir.parent / f"{workdir.name}.log", "ab")
+    code = ("import sys, ml_collections, json; from bert_jax.finetune import trainer; "
+            "c = ml_collections.ConfigDict(json.load(open(sys.argv[1]))); "
+            "trainer.finetune(c, sys.argv[2])")
+    return subprocess.Popen([sys.executable, "-c", code, str(config_file), str(workdir)],
+                            stdout=log, stderr=subprocess.STDOUT)
+
+  reference, killed = seed_runs[0] / "lr0.001_seed0", tmp_path / "killed"
+  process = start(killed)
+  deadline = time.time() + 300
+  while not (killed / "checkpoints" / "8").exists():
+    assert process.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+    assert time.time() < deadline
+    time.sleep(0.005)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  assert not (killed / "result.json").exists() or json.loads(
+      (killed / "result.json").read_text())["step"] < 32, "finished before the kill"
+  assert start(killed).wait(timeout=600) == 0, (tmp_path / "killed.log").read_text()[-3000:]
+
+  _, expected = checkpoint.load_params_from_workdir(str(reference))
+  _, resumed = checkpoint.load_params_from_workdir(str(killed))
+  jax.tree.map(np.testing.assert_array_equal, resumed, expected)
+  for name in ("result.json", "best/metrics.json"):
+    assert (json.loads((killed / name).read_text())
+            == json.loads((reference / name).read_text())), name
+
+
+@pytest.mark.slow
+def test_init_from_pretraining_then_task_heads(toy_files, pretrain_reference_run, tmp_path):
+  """The pretraining workdir's encoder goes in as is, its MLM/NSP heads are dropped;
+  a fine-tuned checkpoint's head is reused when it fits and refused by name when not."""
+  config = toy_config(toy_files, init_checkpoint=str(pretrain_reference_run), num_epochs=1,
+                      **{"optimizer.learning_rate": 0.0, "optimizer.weight_decay": 0.0,
+                         "task.max_train_examples": 32})
+  trainer.finetune(config, str(tmp_path / "frozen"))
+  _, pretrained = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
+  _, tuned = checkpoint.load_params_from_workdir(str(tmp_path / "frozen" / "best"))
+  # Learning rate 0: the encoder is the checkpoint's exactly, the head a fresh init.
+  jax.tree.map(np.testing.assert_array_equal, tuned["bert"], pretrained["bert"])
+  assert set(tuned) == {"bert", "classifier"}
+
+  # The same task from the fine-tuned checkpoint: its head is loaded, not re-drawn.
+  loaded = convert.load_for_finetuning(tmp_path / "frozen" / "best", task_heads=("classifier",))
+  fresh = jax.tree.map(np.zeros_like, tuned)
+  merged = trainer._merge_pretrained(loaded, loaded[0], "classifier", "best", fresh)
+  jax.tree.map(np.testing.assert_array_equal, merged, tuned)
+
+  # A 3-label task cannot take the 2-label head: refused, naming it.
+  three = toy_config(toy_files, init_checkpoint=str(tmp_path / "frozen" / "best"),
+                     **{"task.train_file": str(toy_files["train3"]),
+                        "task.dev_file": str(toy_files["dev3"]), "task.labels": "neg,pos,mid"})
+  with pytest.raises(ValueError, match=r"task head 'classifier' whose kernel has shape "
+                                       r"\(64, 2\).*needs \(64, 3\)"):
+    trainer.finetune(three, str(tmp_path / "three"))
+
+
+def test_hf_directory_with_a_classifier_head(minilm_dir, tmp_path):
+  """A transformers BertForSequenceClassification directory: encoder as load_pretrained
+  reads it, the PyTorch-layout classifier [labels, H] transposed into our kernel."""
+  from safetensors.numpy import load_file, save_file  # test-only dependency
+  _, encoder_ref, _ = convert.load_pretrained(minilm_dir, target="encoder",
+                                              allow_missing_heads=True)
+  _, encoder, heads, _ = convert.load_for_finetuning(minilm_dir, task_heads=("classifier",))
+  jax.tree.map(np.testing.assert_array_equal, encoder, encoder_ref)
+  assert heads == {}
+
+  tensors = load_file(str(minilm_dir / "model.safetensors"))
+  weight = np.random.default_rng(0).normal(size=(3, 384)).astype(np.float32)
+  tensors.update({"classifier.weight": weight, "classifier.bias": np.arange(3, dtype=np.float32)})
+  for name in ("config.json", "vocab.txt"):
+    shutil.copy(minilm_dir / name, tmp_path / name)
+  save_file(tensors, str(tmp_path / "model.safetensors"))
+  _, _, heads, _ = convert.load_for_finetuning(tmp_path, task_heads=("classifier",))
+  np.testing.assert_array_equal(heads["classifier"]["kernel"], weight.T)
+  np.testing.assert_array_equal(heads["classifier"]["bias"], [0, 1, 2])
+  # Without asking for the head, the strict loader still names the stray tensor.
+  with pytest.raises(ValueError, match="unused tensors.*classifier.weight"):
+    convert.load_pretrained(tmp_path, target="encoder")
