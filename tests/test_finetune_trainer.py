@@ -7,6 +7,7 @@ pretraining run of conftest can be the checkpoint fine-tuned from.
 """
 
 import json
+import os
 import pathlib
 import shutil
 import signal
@@ -20,6 +21,7 @@ import pytest
 
 from bert_jax import checkpoint
 from bert_jax import convert
+from bert_jax.finetune import squad
 from bert_jax.finetune import trainer
 from experiments.configs import finetune as finetune_configs
 
@@ -224,3 +226,46 @@ def test_hf_directory_with_a_classifier_head(minilm_dir, tmp_path):
   # Without asking for the head, the strict loader still names the stray tensor.
   with pytest.raises(ValueError, match="unused tensors.*classifier.weight"):
     convert.load_pretrained(tmp_path, target="encoder")
+
+
+@pytest.mark.slow
+def test_squad_and_conll_fixtures_are_memorised(allennlp_fixtures, uncased_vocab, tmp_path):
+  """Train = dev on the real allennlp fixtures: a working loss, label alignment and
+  post-processing let even the tiny model reach EM 100 / entity F1 1.0; a shifted
+  target or a wrong first-piece label would not."""
+  squad_config = finetune_configs.get_config("squad_v1")
+  conll_config = finetune_configs.get_config("conll")
+  # 2 CoNLL sentences; repeated so that one batch of 8 (the data-parallel size) fits.
+  conll_train = tmp_path / "conll_train.txt"
+  conll_train.write_text(((allennlp_fixtures / "conll2003.txt").read_text().strip() + "\n\n") * 4)
+  for config, overrides in (
+      (squad_config, {"task.train_file": allennlp_fixtures / "squad.json",
+                      "task.dev_file": allennlp_fixtures / "squad.json",
+                      "max_seq_length": 128, "task.doc_stride": 32, "num_epochs": 60}),
+      (conll_config, {"task.train_file": conll_train,
+                      "task.dev_file": allennlp_fixtures / "conll2003.txt",
+                      "task.scheme": "iob1", "max_seq_length": 16, "task.doc_stride": 4,
+                      "num_epochs": 15})):
+    config.update_from_flattened_dict({k: str(v) if isinstance(v, pathlib.Path) else v
+                                       for k, v in overrides.items()})
+    config.vocab_file = str(uncased_vocab)
+    config.model_size = "tiny"
+    config.batch_size = config.eval_batch_size = 8
+    config.optimizer.learning_rate = 2e-3
+    config.eval_every_steps = 1000  # only at the end
+
+  summary = trainer.finetune(squad_config, str(tmp_path / "squad"))
+  assert summary["dev/exact_match"] == 100.0 and summary["dev/f1"] == 100.0
+  predictions = json.loads((tmp_path / "squad" / "predictions" / "60" / "predictions.json")
+                           .read_text())
+  questions = squad.read_squad(allennlp_fixtures / "squad.json", is_training=False)
+  assert sorted(predictions) == sorted(q.qas_id for q in questions)
+  assert "nbest_predictions.json" in os.listdir(
+      tmp_path / "squad" / "best" / "predictions")
+
+  summary = trainer.finetune(conll_config, str(tmp_path / "conll"))
+  assert summary["dev/f1"] == 1.0
+  rows = [json.loads(l) for l in next((tmp_path / "conll" / "predictions").glob(
+      "*/dev_predictions.jsonl")).read_text().splitlines()]
+  # Sentences longer than one 14-piece window: every word still gets its gold tag.
+  assert all(r["prediction"] == r["gold"] for r in rows) and len(rows) == 2
