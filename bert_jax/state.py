@@ -42,7 +42,8 @@ def setup_mesh(config: ml_collections.ConfigDict,
 
   Returns (mesh, logical axis rules as flax wants them).
   """
-  if config.distributed.enabled:
+  # Fine-tuning sweeps set up one run after another in the same processes.
+  if config.distributed.enabled and not jax.distributed.is_initialized():
     kwargs = {"coordinator_address": config.distributed.coordinator_address or None,
               "num_processes": config.distributed.num_processes or None,
               "process_id": None if config.distributed.process_id < 0

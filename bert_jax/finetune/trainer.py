@@ -107,9 +107,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         run_config.optimizer.learning_rate = lr
         run_config.seed = seed
       run_dir = os.path.join(workdir, f"lr{lr:g}_seed{seed}") if several else workdir
-      runs[seed] = finetune_run(run_config, run_dir)["final"]
+      run = finetune_run(run_config, run_dir)
+      if run["preempted"]:  # SIGTERM: the run saved; the same command resumes the sweep
+        return {"preempted": True}
+      runs[seed] = run["final"]
     by_lr[f"{lr:g}"] = runs
-  main = "dev/" + _main_metric(config)
+  first = next(iter(next(iter(by_lr.values())).values()))
+  main = _main_key(first, _main_metric(config))
   best_lr = max(by_lr, key=lambda lr: statistics.median(r[main] for r in by_lr[lr].values()))
   runs = by_lr[best_lr]
   keys = [k for k in next(iter(runs.values())) if k.startswith("dev")]
@@ -126,6 +130,11 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   logging.info("%s: %s median %.4f over seeds %s (lr %s)", config.task.name, main,
                summary[main], seeds, best_lr)
   return summary
+
+
+def _main_key(metrics: dict[str, float], main_metric: str) -> str:
+  """The key of the main metric: "dev/<metric>", or the first dev split's (MNLI matched)."""
+  return next(k for k in metrics if k.endswith("/" + main_metric))
 
 
 def _main_metric(config: ml_collections.ConfigDict) -> str:
@@ -164,7 +173,8 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
 def finetune_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, dict]:
   """Fine-tunes one (learning rate, seed); resumes when the workdir has checkpoints.
 
-  Returns {"final": dev metrics of the last evaluation, "best": of the best one}.
+  Returns {"final": dev metrics of the last evaluation, "best": of the best one,
+  "preempted": whether SIGTERM stopped it (after saving)}.
   """
   # ----------------------------------------------------------------- mesh
   mesh, rules = state_lib.setup_mesh(config, workdir)
@@ -255,7 +265,7 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, d
         outputs = _predict(p_eval_step, state.params, dev.features, config.eval_batch_size,
                            mesh)
         metrics, predictions[split] = dev.score(outputs)
-        prefix = "dev" if len(task.dev) == 1 else f"dev_{split}"
+        prefix = "dev" if len(task.dev) == 1 else split  # MNLI: dev_matched, dev_mismatched
         result.update({f"{prefix}/{k}": float(v) for k, v in metrics.items()})
       writer.write(at_step, result)
       logging.info("dev at step %d: %s", at_step,
@@ -264,8 +274,7 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, d
         out = pathlib.Path(workdir) / "predictions" / str(at_step)
         for split, rows in predictions.items():
           tasks_lib.write_predictions(task, out, split, rows)
-      main = next(v for k, v in result.items() if k.endswith("/" + task.main_metric))
-      best.update(at_step, main, result, state.params, pathlib.Path(workdir) / "predictions"
+      best.update(at_step, result[_main_key(result, task.main_metric)], result, state.params, pathlib.Path(workdir) / "predictions"
                   / str(at_step))
       return result
 
@@ -287,13 +296,18 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, d
         stop = bool(preempted)
         if jax.process_count() > 1:  # every host must agree to stop at the same step
           stop = bool(multihost_utils.process_allgather(np.asarray(stop)).any())
-        if step % config.log_every_steps == 0 or step == total_steps:
+        evaluated = step % eval_every == 0 or step == total_steps
+        save_now = step % config.checkpoint.every_steps == 0 or evaluated or stop
+        log_now = step % config.log_every_steps == 0 or step == total_steps
+        if log_now or save_now:  # never save (or evaluate) a state that went non-finite
           m = jax.device_get(history)
-          history.clear()
           if not all(h["finite"] for h in m) and not config.skip_nonfinite_steps:
             raise FloatingPointError(
-                f"non-finite loss or gradient before step {step}; last good checkpoint: step "
-                f"{manager.latest_step()} in {manager.directory}")
+                f"non-finite loss or gradient at or before step {step}; stopped without "
+                f"saving, last good checkpoint: step {manager.latest_step()} in "
+                f"{manager.directory} (config.skip_nonfinite_steps=True skips such steps)")
+        if log_now:
+          history.clear()
           scalars = {"loss": float(np.mean([h["loss"] for h in m])),
                      "grad_norm": float(np.mean([h["grad_norm"] for h in m])),
                      "learning_rate": float(lr_schedule(step - 1))}
@@ -301,10 +315,9 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, d
                                           0.0, None))
           writer.write(step, scalars)
           logging.info("%s", metrics_io.progress_line(step, total_steps, scalars))
-        evaluated = step % eval_every == 0 or step == total_steps
         if evaluated:
           result = evaluate(step)
-        if step % config.checkpoint.every_steps == 0 or evaluated or stop:
+        if save_now:
           checkpoint.save(manager, step, {"params": state.params, "opt_state": state.opt_state,
                                           "step": state.step}, {"step": step}, force=True)
           if evaluated and jax.process_index() == 0:
@@ -314,7 +327,8 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, d
         if stop:
           logging.info("SIGTERM: saved step %d, exiting", step)
           break
-      if result is None and not preempted:  # resumed after the last step: its evaluation may not be on record
+      if result is None and not preempted:
+        # Resumed after the last step: its evaluation may not have reached result.json.
         result = _read_json(pathlib.Path(workdir) / RESULT_FILE).get("final") or evaluate(step)
     finally:
       manager.wait_until_finished()
@@ -322,7 +336,7 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, d
       best.close()
       writer.close()
       signal.signal(signal.SIGTERM, previous_handler)
-  return {"final": result or {}, "best": best.metrics}
+  return {"final": result or {}, "best": best.metrics, "preempted": bool(preempted)}
 
 
 def _merge_pretrained(loaded: tuple, bert_config: model_lib.BertConfig, head_name: str,

@@ -224,6 +224,12 @@ def run_ours(args, seed: int) -> dict:
   config.task.max_dev_examples = args.dev_examples
   config.seeds = (seed,)
   config.model.dtype = "float32"
+  config.model.hidden_dropout_prob = args.dropout
+  config.model.attention_probs_dropout_prob = args.dropout
+  config.warmup_fraction = args.warmup_proportion
+  config.optimizer.weight_decay = args.weight_decay
+  config.optimizer.grad_clip_norm = args.max_grad_norm
+  config.eval_batch_size = args.eval_batch_size
   start = time.perf_counter()
   with tempfile.TemporaryDirectory(prefix=f"finetune_vs_transformers_{seed}_") as workdir:
     result = trainer.finetune(config, workdir)
@@ -291,13 +297,13 @@ def main():
   parser.add_argument("--seeds", default="0,1,2", help="comma-separated fine-tuning seeds")
   parser.add_argument("--only", choices=("ours", "reference"), default=None,
                       help="run one implementation only")
-  parser.add_argument("--train_examples", type=int, default=1000, help="glue.subset of train")
+  parser.add_argument("--train_examples", type=int, default=2000, help="glue.subset of train")
   parser.add_argument("--dev_examples", type=int, default=800, help="glue.subset of dev")
-  parser.add_argument("--max_seq_length", type=int, default=64)
+  parser.add_argument("--max_seq_length", type=int, default=32)
   parser.add_argument("--batch_size", type=int, default=32)
-  parser.add_argument("--eval_batch_size", type=int, default=128, help="reference prediction")
+  parser.add_argument("--eval_batch_size", type=int, default=128, help="dev batch (both sides)")
   parser.add_argument("--epochs", type=int, default=2)
-  parser.add_argument("--learning_rate", type=float, default=5e-5)
+  parser.add_argument("--learning_rate", type=float, default=1e-4)
   parser.add_argument("--warmup_proportion", type=float, default=0.1)
   parser.add_argument("--weight_decay", type=float, default=0.01)
   parser.add_argument("--max_grad_norm", type=float, default=1.0)

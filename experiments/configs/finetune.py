@@ -64,7 +64,9 @@ def get_config(arg: str = "sst2") -> ml_collections.ConfigDict:
   t.scheme = "iob2"  # conll: "iob1" | "iob2" tagging scheme of the files
   t.label_column = -1  # conll: column of the tag (words are column 0)
   t.version_2_with_negative = arg == "squad_v2"  # SQuAD 2.0: unanswerable questions
-  t.doc_stride = 128  # SQuAD contexts / long NER sentences: pieces between window starts (paper)
+  # Pieces between window starts: SQuAD contexts (google-research: 128) and NER sentences
+  # longer than one window (must be <= max_seq_length - 2).
+  t.doc_stride = 128 if t.kind == "squad" else 64
   t.max_query_length = 64  # SQuAD: question pieces kept (google-research value)
   t.n_best_size = 20  # SQuAD: candidate starts/ends and answers kept (google-research value)
   t.max_answer_length = 30  # SQuAD: longest answer in pieces (google-research value)
