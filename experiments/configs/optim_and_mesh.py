@@ -12,8 +12,8 @@ def optimizer_config() -> ml_collections.ConfigDict:
   """The optimizer fields; families set learning_rate and warmup for their recipe."""
   c = ml_collections.ConfigDict()
   c.name = "adamw"  # "adamw" | "lamb"
-  c.learning_rate = 1e-4  # peak learning rate
-  c.warmup_steps = 10_000  # linear warmup from 0 to the peak
+  c.learning_rate = 1e-4  # peak learning rate (BERT pretraining value)
+  c.warmup_steps = 10_000  # linear warmup from 0 to the peak (BERT pretraining value)
   c.decay_power = 1.0  # polynomial decay from peak to end_learning_rate; 1 = linear
   c.end_learning_rate = 0.0  # learning rate at total_steps
   c.decay_from_step0 = False  # True: google-research/bert schedule (decay spans warmup too)
