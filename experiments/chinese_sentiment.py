@@ -39,9 +39,10 @@ from experiments.configs import pretrain as pretrain_configs
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where corpus, checkpoints and results go.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Fine-tuning seeds (each start).")
-_PRETRAIN_STEPS = flags.DEFINE_integer("pretrain_steps", 1500, "Pretraining updates.")
+_PRETRAIN_STEPS = flags.DEFINE_integer("pretrain_steps", 3000, "Pretraining updates.")
+_PRETRAIN_BATCH = flags.DEFINE_integer("pretrain_batch_size", 64, "Pretraining batch.")
 _EPOCHS = flags.DEFINE_integer("epochs", 2, "Fine-tuning epochs.")
-_PRETRAIN_LENGTH = flags.DEFINE_integer("pretrain_seq_length", 128, "Pretraining length.")
+_PRETRAIN_LENGTH = flags.DEFINE_integer("pretrain_seq_length", 64, "Pretraining length.")
 _FINETUNE_LENGTH = flags.DEFINE_integer(
     "finetune_seq_length", 64, "Fine-tuning length (the median review is 46 characters).")
 _LEARNING_RATES = flags.DEFINE_list(
@@ -90,6 +91,7 @@ def pretrain_config(workdir: pathlib.Path):
   config.data.vocab_file = str(chinese_vocab())
   config.data.max_seq_length = _PRETRAIN_LENGTH.value
   config.data.masking.max_predictions_per_seq = max(1, round(0.15 * _PRETRAIN_LENGTH.value))
+  config.batch_size = _PRETRAIN_BATCH.value
   config.total_steps = _PRETRAIN_STEPS.value
   config.optimizer.warmup_steps = _PRETRAIN_STEPS.value // 10
   return config

@@ -22,6 +22,7 @@ bert_config.json, vocab.txt, checkpoints/, metrics.jsonl):
 """
 
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -98,6 +99,9 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if not seeds:
     raise ValueError("config.seeds is empty: give at least one seed")
   several = len(learning_rates) * len(seeds) > 1
+  mesh, _ = state_lib.setup_mesh(config, workdir)
+  check_config(config, mesh)  # before any data is read
+  prepared = prepare(config)
   by_lr = {}
   for lr in learning_rates:
     runs = {}
@@ -107,7 +111,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         run_config.optimizer.learning_rate = lr
         run_config.seed = seed
       run_dir = os.path.join(workdir, f"lr{lr:g}_seed{seed}") if several else workdir
-      run = finetune_run(run_config, run_dir)
+      run = finetune_run(run_config, run_dir, prepared)
       if run["preempted"]:  # SIGTERM: the run saved; the same command resumes the sweep
         return {"preempted": True}
       runs[seed] = run["final"]
@@ -170,23 +174,23 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
     raise ValueError(f"config.init_checkpoint={config.init_checkpoint!r} does not exist")
 
 
-def finetune_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, dict]:
-  """Fine-tunes one (learning rate, seed); resumes when the workdir has checkpoints.
+@dataclasses.dataclass
+class Prepared:
+  """What every (learning rate, seed) run of a config shares: read and featurised once."""
+  tokenizer: tokenization.WordTokenizer
+  bert_config: model_lib.BertConfig
+  loaded: tuple | None   # convert.load_for_finetuning's result, None for a random start
+  task: tasks_lib.Task
 
-  Returns {"final": dev metrics of the last evaluation, "best": of the best one,
-  "preempted": whether SIGTERM stopped it (after saving)}.
-  """
-  # ----------------------------------------------------------------- mesh
-  mesh, rules = state_lib.setup_mesh(config, workdir)
-  check_config(config, mesh)
 
-  # ---------------------------------------------- checkpoint and tokenizer
-  head_name = tasks_lib.HEAD_NAMES.get(config.task.kind)
+def prepare(config: ml_collections.ConfigDict) -> Prepared:
+  """Reads the checkpoint (if any) and its vocabulary, then the task data into features."""
   loaded = None
   if config.init_checkpoint:
     from bert_jax import convert  # pylint: disable=g-import-not-at-top  # only needed here
-    loaded = convert.load_for_finetuning(config.init_checkpoint, task_heads=(head_name,),
-                                         vocab_file=config.vocab_file or None)
+    loaded = convert.load_for_finetuning(
+        config.init_checkpoint, task_heads=(tasks_lib.HEAD_NAMES[config.task.kind],),
+        vocab_file=config.vocab_file or None)
     loaded_config, _, _, vocab_path = loaded
     if vocab_path is None and not config.spm_model_file:
       raise ValueError(f"{config.init_checkpoint} has no vocab.txt; give config.vocab_file")
@@ -205,9 +209,28 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, d
   if config.max_seq_length > bert_config.max_position_embeddings:
     raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds the model's "
                      f"max_position_embeddings={bert_config.max_position_embeddings}")
-
-  # ------------------------------------------------------------ task data
   task = tasks_lib.build(config.task, bert_config, tokenizer, config.max_seq_length)
+  return Prepared(tokenizer, bert_config, loaded, task)
+
+
+def finetune_run(config: ml_collections.ConfigDict, workdir: str,
+                 prepared: "Prepared | None" = None) -> dict[str, dict]:
+  """Fine-tunes one (learning rate, seed); resumes when the workdir has checkpoints.
+
+  `prepared` (from prepare(config)) saves re-reading the checkpoint and
+  re-featurising the data when a sweep runs several seeds or learning rates.
+
+  Returns {"final": dev metrics of the last evaluation, "best": of the best one,
+  "preempted": whether SIGTERM stopped it (after saving)}.
+  """
+  # ----------------------------------------------------------------- mesh
+  mesh, rules = state_lib.setup_mesh(config, workdir)
+  check_config(config, mesh)
+
+  # ------------------------------------- checkpoint, tokenizer, task data
+  prepared = prepared or prepare(config)
+  task, bert_config, loaded = prepared.task, prepared.bert_config, prepared.loaded
+  head_name = tasks_lib.HEAD_NAMES[config.task.kind]
   num_train = len(task.train["input_ids"])
   steps_per_epoch = num_train // config.batch_size
   if steps_per_epoch == 0:
@@ -252,9 +275,9 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, d
     state, _ = state_lib.start(manager, layout, model, tx, init_rng, load_init,
                                config.init_checkpoint)
     step = int(state.step)
-    checkpoint.write_run_files(workdir, config, bert_config, tokenizer.vocab_file
-                               if not config.spm_model_file else None)
-    best = _Best(pathlib.Path(workdir), config, bert_config, tokenizer)
+    vocab_file = None if config.spm_model_file else prepared.tokenizer.vocab_file
+    checkpoint.write_run_files(workdir, config, bert_config, vocab_file)
+    best = _Best(pathlib.Path(workdir), config, bert_config, vocab_file)
 
     # ------------------------------------------------------------------ eval
     writer = metrics_io.MetricWriter(workdir)
@@ -405,15 +428,14 @@ class _Best:
   against it.
   """
 
-  def __init__(self, workdir: pathlib.Path, config, bert_config, tokenizer):
+  def __init__(self, workdir: pathlib.Path, config, bert_config, vocab_file: str | None):
     self.dir = workdir / BEST_DIR
     self.dir.mkdir(parents=True, exist_ok=True)
     best_ckpt = copy.deepcopy(config.checkpoint)
     with best_ckpt.unlocked():
       best_ckpt.keep, best_ckpt.keep_period = 1, 0
     self.manager = checkpoint.make_manager(str(self.dir), best_ckpt)
-    checkpoint.write_run_files(str(self.dir), config, bert_config,
-                               None if config.spm_model_file else tokenizer.vocab_file)
+    checkpoint.write_run_files(str(self.dir), config, bert_config, vocab_file)
     record = _read_json(self.dir / "metrics.json")
     # Only trust a record whose checkpoint is complete (a kill can fall between the two).
     if record and record.get("step") == self.manager.latest_step():
