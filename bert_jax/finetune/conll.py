@@ -179,11 +179,11 @@ def token_classification_features(sentences: Sequence[TaggedSentence], *,
       if tag not in label_index:
         raise ValueError(f"{sentence.source}: label {tag!r} is not in the label list")
     # An empty sentence still gets its (empty) row, so rows cover every sentence.
-    spans = squad._doc_spans(len(pieces), max_pieces, doc_stride) or [(0, 0)]
+    spans = squad.doc_spans(len(pieces), max_pieces, doc_stride) or [(0, 0)]
     windowed += len(spans) > 1
     for span_index, (start, length) in enumerate(spans):
       window = range(start, start + length)
-      max_context = [word_ids[p] >= 0 and squad._is_max_context(spans, span_index, p)
+      max_context = [word_ids[p] >= 0 and squad.is_max_context(spans, span_index, p)
                      for p in window]
       rows.append((i, [cls_id] + ids[start:start + length] + [sep_id],
                    [-1] + word_ids[start:start + length] + [-1], [False] + max_context + [False]))

@@ -195,7 +195,7 @@ def _improve_answer_span(doc_pieces, start, end, answer_text, tokenize_word):
   return start, end
 
 
-def _doc_spans(num_pieces: int, max_len: int, stride: int) -> list[tuple[int, int]]:
+def doc_spans(num_pieces: int, max_len: int, stride: int) -> list[tuple[int, int]]:
   """(start, length) windows over the context pieces, `stride` apart."""
   spans, start = [], 0
   while start < num_pieces:
@@ -207,7 +207,7 @@ def _doc_spans(num_pieces: int, max_len: int, stride: int) -> list[tuple[int, in
   return spans
 
 
-def _is_max_context(spans, span_index: int, position: int) -> bool:
+def is_max_context(spans, span_index: int, position: int) -> bool:
   """Whether window `span_index` gives piece `position` the most context.
 
   Score: the smaller of left and right context, plus a tiny bonus for longer
@@ -260,7 +260,7 @@ def convert_examples_to_features(examples: Sequence[SquadExample], *,
       end = (word_to_piece[example.end_position + 1] - 1
              if example.end_position + 1 < len(example.doc_tokens) else len(pieces) - 1)
       target = _improve_answer_span(pieces, start, end, example.orig_answer_text, tokenize_word)
-    spans = _doc_spans(len(pieces), max_doc, doc_stride)
+    spans = doc_spans(len(pieces), max_doc, doc_stride)
     if not spans:
       logging.warning("question %s: the context has no wordpieces; no features",
                       example.qas_id)
@@ -269,7 +269,7 @@ def convert_examples_to_features(examples: Sequence[SquadExample], *,
       token_to_orig, is_max = {}, {}
       for i in range(span_start, span_start + span_len):
         token_to_orig[len(tokens)] = piece_to_word[i]
-        is_max[len(tokens)] = _is_max_context(spans, span_index, i)
+        is_max[len(tokens)] = is_max_context(spans, span_index, i)
         tokens.append(pieces[i])
       tokens.append("[SEP]")
       segment_ids = [0] * (len(query) + 2) + [1] * (span_len + 1)

@@ -9,8 +9,8 @@ same for all of them.
   ner             CoNLL files or People's Daily: every first sub-token -> tag
   squad           SQuAD v1.1 / v2.0 JSON: start and end logits over the windows
 
-Features are padded numpy arrays; dev rows of a padded last batch carry
-`example_weight` 0 and are dropped before scoring.
+Features are padded numpy arrays, one row per example (or window); the
+trainer trims the padding rows of a last dev batch before scoring.
 """
 
 import dataclasses
@@ -72,13 +72,12 @@ class Task:
 
 
 def _classification_loss(task, logits, batch):
-  weights = batch.get("example_weight", jnp.ones(logits.shape[:1], jnp.float32))
   if task.labels is None:  # regression
     per_example = jnp.square(logits[:, 0] - batch["label_ids"].astype(jnp.float32))
   else:
     log_probs = jax.nn.log_softmax(logits)
     per_example = -jnp.take_along_axis(log_probs, batch["label_ids"][:, None], axis=-1)[:, 0]
-  return jnp.sum(per_example * weights), jnp.sum(weights)
+  return jnp.sum(per_example), jnp.asarray(per_example.shape[0], jnp.float32)
 
 
 def _ner_loss(task, logits, batch):
@@ -96,8 +95,7 @@ def _squad_loss(task, out, batch):
     return -jnp.take_along_axis(jax.nn.log_softmax(logits), positions[:, None], axis=-1)[:, 0]
   per_example = 0.5 * (nll(start_logits, batch["start_positions"])
                        + nll(end_logits, batch["end_positions"]))
-  weights = jnp.ones_like(per_example)
-  return jnp.sum(per_example), jnp.sum(weights)
+  return jnp.sum(per_example), jnp.asarray(per_example.shape[0], jnp.float32)
 
 
 _LOSSES = {"classification": _classification_loss, "ner": _ner_loss, "squad": _squad_loss}
