@@ -110,6 +110,25 @@ def test_learns_the_task_over_seeds_and_writes_every_output(seed_runs):
   assert json.loads((workdir / "summary.json").read_text())["main_metric"] == "dev/accuracy"
 
 
+def test_regression_head_learns_a_score(toy_files, tmp_path):
+  """STS-B's path: one output, mean squared error, Pearson/Spearman on dev."""
+  for split in ("train", "dev"):
+    rows = toy_files[split].read_text().splitlines()
+    scored = ["sentence\tscore"] + [f"{r.split(chr(9))[0]}\t{1.0 if r.endswith('pos') else 0.0}"
+                                    for r in rows[1:]]
+    (tmp_path / f"{split}.tsv").write_text("\n".join(scored) + "\n")
+  config = toy_config(toy_files, **{"task.train_file": str(tmp_path / "train.tsv"),
+                                    "task.dev_file": str(tmp_path / "dev.tsv"),
+                                    "task.label": "score", "task.labels": "",
+                                    "task.regression": True, "num_epochs": 3})
+  summary = trainer.finetune(config, str(tmp_path / "run"))
+  assert summary["main_metric"] == "dev/spearman"
+  assert summary["dev/pearson"] > 0.9 and summary["dev/spearman"] > 0.8, summary
+  rows = [json.loads(l) for l in (tmp_path / "run" / "predictions" / "48" /
+                                  "dev_predictions.jsonl").read_text().splitlines()]
+  assert all(isinstance(r["prediction"], float) for r in rows)
+
+
 def test_refuses_impossible_configs_before_reading_data(toy_files, tmp_path):
   cases = [({"vocab_file": ""}, "needs config.vocab_file"),
            ({"num_epochs": 0}, "num_epochs=0"),
