@@ -18,7 +18,7 @@ r"""The research loop end to end on real Chinese text, offline.
   python -m experiments.chinese_sentiment --workdir=/tmp/zh_loop --seeds=0,1,2
 
 (pretraining ~10 minutes on 2 idle cores, each fine-tuning run 0.5 (2,000
-examples) to 2.5 minutes (all); the defaults make 36 runs.)
+examples) to 2.5 minutes (all); the defaults make 54 runs.)
 
 Every stage resumes from its workdir, so an interrupted run picks up where it
 stopped. The figures are in the README.
@@ -50,7 +50,7 @@ _LEARNING_RATES = flags.DEFINE_list(
     "takes the one with the best median dev accuracy, as the paper picks its rate on dev "
     "(small models fine-tune best above BERT-Base's 2e-5..5e-5).")
 _TRAIN_EXAMPLES = flags.DEFINE_list(
-    "train_examples", ["2000", "0"], "Labelled train sizes to fine-tune on (glue.subset; 0: "
+    "train_examples", ["500", "2000", "0"], "Labelled train sizes to fine-tune on (glue.subset; 0: "
     "all 15,581): pretraining matters most when labels are few.")
 _STAGES = flags.DEFINE_list("stages", ["pretrain", "finetune"], "Stages to run.")
 
