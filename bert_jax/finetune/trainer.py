@@ -293,12 +293,12 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
       writer.write(at_step, result)
       logging.info("dev at step %d: %s", at_step,
                    " ".join(f"{k} {v:.4f}" for k, v in result.items()))
+      out = pathlib.Path(workdir) / "predictions" / str(at_step)
       if jax.process_index() == 0:
-        out = pathlib.Path(workdir) / "predictions" / str(at_step)
         for split, rows in predictions.items():
           tasks_lib.write_predictions(task, out, split, rows)
-      best.update(at_step, result[_main_key(result, task.main_metric)], result, state.params, pathlib.Path(workdir) / "predictions"
-                  / str(at_step))
+      best.update(at_step, result[_main_key(result, task.main_metric)], result, state.params,
+                  out)
       return result
 
     # ------------------------------------------------------------------ loop
