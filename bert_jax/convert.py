@@ -187,9 +187,10 @@ def load_pretrained(path, *, target: str = "pretraining", allow_missing_heads: b
 def load_for_finetuning(path, *, task_heads: tuple[str, ...], vocab_file=None):
   """Loads a checkpoint's encoder (pretraining heads dropped) and any task heads it holds.
 
-  A fine-tuned checkpoint (this project's, or a Hugging Face
-  BertFor{SequenceClassification,TokenClassification,QuestionAnswering}) carries
-  its task head beside the encoder; pretraining checkpoints carry none.
+  A fine-tuned checkpoint (this project's, a Hugging Face
+  BertFor{SequenceClassification,TokenClassification,QuestionAnswering}, or a TF
+  checkpoint of google-research's run_classifier.py / run_squad.py) carries its task
+  head beside the encoder; pretraining checkpoints carry none.
 
   Args:
     path: anything load_pretrained reads.
@@ -206,10 +207,12 @@ def load_for_finetuning(path, *, task_heads: tuple[str, ...], vocab_file=None):
   heads = {}
   for name in list(tensors):
     head, sep, leaf = name.replace(".", "/", 1).partition("/")
+    if fmt == "tf" and name in convert_tf.TASK_HEADS:
+      (head, leaf), sep = convert_tf.TASK_HEADS[name], "/"
     if not sep or head not in task_heads:
       continue
     array = np.asarray(tensors.pop(name), np.float32)
-    if leaf == "weight":  # PyTorch Linear: [out, in]
+    if leaf == "weight":  # PyTorch Linear, google-research TF heads: [out, in]
       leaf, array = "kernel", array.T
     if leaf not in ("kernel", "bias"):
       raise ValueError(f"{kind} {path}: task-head tensor {display(name)!r} is neither a "

@@ -19,6 +19,14 @@ VOCAB_NAME = "vocab.txt"
 # Optimizer state and step counters written beside the weights; not part of the model.
 _OPTIMIZER_SUFFIXES = ("/adam_m", "/adam_v")
 _COUNTERS = ("global_step",)
+# Task heads of google-research's fine-tuning scripts, as (our head, leaf). Their weights
+# are [num_labels, H], used with transpose_b=True, as PyTorch's Linear stores them.
+TASK_HEADS = {
+    "output_weights": ("classifier", "weight"),  # run_classifier.py
+    "output_bias": ("classifier", "bias"),
+    "cls/squad/output_weights": ("qa_outputs", "weight"),  # run_squad.py
+    "cls/squad/output_bias": ("qa_outputs", "bias"),
+}
 
 
 def find_checkpoint(path: pathlib.Path) -> pathlib.Path | None:

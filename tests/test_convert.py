@@ -242,9 +242,9 @@ def test_safetensors_writer_reads_back_with_reference_library(tmp_path):
 
 # ----------------------------------------------------------------------------- TF import
 
-def test_tf_checkpoint_import_matches_reference(tmp_path, reference, batch):
+def _write_tf_checkpoint(directory, variables, config):
+  """An original-layout TF1 checkpoint (model.ckpt-1000) with bert_config.json and vocab."""
   import tensorflow as tf
-  variables = _tf_variables(reference.params)
   graph = tf.Graph()
   with graph.as_default():
     for name, value in variables.items():
@@ -256,11 +256,8 @@ def test_tf_checkpoint_import_matches_reference(tmp_path, reference, batch):
     saver = tf.compat.v1.train.Saver()
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
-      saver.save(session, str(tmp_path / "model.ckpt"), global_step=1000)
-  names = {n for n, _ in tf.train.list_variables(str(tmp_path / "model.ckpt-1000"))}
-  assert "bert/encoder/layer_1/attention/self/query/kernel" in names  # TF1 names kept.
-  config = reference.config
-  (tmp_path / "bert_config.json").write_text(json.dumps({
+      saver.save(session, str(directory / "model.ckpt"), global_step=1000)
+  (directory / "bert_config.json").write_text(json.dumps({
       "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
       "num_hidden_layers": config.num_hidden_layers,
       "num_attention_heads": config.num_attention_heads,
@@ -268,7 +265,14 @@ def test_tf_checkpoint_import_matches_reference(tmp_path, reference, batch):
       "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
       "max_position_embeddings": config.max_position_embeddings,
       "type_vocab_size": config.type_vocab_size, "initializer_range": 0.02}))
-  _write_vocab(tmp_path / "vocab.txt", 99)
+  _write_vocab(directory / "vocab.txt", config.vocab_size)
+
+
+def test_tf_checkpoint_import_matches_reference(tmp_path, reference, batch):
+  import tensorflow as tf
+  _write_tf_checkpoint(tmp_path, _tf_variables(reference.params), reference.config)
+  names = {n for n, _ in tf.train.list_variables(str(tmp_path / "model.ckpt-1000"))}
+  assert "bert/encoder/layer_1/attention/self/query/kernel" in names  # TF1 names kept.
 
   for path in (tmp_path, tmp_path / "model.ckpt-1000"):  # directory or prefix
     ours, params, vocab = convert.load_pretrained(path)
@@ -277,6 +281,28 @@ def test_tf_checkpoint_import_matches_reference(tmp_path, reference, batch):
 
   _, encoder, _ = convert.load_pretrained(tmp_path, target="encoder")
   assert "mlm_head" not in encoder and "pooler" in encoder
+
+
+@pytest.mark.parametrize("script,head,names", [
+    ("run_classifier", "classifier", ("output_weights", "output_bias")),
+    ("run_squad", "qa_outputs", ("cls/squad/output_weights", "cls/squad/output_bias"))])
+def test_tf_fine_tuned_checkpoint_task_head(tmp_path, reference, script, head, names):
+  """google-research's fine-tuning scripts keep the head as [labels, H] (transpose_b):
+  it must arrive as our [H, labels] kernel; without asking for it, it is refused by name."""
+  del script
+  variables = {k: v for k, v in _tf_variables(reference.params).items()
+               if not k.startswith("cls/")}  # run_classifier / run_squad drop the MLM/NSP
+  weights = np.random.default_rng(1).normal(size=(3, 32)).astype(np.float32)
+  variables.update({names[0]: weights, names[1]: np.arange(3, dtype=np.float32)})
+  _write_tf_checkpoint(tmp_path, variables, reference.config)
+
+  _, encoder, heads, _ = convert.load_for_finetuning(tmp_path, task_heads=(head,))
+  np.testing.assert_array_equal(heads[head]["kernel"], weights.T)
+  np.testing.assert_array_equal(heads[head]["bias"], [0, 1, 2])
+  np.testing.assert_array_equal(encoder["embeddings"]["word_embeddings"]["embedding"],
+                                variables["bert/embeddings/word_embeddings"])
+  with pytest.raises(ValueError, match=f"unused tensors.*{names[0]}"):
+    convert.load_pretrained(tmp_path, target="encoder")
 
 
 # ----------------------------------------------------------------------------- bad input
