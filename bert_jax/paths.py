@@ -1,0 +1,208 @@
+"""The one path layer: every file the project reads or writes, on local disks and gs:// alike.
+
+Workdirs, checkpoints, metrics, TensorBoard events, config and vocab files,
+corpora globs, init checkpoints, fine-tuning data, conversion inputs and
+outputs all go through here (or through orbax, which uses the same etils.epath
+underneath). Nothing else in the project calls open(), os.path or pathlib on
+a path a user gives.
+
+Remote paths (gs://, s3://) are served by fsspec (gcsfs for gs://): epath
+otherwise prefers TensorFlow's own GCS client whenever TensorFlow is
+installed, and that client can only talk to storage.googleapis.com, so it
+could never be tested against an emulator (gcsfs honours
+STORAGE_EMULATOR_HOST; orbax's array data goes through tensorstore, which
+honours TENSORSTORE_GCS_HTTP_URL). On a TPU VM both find the VM's
+credentials the usual way (Application Default Credentials).
+
+Semantics users rely on:
+  * write_atomic: a reader (or a resumed run) sees the old content or the new,
+    never half a file -- a local temp file renamed over the target, or one GCS
+    object upload (GCS objects appear whole or not at all).
+  * local_file: libraries that insist on a local file name (TF checkpoint
+    readers) get a downloaded temporary copy of a remote file.
+"""
+
+import contextlib
+import io
+import os
+import shutil
+import socket
+import tempfile
+from typing import IO, Iterator
+
+# Before etils decides on a backend (it caches the decision on first use): fsspec for gs://.
+os.environ.setdefault("EPATH_USE_TF", "false")
+
+from etils import epath  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+if os.environ.get("STORAGE_EMULATOR_HOST"):
+  # Against an emulator there are no credentials, and gcsfs warns on every call
+  # that it cannot look up the bucket's type; that means nothing there.
+  import logging  # pylint: disable=g-import-not-at-top
+  logging.getLogger("gcsfs").setLevel(logging.ERROR)
+
+Path = epath.Path
+REMOTE_PREFIXES = ("gs://", "s3://")
+
+
+def is_remote(path: "str | os.PathLike") -> bool:
+  """Whether `path` names object storage rather than a local file system."""
+  return os.fspath(path).startswith(REMOTE_PREFIXES)
+
+
+def path(p: "str | os.PathLike") -> epath.Path:
+  """An epath.Path for `p`; local paths are made absolute (and ~ expanded) once, here."""
+  p = os.fspath(p)
+  if is_remote(p):
+    return epath.Path(p)
+  return epath.Path(os.path.abspath(os.path.expanduser(p)))
+
+
+def join(base: "str | os.PathLike", *parts: str) -> str:
+  """`base`/parts as a string (keeps the gs:// form, which orbax and tf.data want as str)."""
+  return os.fspath(path(base).joinpath(*parts))
+
+
+def exists(p: "str | os.PathLike") -> bool:
+  """Whether the file or directory exists."""
+  return path(p).exists()
+
+
+def is_dir(p: "str | os.PathLike") -> bool:
+  """Whether `p` is a directory (a prefix with objects under it, on GCS)."""
+  return path(p).is_dir()
+
+
+def makedirs(p: "str | os.PathLike") -> None:
+  """Creates `p` and its parents (on GCS there is nothing to create; this is a no-op there)."""
+  path(p).mkdir(parents=True, exist_ok=True)
+
+
+def read_bytes(p: "str | os.PathLike") -> bytes:
+  """The whole file."""
+  return path(p).read_bytes()
+
+
+def read_text(p: "str | os.PathLike", encoding: str = "utf-8") -> str:
+  """The whole file, decoded."""
+  return read_bytes(p).decode(encoding)
+
+
+def write_atomic(p: "str | os.PathLike", data: "str | bytes") -> None:
+  """Writes the whole file so that readers see the old content or the new, never half."""
+  data = data.encode("utf-8") if isinstance(data, str) else data
+  target = path(p)
+  if is_remote(p):
+    target.write_bytes(data)  # one object upload: whole or nothing
+    return
+  target.parent.mkdir(parents=True, exist_ok=True)
+  tmp = target.parent / f".{target.name}.tmp-{socket.gethostname()}-{os.getpid()}"
+  try:
+    tmp.write_bytes(data)
+    os.replace(tmp, target)
+  finally:
+    if tmp.exists():
+      tmp.unlink()
+
+
+def open_binary(p: "str | os.PathLike", mode: str = "rb") -> IO[bytes]:
+  """A binary file object; reading ones support readline(limit) on every backend."""
+  if not is_remote(p):
+    return open(os.fspath(path(p)), mode)  # pylint: disable=unspecified-encoding
+  f = path(p).open(mode)
+  # fsspec files have readinto but a readline without a size limit; the corpus
+  # reader bounds its memory with readline(limit), which BufferedReader provides.
+  return io.BufferedReader(f, buffer_size=1 << 20) if "r" in mode else f
+
+
+def open_text(p: "str | os.PathLike", mode: str = "r", encoding: str = "utf-8",
+              newline: "str | None" = None) -> IO[str]:
+  """A text file object (decoding errors raise; callers name the file and line)."""
+  if not is_remote(p):
+    return open(os.fspath(path(p)), mode, encoding=encoding, newline=newline)
+  return io.TextIOWrapper(open_binary(p, mode.replace("t", "") + "b" if "b" not in mode else mode),
+                          encoding=encoding, newline=newline)
+
+
+def glob(pattern: str) -> list[str]:
+  """Sorted files (not directories) matching `pattern` (`*`, `?`, `[...]`, `**`)."""
+  pattern = os.path.expanduser(pattern)
+  if not is_remote(pattern):
+    import glob as globlib  # pylint: disable=g-import-not-at-top
+    return sorted(p for p in globlib.glob(os.path.abspath(pattern), recursive=True)
+                  if os.path.isfile(p))
+  scheme, rest = pattern.split("://", 1)
+  parts = rest.split("/")
+  # The literal prefix (bucket and directories without wildcards) is listed; the rest matched.
+  fixed = []
+  for part in parts:
+    if any(c in part for c in "*?["):
+      break
+    fixed.append(part)
+  base = path(f"{scheme}://" + "/".join(fixed))
+  if len(fixed) == len(parts):
+    return [os.fspath(base)] if base.exists() and not base.is_dir() else []
+  relative = "/".join(parts[len(fixed):])
+  if "**" in relative:  # epath refuses it on object storage: one listing per directory
+    raise ValueError(f"{pattern!r}: '**' is not supported on {scheme}://; use '*' per level")
+  return sorted(os.fspath(m) for m in base.glob(relative) if not m.is_dir())
+
+
+def copy_file(src: "str | os.PathLike", dst: "str | os.PathLike") -> None:
+  """Copies one file across backends (local <-> gs://), atomically at the destination."""
+  write_atomic(dst, read_bytes(src))
+
+
+def copy_tree(src: "str | os.PathLike", dst: "str | os.PathLike") -> None:
+  """Copies a directory tree across backends (file by file)."""
+  # iterdir, not walk: epath's walk drops the gs:// scheme from the roots it yields.
+  for child in path(src).iterdir():
+    target = path(dst) / child.name
+    if child.is_dir():
+      copy_tree(child, target)
+    else:
+      copy_file(child, target)
+
+
+def rmtree(p: "str | os.PathLike") -> None:
+  """Removes a directory tree if it exists."""
+  target = path(p)
+  if target.exists():
+    target.rmtree()
+
+
+@contextlib.contextmanager
+def local_file(p: "str | os.PathLike", companions: tuple[str, ...] = ()) -> Iterator[str]:
+  """A local file name for `p`: itself when local, else a downloaded temporary copy.
+
+  `companions` are suffixes of sibling files downloaded alongside (a TF
+  checkpoint prefix needs `.index` and its `.data-*` shards); they are matched
+  as glob suffixes of `p`'s name.
+  """
+  if not is_remote(p):
+    yield os.fspath(path(p))
+    return
+  remote = path(p)
+  with tempfile.TemporaryDirectory(prefix="bert_jax_remote_") as tmp:
+    local = os.path.join(tmp, remote.name)
+    names = [remote] if remote.exists() and not remote.is_dir() else []
+    for suffix in companions:
+      names += [path(m) for m in glob(os.fspath(remote) + suffix)]
+    for name in names:
+      with open(os.path.join(tmp, name.name), "wb") as out:
+        shutil.copyfileobj(name.open("rb"), out)
+    yield local
+
+
+def local_dir(p: "str | os.PathLike"):
+  """Context manager: a local directory holding `p`'s files (a downloaded copy when remote)."""
+  if not is_remote(p):
+    return contextlib.nullcontext(os.fspath(path(p)))
+  return _downloaded_dir(p)
+
+
+@contextlib.contextmanager
+def _downloaded_dir(p: "str | os.PathLike") -> Iterator[str]:
+  with tempfile.TemporaryDirectory(prefix="bert_jax_remote_") as tmp:
+    copy_tree(p, tmp)
+    yield tmp
