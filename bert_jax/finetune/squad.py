@@ -16,10 +16,13 @@ here depends on TensorFlow.
 import dataclasses
 import json
 import logging
-import pathlib
+import os
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+
+from bert_jax import paths
+from bert_jax.finetune.glue import decode_text
 
 TokenizeWord = Callable[[str], list[str]]
 
@@ -82,13 +85,16 @@ def read_squad(path, *, is_training: bool) -> list[SquadExample]:
   the skips are counted in a log warning. In evaluation mode every question is
   kept, since scoring compares texts only.
 
-  Malformed JSON is an error naming the file, line and column; a missing or
-  mistyped field, an error naming the file and the JSON path of the field.
+  Malformed JSON (or a byte that is not UTF-8) is an error naming the file and
+  line; a missing or mistyped field, an error naming the file and the JSON path
+  of the field. The file may be local or gs://.
   """
-  path = pathlib.Path(path)
+  path = os.fspath(path)
+  text = decode_text(path, paths.read_bytes(path))
+  if not text.strip():
+    raise ValueError(f"{path}: the file is empty (expected SQuAD JSON)")
   try:
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)
+    data = json.loads(text)
   except json.JSONDecodeError as e:
     raise ValueError(f"{path}:{e.lineno}:{e.colno}: malformed JSON ({e.msg})") from None
   articles = _require(data, "data", list, str(path))
@@ -444,12 +450,12 @@ def write_predictions(output_dir, predictions: Mapping[str, str],
                       nbest: Mapping[str, list] | None = None,
                       null_odds: Mapping[str, float] | None = None) -> None:
   """Writes predictions.json (the file the official evaluate scripts read) and,
-  when given, nbest_predictions.json and null_odds.json (their --na-prob-file)."""
-  output_dir = pathlib.Path(output_dir)
-  output_dir.mkdir(parents=True, exist_ok=True)
+  when given, nbest_predictions.json and null_odds.json (their --na-prob-file),
+  each whole or not at all, into a local or gs:// directory."""
+  paths.makedirs(output_dir)
   files = {"predictions.json": predictions, "nbest_predictions.json": nbest,
            "null_odds.json": null_odds}
   for name, content in files.items():
     if content is not None:
-      with open(output_dir / name, "w", encoding="utf-8") as f:
-        json.dump(content, f, indent=2, ensure_ascii=False)
+      paths.write_atomic(paths.join(output_dir, name),
+                         json.dumps(content, indent=2, ensure_ascii=False))

