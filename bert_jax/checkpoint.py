@@ -1,51 +1,42 @@
-"""Orbax checkpoints of a pretraining run: layout, save, restore, import hook.
+"""Orbax checkpoints of a run: layout, save, restore past corrupt steps, import hook.
 
-A workdir holds
-  config.json        the full experiment config (ml_collections JSON)
-  bert_config.json   the BertConfig fields, enough to rebuild the network
-  vocab.txt          the vocabulary the run tokenizes with (when it has a file)
+A workdir (see bert_jax.workdir for its record, lock and run files) holds
   checkpoints/<step>/state       {"params", "opt_state", "step"} (orbax PyTree)
-  checkpoints/<step>/data_state  the input pipeline position (JSON)
-Orbax writes each step into a temporary directory and renames it when
-complete, so a process killed at any moment leaves only complete steps
-visible; `latest_step` never returns a half-written one.
+  checkpoints/<step>/data_state  every process's input pipeline position (JSON)
+  corrupt_checkpoints/<step>.<time>   steps that failed to restore, moved aside
+Orbax writes each step into a temporary directory and renames it when complete
+(on GCS: writes a commit marker last), so a process killed at any moment leaves
+only complete steps visible; `latest_step` never returns a half-written one.
+A complete step can still be damaged later (a truncated file, a deleted
+metadata file): `restore_latest` then reports it in one line, moves it aside
+(never deletes it) and resumes from the newest step that restores.
 """
 
 import dataclasses
+import datetime
 import json
 import os
-import pathlib
-import shutil
-import socket
+import re
 from typing import Any
 
+from absl import logging
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
 from bert_jax import model as model_lib
+from bert_jax import paths
+from bert_jax import workdir as workdir_lib
 
 CHECKPOINT_DIR = "checkpoints"
-BERT_CONFIG_FILE = "bert_config.json"
-CONFIG_FILE = "config.json"
-VOCAB_FILE = "vocab.txt"
+CORRUPT_DIR = "corrupt_checkpoints"
+_STATE_BYTES = 4096  # room for one process's pipeline position as JSON
 
 
-def check_writable(workdir: str) -> None:
-  """Creates `workdir` and proves it writable, before any compile or training step.
-
-  Raises:
-    ValueError: naming the workdir and the OS error.
-  """
-  # One probe per process: hosts of a multi-host run probe the same workdir at once.
-  probe = pathlib.Path(workdir) / f".write_probe.{socket.gethostname()}.{os.getpid()}"
-  try:
-    probe.parent.mkdir(parents=True, exist_ok=True)
-    probe.write_text("ok")
-    probe.unlink()
-  except OSError as e:
-    raise ValueError(f"workdir {workdir!r} is not writable: {e}") from e
+class CheckpointError(RuntimeError):
+  """No checkpoint of a workdir restores (each step's cause is in the message)."""
 
 
 def make_manager(workdir: str, ckpt_config: Any) -> ocp.CheckpointManager:
@@ -59,20 +50,63 @@ def make_manager(workdir: str, ckpt_config: Any) -> ocp.CheckpointManager:
       # Leftover tmp dirs of a killed save are removed on start; they are never read.
       cleanup_tmp_directories=True,
       create=True)
-  return ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR),
-                               options=options, item_names=("state", "data_state"))
+  return ocp.CheckpointManager(paths.join(workdir, CHECKPOINT_DIR), options=options,
+                               item_names=("state", "data_state"))
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: dict[str, Any],
          data_state: dict[str, Any], *, force: bool = False) -> bool:
-  """Saves {"params", "opt_state", "step"} and the pipeline position at `step` (async)."""
+  """Saves {"params", "opt_state", "step"} and this process's pipeline position (async).
+
+  Every process calls it at the same step. The JSON item is written by process
+  0 only, so each process's position is gathered into it first: on restore
+  every host gets its own back (each host of a multi-host run reads its own
+  part of the corpus).
+  """
+  gathered = {"process_count": jax.process_count(), "processes": _gather(data_state)}
   return manager.save(step, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state), data_state=ocp.args.JsonSave(data_state)), force=force)
+      state=ocp.args.StandardSave(state), data_state=ocp.args.JsonSave(gathered)), force=force)
+
+
+def _gather(local: dict[str, Any]) -> list[dict[str, Any]]:
+  """Every process's `local` (a small JSON-able dict), in process order."""
+  if jax.process_count() == 1:
+    return [local]
+  raw = json.dumps(local).encode("utf-8")
+  if len(raw) > _STATE_BYTES:
+    raise ValueError(f"pipeline state of {len(raw)} bytes exceeds {_STATE_BYTES}: {local}")
+  row = np.zeros([_STATE_BYTES], np.uint8)
+  row[:len(raw)] = np.frombuffer(raw, np.uint8)
+  rows = np.asarray(multihost_utils.process_allgather(row))
+  return [json.loads(bytes(r[r != 0].tolist()).decode("utf-8")) for r in rows]
+
+
+class ProcessCountError(ValueError):
+  """A checkpoint written by another number of processes than this run has."""
+
+
+def local_data_state(saved: dict[str, Any]) -> dict[str, Any]:
+  """This process's pipeline position out of a saved data_state.
+
+  Raises:
+    ProcessCountError: the checkpoint was written by another number of
+      processes; each read its own part of the corpus, so the positions cannot
+      be carried over exactly.
+  """
+  if "processes" not in saved:  # written before positions were kept per process
+    saved = {"process_count": 1, "processes": [saved]}
+  if saved["process_count"] != jax.process_count():
+    raise ProcessCountError(
+        f"the checkpoint was written by {saved['process_count']} processes and this run has "
+        f"{jax.process_count()}: each process reads its own part of the corpus, so the input "
+        f"position cannot resume exactly. Resume with {saved['process_count']} processes, or "
+        "start a new workdir from these weights with --config.init_checkpoint=<this workdir>")
+  return saved["processes"][jax.process_index()]
 
 
 def restore(manager: ocp.CheckpointManager, abstract_state: Any,
             step: int | None = None) -> tuple[Any, dict[str, Any]]:
-  """Restores (state, data_state) at `step` (default latest) onto the shardings in `abstract_state`.
+  """Restores (state, this process's data_state) at `step` (default latest).
 
   `abstract_state` is a tree of jax.ShapeDtypeStruct carrying NamedShardings,
   so every host reads only the shards it owns, on whatever mesh this run uses.
@@ -80,38 +114,105 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any,
   step = manager.latest_step() if step is None else step
   restored = manager.restore(step, args=ocp.args.Composite(
       state=ocp.args.StandardRestore(abstract_state), data_state=ocp.args.JsonRestore()))
-  return restored.state, restored.data_state
+  return restored.state, local_data_state(restored.data_state)
 
 
-def write_run_files(workdir: str, config: Any, bert_config: model_lib.BertConfig,
-                    vocab_path: str | None) -> None:
-  """Writes config.json, bert_config.json and vocab.txt beside the checkpoints (process 0 only)."""
-  if jax.process_index() != 0:
-    return
-  workdir = pathlib.Path(workdir)
-  (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2, sort_keys=True))
-  (workdir / BERT_CONFIG_FILE).write_text(
-      json.dumps(dataclasses.asdict(bert_config), indent=2, sort_keys=True))
-  if vocab_path and os.path.abspath(vocab_path) != os.path.abspath(workdir / VOCAB_FILE):
-    shutil.copyfile(vocab_path, workdir / VOCAB_FILE)
+def restore_latest(manager: ocp.CheckpointManager, abstract_state: Any
+                   ) -> tuple[int, Any, dict[str, Any]]:
+  """(step, state, data_state) of the newest step that restores, newest first.
+
+  A step that fails is reported in one line (step, directory, cause). Once an
+  older step restores, the newer failed ones are moved to corrupt_checkpoints/
+  (kept, never deleted), so the run goes on from there and saves its next steps.
+
+  Raises:
+    CheckpointError: no step restores; nothing is moved, so nothing is lost.
+  """
+  failures = []
+  for step in sorted(manager.all_steps(), reverse=True):
+    try:
+      state, data_state = restore(manager, abstract_state, step)
+    except ProcessCountError:
+      raise  # a refusal about this run, not damage to the checkpoint
+    except Exception as e:  # pylint: disable=broad-except  # tensorstore/orbax raise many kinds
+      failures.append((step, _one_line(e)))
+      logging.error("checkpoint step %d (%s) does not restore: %s", step,
+                    paths.join(str(manager.directory), str(step)), failures[-1][1])
+      continue
+    for bad, _ in failures:
+      _move_aside(manager, bad)
+    if failures:
+      manager.reload()
+    return step, state, data_state
+  raise CheckpointError(
+      f"no checkpoint in {manager.directory} restores ("
+      + "; ".join(f"step {s}: {c}" for s, c in failures)
+      + "). Nothing was moved or deleted; a new --workdir starts afresh, and "
+      "--config.init_checkpoint can start one from another run's weights")
+
+
+# tensorstore (orbax's array writer) reports file-system failures as ValueErrors whose
+# text carries the path and the OS error, e.g. 'Failed writing: "<path>": ... No space
+# left on device [os_error_code=28]'.
+_TENSORSTORE_IO = re.compile(r'(?:Failed writing|Error writing|Error opening|Failed to open)'
+                             r'[^"]*"([^"]+)"[^\[]*?([^:\[]+?)\s*\[os_error_code')
+
+
+def describe_storage_error(error: BaseException) -> str | None:
+  """"<path>: <cause>" when `error` comes from storage (a full disk, a lost bucket, a
+  permission), looked for along its chain of causes; None for any other error."""
+  seen = error
+  while seen is not None:
+    if isinstance(seen, OSError) and (seen.filename or seen.errno):
+      return f"{seen.filename or '?'}: {seen.strerror or seen}"
+    match = _TENSORSTORE_IO.search(str(seen))
+    if match:
+      return f"{match.group(1)}: {match.group(2).strip()}"
+    seen = seen.__cause__ or seen.__context__
+  return None
+
+
+def _one_line(error: BaseException) -> str:
+  """The first line of an error, short enough for a log line (tensorstore errors run long)."""
+  text = str(error).strip()
+  text = text.splitlines()[0] if text else ""
+  return f"{type(error).__name__}: {text[:300]}"
+
+
+def _move_aside(manager: ocp.CheckpointManager, step: int) -> None:
+  """Moves a step that does not restore to workdir/corrupt_checkpoints/ (process 0 does)."""
+  source = paths.join(str(manager.directory), str(step))
+  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+  workdir = os.fspath(paths.path(str(manager.directory)).parent)
+  target = paths.join(workdir, CORRUPT_DIR, f"{step}.{stamp}")
+  if jax.process_index() == 0:
+    if paths.is_remote(source):  # object storage has no rename: copy, then delete
+      paths.copy_tree(source, target)
+      paths.rmtree(source)
+    else:
+      paths.makedirs(paths.join(workdir, CORRUPT_DIR))
+      os.replace(source, target)
+    logging.warning("moved checkpoint step %d aside to %s (kept for inspection)", step, target)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(f"bert_jax_move_aside_{step}")
 
 
 def read_bert_config(workdir: str) -> model_lib.BertConfig:
   """The BertConfig a workdir was trained with."""
-  path = pathlib.Path(workdir) / BERT_CONFIG_FILE
-  if not path.exists():
+  path = paths.join(workdir, workdir_lib.BERT_CONFIG_FILE)
+  if not paths.exists(path):
     raise ValueError(f"{path} is missing: not a bert_jax pretraining workdir")
-  return model_lib.BertConfig(**json.loads(path.read_text()))
+  return model_lib.BertConfig(**json.loads(paths.read_text(path)))
 
 
-def _split_path(path: str) -> tuple[pathlib.Path, int | None]:
+def _split_path(path: str) -> tuple[str, int | None]:
   """(workdir, step or None) for a workdir, its checkpoints dir or one step dir."""
-  path = pathlib.Path(path).absolute()
-  if path.name.isdigit() and path.parent.name == CHECKPOINT_DIR:
-    return path.parent.parent, int(path.name)
-  if path.name == CHECKPOINT_DIR:
-    return path.parent, None
-  return path, None
+  p = paths.path(path)
+  if p.name.isdigit() and p.parent.name == CHECKPOINT_DIR:
+    return os.fspath(p.parent.parent), int(p.name)
+  if p.name == CHECKPOINT_DIR:
+    return os.fspath(p.parent), None
+  return os.fspath(p), None
 
 
 def load_params_from_workdir(path: str) -> tuple[model_lib.BertConfig, dict[str, Any]]:
@@ -122,15 +223,15 @@ def load_params_from_workdir(path: str) -> tuple[model_lib.BertConfig, dict[str,
   returned in the canonical per-layer layout (and a config saying so).
   """
   workdir, step = _split_path(path)
-  bert_config = read_bert_config(str(workdir))
-  ckpt_dir = workdir / CHECKPOINT_DIR
+  bert_config = read_bert_config(workdir)
+  ckpt_dir = paths.join(workdir, CHECKPOINT_DIR)
   if step is None:
-    steps = ocp.utils.checkpoint_steps(ckpt_dir) if ckpt_dir.exists() else []
+    steps = ocp.utils.checkpoint_steps(paths.path(ckpt_dir)) if paths.exists(ckpt_dir) else []
     if not steps:
       raise ValueError(f"{ckpt_dir} holds no complete checkpoint")
     step = max(steps)
-  state_dir = ckpt_dir / str(step) / "state"
-  if not state_dir.exists():
+  state_dir = paths.path(paths.join(ckpt_dir, str(step), "state"))
+  if not paths.exists(state_dir):
     raise ValueError(f"{state_dir} is missing: no complete checkpoint at step {step}")
   with ocp.PyTreeCheckpointer() as checkpointer:
     metadata = checkpointer.metadata(state_dir).item_metadata

@@ -12,11 +12,18 @@ counted as tokens: the hardware computes them.
 
 import json
 import os
+import shutil
+import tempfile
 import time
 from typing import Any
 
+from absl import logging
 import jax
 import numpy as np
+
+from bert_jax import paths
+
+METRICS_FILE = "metrics.jsonl"
 
 # Dense bf16 peak TFLOP/s per device, by jax Device.device_kind (for MFU).
 PEAK_TFLOPS = {
@@ -55,9 +62,32 @@ def peak_flops(peak_tflops_per_device: float) -> float | None:
 
 
 class MetricWriter:
-  """Writes scalars to TensorBoard (tf.summary) and workdir/metrics.jsonl from process 0."""
+  """Writes scalars to TensorBoard (tf.summary) and workdir/metrics.jsonl from process 0.
 
-  def __init__(self, workdir: str):
+  One rule for resumed runs: the rows of steps after the step a run starts
+  from are dropped when it starts (the attempt that wrote them was killed and
+  its later work is lost), so every step appears once and in order, and a
+  script plotting metrics.jsonl never double-counts. `recorded(step)` tells
+  the trainer what a step already has (a resumed run does not evaluate a step
+  twice).
+
+  On object storage (gs://) nothing can be appended: both files are kept
+  locally (the JSON lines in memory, the event file in a temporary directory)
+  and uploaded whole at most every `sync_every_s` seconds, at every `flush()`
+  (the trainers flush when they save a checkpoint) and on close. A run killed
+  with kill -9 loses at most the rows since the last upload; on resume they are
+  written again.
+  """
+
+  def __init__(self, workdir: str, start_step: int = 0, *, sync_every_s: float = 60.0):
+    self._path = paths.join(workdir, METRICS_FILE)
+    existing = read_metrics(self._path) if paths.exists(self._path) else []
+    kept = [r for r in existing if r["step"] <= start_step]
+    # Every process knows what is recorded, so all make the same decisions (a
+    # skipped evaluation is skipped everywhere); only process 0 writes.
+    self._recorded: dict[int, dict[str, float]] = {}
+    for r in kept:
+      self._recorded.setdefault(r["step"], {}).update(r)
     self._enabled = jax.process_index() == 0
     if not self._enabled:
       return
@@ -65,14 +95,27 @@ class MetricWriter:
     import tensorflow as tf
     from tensorflow.core.framework import summary_pb2
     self._tf = tf
-    self._summary = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
+    self._remote = paths.is_remote(workdir)
+    self._tensorboard = paths.join(workdir, "tensorboard")
+    self._events = tempfile.mkdtemp(prefix="bert_jax_tb_") if self._remote else self._tensorboard
+    self._summary = tf.summary.create_file_writer(self._events)
     # tf.summary.scalar lives in the tensorboard package, which is not a
     # dependency; tf.summary.write with the scalars plugin metadata writes the
     # same event records (what tensorboard's scalar op does).
     self._scalar_metadata = summary_pb2.SummaryMetadata(
         plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
         data_class=summary_pb2.DATA_CLASS_SCALAR)
-    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+    self._lines = [json.dumps(r) + "\n" for r in kept]
+    if len(kept) != len(existing):
+      logging.info("%s: dropped %d rows after step %d (written by an attempt that did not "
+                   "reach its next checkpoint)", self._path, len(existing) - len(kept), start_step)
+      paths.write_atomic(self._path, "".join(self._lines))
+    self._jsonl = None if self._remote else paths.open_text(self._path, "a")
+    self._sync_every_s, self._last_sync = sync_every_s, time.monotonic()
+
+  def recorded(self, step: int) -> dict[str, float]:
+    """The metrics metrics.jsonl already holds for `step` (name -> value)."""
+    return self._recorded.get(step, {})
 
   def write(self, step: int, scalars: dict[str, float]) -> None:
     """Records `scalars` at `step` in both sinks."""
@@ -83,14 +126,47 @@ class MetricWriter:
       for k, v in scalars.items():
         self._tf.summary.write(k, self._tf.constant(v, self._tf.float32), step=step,
                                metadata=self._scalar_metadata)
-    self._jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
-    self._jsonl.flush()
+    line = json.dumps({"step": step, **scalars}) + "\n"
+    self._recorded.setdefault(step, {}).update(scalars)
+    if self._remote:
+      self._lines.append(line)
+      if time.monotonic() - self._last_sync > self._sync_every_s:
+        self.flush()
+    else:
+      self._jsonl.write(line)
+      self._jsonl.flush()
+
+  def flush(self) -> None:
+    """Makes everything written so far durable in the workdir."""
+    if not self._enabled:
+      return
+    self._summary.flush()
+    if self._remote:
+      paths.write_atomic(self._path, "".join(self._lines))
+      for name in os.listdir(self._events):
+        paths.copy_file(os.path.join(self._events, name), paths.join(self._tensorboard, name))
+      self._last_sync = time.monotonic()
 
   def close(self) -> None:
-    """Flushes both sinks."""
+    """Flushes both sinks and closes them."""
     if self._enabled:
-      self._summary.flush()
-      self._jsonl.close()
+      self.flush()
+      self._summary.close()
+      if self._jsonl is not None:
+        self._jsonl.close()
+      if self._remote:
+        shutil.rmtree(self._events, ignore_errors=True)
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+  """The rows of a metrics.jsonl (a torn last line, from a kill mid-write, is skipped)."""
+  rows = []
+  for line in paths.read_text(path).splitlines():
+    try:
+      rows.append(json.loads(line))
+    except ValueError:
+      continue
+  return rows
 
 
 class Progress:

@@ -77,11 +77,51 @@ def scale_by_adam_no_bias_correction(b1: float, b2: float, eps: float
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+NAMES = ("adamw", "lamb")
+
+
+def check_config(opt_config: ml_collections.ConfigDict) -> None:
+  """Refuses optimizer settings that cannot train, naming the field.
+
+  Nothing that would silently stop learning gets through: a negative or zero
+  peak learning rate, betas outside [0, 1), a non-positive eps, negative decay.
+  grad_clip_norm 0 means no clipping (optax's clip at 0 would zero every update).
+  """
+  c = opt_config
+  problems = []
+  if c.name not in NAMES:
+    problems.append(f"name={c.name!r}: expected one of {NAMES}")
+  if not c.learning_rate > 0:
+    problems.append(f"learning_rate={c.learning_rate} must be positive")
+  if not 0 <= c.end_learning_rate <= c.learning_rate:
+    problems.append(f"end_learning_rate={c.end_learning_rate} must be in [0, learning_rate]")
+  if c.warmup_steps < 0:
+    problems.append(f"warmup_steps={c.warmup_steps} must be >= 0")
+  if not c.decay_power > 0:
+    problems.append(f"decay_power={c.decay_power} must be positive")
+  for name in ("b1", "b2"):
+    if not 0 <= c[name] < 1:
+      problems.append(f"{name}={c[name]} must be in [0, 1)")
+  if not c.eps > 0:
+    problems.append(f"eps={c.eps} must be positive")
+  if c.weight_decay < 0:
+    problems.append(f"weight_decay={c.weight_decay} must be >= 0")
+  if c.grad_clip_norm is not None and c.grad_clip_norm < 0:
+    problems.append(f"grad_clip_norm={c.grad_clip_norm} must be >= 0 (0: no clipping)")
+  if c.name == "lamb" and not c.bias_correction:
+    problems.append("bias_correction=False is only defined for adamw")
+  if problems:
+    raise ValueError("config.optimizer." + "; config.optimizer.".join(problems))
+
+
 def make_optimizer(opt_config: ml_collections.ConfigDict,
                    total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Returns (optimizer, learning-rate schedule) for `config.optimizer`."""
+  """Returns (optimizer, learning-rate schedule) for `config.optimizer` (checked first)."""
+  check_config(opt_config)
   schedule = learning_rate_schedule(opt_config, total_steps)
-  clip = optax.clip_by_global_norm(opt_config.grad_clip_norm)
+  # 0 (or None) is "no clipping": optax.clip_by_global_norm(0) would zero every update.
+  clip = (optax.clip_by_global_norm(opt_config.grad_clip_norm) if opt_config.grad_clip_norm
+          else optax.identity())
   if opt_config.name == "adamw":
     if opt_config.bias_correction:
       adam = optax.scale_by_adam(opt_config.b1, opt_config.b2, opt_config.eps)
@@ -91,12 +131,8 @@ def make_optimizer(opt_config: ml_collections.ConfigDict,
         clip, adam,
         optax.add_decayed_weights(opt_config.weight_decay, mask=weight_decay_mask),
         optax.scale_by_learning_rate(schedule))
-  elif opt_config.name == "lamb":
-    if not opt_config.bias_correction:
-      raise ValueError("config.optimizer.bias_correction=False is only defined for adamw")
+  else:  # lamb (check_config refused anything else)
     tx = optax.chain(clip, optax.lamb(schedule, opt_config.b1, opt_config.b2, opt_config.eps,
                                       weight_decay=opt_config.weight_decay,
                                       mask=weight_decay_mask))
-  else:
-    raise ValueError(f"config.optimizer.name={opt_config.name!r}: expected 'adamw' or 'lamb'")
   return tx, schedule

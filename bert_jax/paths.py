@@ -34,6 +34,7 @@ from typing import IO, Iterator
 os.environ.setdefault("EPATH_USE_TF", "false")
 
 from etils import epath  # pylint: disable=g-import-not-at-top,wrong-import-position
+from etils.epath import backend as epath_backend  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 if os.environ.get("STORAGE_EMULATOR_HOST"):
   # Against an emulator there are no credentials, and gcsfs warns on every call
@@ -48,6 +49,18 @@ REMOTE_PREFIXES = ("gs://", "s3://")
 def is_remote(path: "str | os.PathLike") -> bool:
   """Whether `path` names object storage rather than a local file system."""
   return os.fspath(path).startswith(REMOTE_PREFIXES)
+
+
+def _remote_fs(p: "str | os.PathLike"):
+  """The fsspec file system epath itself uses for a remote path (one instance, one cache)."""
+  return epath_backend.fsspec_backend.fs(os.fspath(p))
+
+
+def _fresh(p: "str | os.PathLike") -> None:
+  # gcsfs caches listings forever by default; files another process (or host)
+  # writes -- a lock, a record, a checkpoint -- must be seen as they are now.
+  if is_remote(p):
+    _remote_fs(p).invalidate_cache(os.fspath(p))
 
 
 def path(p: "str | os.PathLike") -> epath.Path:
@@ -65,12 +78,19 @@ def join(base: "str | os.PathLike", *parts: str) -> str:
 
 def exists(p: "str | os.PathLike") -> bool:
   """Whether the file or directory exists."""
+  _fresh(p)
   return path(p).exists()
 
 
 def is_dir(p: "str | os.PathLike") -> bool:
   """Whether `p` is a directory (a prefix with objects under it, on GCS)."""
   return path(p).is_dir()
+
+
+def size(p: "str | os.PathLike") -> int:
+  """Size of a file in bytes."""
+  _fresh(p)
+  return path(p).stat().length
 
 
 def makedirs(p: "str | os.PathLike") -> None:
@@ -80,6 +100,7 @@ def makedirs(p: "str | os.PathLike") -> None:
 
 def read_bytes(p: "str | os.PathLike") -> bytes:
   """The whole file."""
+  _fresh(p)
   return path(p).read_bytes()
 
 
@@ -103,6 +124,37 @@ def write_atomic(p: "str | os.PathLike", data: "str | bytes") -> None:
   finally:
     if tmp.exists():
       tmp.unlink()
+
+
+def create_exclusive(p: "str | os.PathLike", data: "str | bytes") -> bool:
+  """Creates the file with `data` only if it does not exist; False when it already does.
+
+  Atomic on both backends (O_CREAT|O_EXCL locally, an ifGenerationMatch=0
+  upload on GCS), so of several processes racing for it exactly one wins.
+  """
+  data = data.encode("utf-8") if isinstance(data, str) else data
+  if is_remote(p):
+    try:
+      _remote_fs(p).pipe(os.fspath(p), data, mode="create")
+    except FileExistsError:
+      return False
+    return True
+  target = os.fspath(path(p))
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  try:
+    fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+  except FileExistsError:
+    return False
+  with os.fdopen(fd, "wb") as f:
+    f.write(data)
+  return True
+
+
+def remove(p: "str | os.PathLike") -> None:
+  """Deletes a file if it exists."""
+  target = path(p)
+  if target.exists():
+    target.unlink()
 
 
 def open_binary(p: "str | os.PathLike", mode: str = "rb") -> IO[bytes]:
@@ -131,6 +183,7 @@ def glob(pattern: str) -> list[str]:
     import glob as globlib  # pylint: disable=g-import-not-at-top
     return sorted(p for p in globlib.glob(os.path.abspath(pattern), recursive=True)
                   if os.path.isfile(p))
+  _fresh(pattern.split("*")[0].rsplit("/", 1)[0])
   scheme, rest = pattern.split("://", 1)
   parts = rest.split("/")
   # The literal prefix (bucket and directories without wildcards) is listed; the rest matched.

@@ -5,7 +5,7 @@ axis names, take optimizer updates (with gradient accumulation and the
 non-finite guard) and decide where a run starts through these functions, so
 there is one copy of each:
 
-  setup_mesh          distributed init, writable workdir, device mesh, axis rules
+  setup_mesh          distributed init, device mesh, axis rules
   make_layout         shardings and abstract shapes of {params, opt_state, step}
   start               resume from the workdir, else init from a checkpoint, else random
   accumulated_grads   loss and gradients of a global batch, in micro-batches if asked
@@ -36,9 +36,9 @@ ARCHITECTURE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads"
                        "max_position_embeddings", "type_vocab_size")
 
 
-def setup_mesh(config: ml_collections.ConfigDict,
-               workdir: str) -> tuple[jax.sharding.Mesh, list[tuple[str, Any]]]:
-  """Joins the distributed run (if configured), proves the workdir writable, builds the mesh.
+def setup_mesh(config: ml_collections.ConfigDict) -> tuple[jax.sharding.Mesh,
+                                                         list[tuple[str, Any]]]:
+  """Joins the distributed run (if configured) and builds the mesh; writes nothing.
 
   Returns (mesh, logical axis rules as flax wants them).
   """
@@ -49,7 +49,6 @@ def setup_mesh(config: ml_collections.ConfigDict,
               "process_id": None if config.distributed.process_id < 0
                             else config.distributed.process_id}
     jax.distributed.initialize(**kwargs)
-  checkpoint.check_writable(workdir)
   mesh = sharding.make_mesh(config.mesh)
   # JSON round trips turn the rules' tuples into lists; flax wants tuples.
   rules = [(name, tuple(axes) if isinstance(axes, list) else axes)
@@ -117,15 +116,16 @@ def start(manager, layout: StateLayout, model: nn.Module, tx: optax.GradientTran
           init_source: str = "") -> tuple[TrainState, dict | None]:
   """Where a run starts, decided once: (state, data_state or None).
 
-    1. the latest complete checkpoint in `manager` (auto-resume), else
+    1. the newest checkpoint in `manager` that restores (auto-resume; see
+       checkpoint.restore_latest for damaged ones), else
     2. `load_init(fresh params as host arrays) -> params` (a pretrained checkpoint), else
     3. random initialisation from `rng`.
   """
   if manager.latest_step() is not None:
-    restored, data_state = checkpoint.restore(manager, layout.abstract)
+    step, restored, data_state = checkpoint.restore_latest(manager, layout.abstract)
     state = TrainState(step=restored["step"], apply_fn=model.apply, params=restored["params"],
                        tx=tx, opt_state=restored["opt_state"])
-    logging.info("resumed from %s at step %d", manager.directory, manager.latest_step())
+    logging.info("resumed from %s at step %d", manager.directory, step)
     return state, data_state
   if load_init is not None:
     fresh = jax.device_get(layout.init(rng).params)

@@ -11,16 +11,14 @@ Where a run starts, decided once (in "restore"):
   3. random initialisation from config.seed.
 """
 
+import contextlib
 import copy
 import functools
-import os
-import signal
 from typing import Any
 
 from absl import logging
 import flax.linen as nn
 import jax
-from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -30,8 +28,12 @@ from bert_jax import losses
 from bert_jax import metrics_io
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import paths
+from bert_jax import preemption
 from bert_jax import sharding
 from bert_jax import state as state_lib
+from bert_jax import workdir as workdir_lib
+from data_pipeline import corpora
 from data_pipeline import pretraining
 
 TrainState = state_lib.TrainState
@@ -54,7 +56,11 @@ def build_bert_config(config: ml_collections.ConfigDict) -> model_lib.BertConfig
 
 
 def phase_data_config(config: ml_collections.ConfigDict, step: int) -> tuple[int, Any]:
-  """(phase, data config) in force at `step`: phase 2 swaps in the long sequences."""
+  """(phase, data config) in force at `step`: phase 2 swaps in the long sequences.
+
+  Phase 2's max_predictions_per_seq 0 derives it from the masking ratio at
+  phase 2's length, as phase 1's 0 does, so a ratio ablation changes nothing else.
+  """
   if step < phase2_start(config):
     return 1, config.data
   data = copy.deepcopy(config.data)
@@ -94,13 +100,29 @@ def check_config(config: ml_collections.ConfigDict, bert_config: model_lib.BertC
                      f"than one eval batch (config.eval_batch_size={config.eval_batch_size})")
   if not 0.0 < config.phase2.start_fraction <= 1.0:
     raise ValueError(f"config.phase2.start_fraction={config.phase2.start_fraction} not in (0, 1]")
-  for step in {0, phase2_start(config) % config.total_steps}:
-    length = phase_data_config(config, step)[1].max_seq_length
+  for name in ("log_every_steps", "eval_every_steps"):
+    if config[name] <= 0:
+      raise ValueError(f"config.{name}={config[name]} must be positive")
+  if config.checkpoint.every_steps <= 0 or config.checkpoint.keep < 1:
+    raise ValueError(f"config.checkpoint.every_steps={config.checkpoint.every_steps} must be "
+                     f"positive and config.checkpoint.keep={config.checkpoint.keep} at least 1")
+  # Every phase's data, masks and eval set, so phase 2 cannot fail at 90% of the run.
+  for step in sorted({0, phase2_start(config) % config.total_steps}):
+    phase, data_config = phase_data_config(config, step)
+    where = f"phase {phase} (from step {step})"
+    length = data_config.max_seq_length
     if length > bert_config.max_position_embeddings:
       raise ValueError(
-          f"max_seq_length={length} (phase starting at step {step}) exceeds the model's "
+          f"max_seq_length={length} in {where} exceeds the model's "
           f"max_position_embeddings={bert_config.max_position_embeddings}")
-  if config.init_checkpoint and not os.path.exists(config.init_checkpoint):
+    try:
+      pretraining.check_data_config(data_config)
+    except ValueError as e:
+      hint = (" (phase 2 takes it from config.phase2.max_predictions_per_seq)"
+              if phase == 2 and "max_predictions" in str(e) else "")
+      raise ValueError(f"{where}: {e}{hint}") from None
+  optim.check_config(config.optimizer)
+  if config.init_checkpoint and not paths.exists(config.init_checkpoint):
     raise ValueError(f"config.init_checkpoint={config.init_checkpoint!r} does not exist")
 
 
@@ -168,48 +190,64 @@ def eval_step(params: Any, batch: dict[str, jax.Array], *, apply_fn: Any) -> dic
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains (resuming when the workdir has checkpoints) and returns the final eval metrics."""
+  """Trains (resuming when the workdir has checkpoints) and returns the final eval metrics.
+
+  A run stopped by SIGTERM or a pod preemption saves its step and returns;
+  bert_jax.preemption.was_preempted() then tells bert_jax.main to exit with 143.
+  """
   # ----------------------------------------------------------------- mesh
-  mesh, rules = state_lib.setup_mesh(config, workdir)
+  mesh, rules = state_lib.setup_mesh(config)
   bert_config = build_bert_config(config)
-  check_config(config, bert_config, mesh)
+  check_config(config, bert_config, mesh)  # the whole run, before anything is written
   logging.info("mesh %s over %d devices (%d processes)", dict(mesh.shape), jax.device_count(),
                jax.process_count())
 
-  # ----------------------------------------------------------------- data
-  host_batch = config.batch_size // jax.process_count()
-  host_eval_batch = config.eval_batch_size // jax.process_count()
+  # -------------------------------------------------------------- workdir
+  vocab_file, spm_model_file = pretraining.resolve_vocab(config.data)
+  lock = workdir_lib.open_workdir(
+      workdir, config, bert_config, vocab_file=vocab_file or None,
+      spm_model_file=spm_model_file or None,
+      data=corpora.fingerprint(config.data.corpus, embedded_cache_dir=config.data.embedded_cache_dir,
+                               tfds_data_dir=config.data.tfds_data_dir))
+  with contextlib.ExitStack() as cleanup:  # run in reverse order, whatever fails
+    if lock is not None:
+      cleanup.callback(lock.release)
 
-  def make_input(step: int, data_state: dict[str, Any] | None):
-    phase, data_config = phase_data_config(config, step)
-    data = pretraining.PretrainingInput(
-        data_config, batch_size=host_batch, process_index=jax.process_index(),
-        process_count=jax.process_count(), split="train")
-    if data_state is not None and data_state.get("phase") == phase:
-      data.set_state(data_state["input"])
-    return phase, data
+    # --------------------------------------------------------------- data
+    host_batch = config.batch_size // jax.process_count()
+    host_eval_batch = config.eval_batch_size // jax.process_count()
 
-  def make_eval_set(phase_config):
-    return list(pretraining.make_eval_batches(
-        phase_config, batch_size=host_eval_batch, process_index=jax.process_index(),
-        process_count=jax.process_count()))
+    def make_input(step: int, data_state: dict[str, Any] | None):
+      phase, data_config = phase_data_config(config, step)
+      data = pretraining.PretrainingInput(
+          data_config, batch_size=host_batch, process_index=jax.process_index(),
+          process_count=jax.process_count(), split="train")
+      if data_state is not None and data_state.get("phase") == phase:
+        data.set_state(data_state["input"])
+      return phase, data
 
-  # ----------------------------------------------------- model and optimizer
-  model = model_lib.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
-  tx, lr_schedule = optim.make_optimizer(config.optimizer, config.total_steps)
-  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+    def make_eval_set(phase_config):
+      return list(pretraining.make_eval_batches(
+          phase_config, batch_size=host_eval_batch, process_index=jax.process_index(),
+          process_count=jax.process_count()))
 
-  def init_params(rng):
-    length = config.data.max_seq_length
-    predictions = pretraining.max_predictions(config.data)
-    ids = jnp.zeros((1, length), jnp.int32)
-    return model.init({"params": rng}, ids, ids, ids, jnp.zeros((1, predictions), jnp.int32),
-                      deterministic=True)["params"]
+    # --------------------------------------------------- model and optimizer
+    model = model_lib.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
+    tx, lr_schedule = optim.make_optimizer(config.optimizer, config.total_steps)
+    init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
 
-  # ------------------------------------------------------------- shardings
-  layout = state_lib.make_layout(model, init_params, tx, mesh, rules, init_rng)
-  with nn.logical_axis_rules(rules):
-    # ------------------------------------------------------------------ step
+    def init_params(rng):
+      length = config.data.max_seq_length
+      predictions = pretraining.max_predictions(config.data)
+      ids = jnp.zeros((1, length), jnp.int32)
+      return model.init({"params": rng}, ids, ids, ids, jnp.zeros((1, predictions), jnp.int32),
+                        deterministic=True)["params"]
+
+    # ----------------------------------------------------------- shardings
+    layout = state_lib.make_layout(model, init_params, tx, mesh, rules, init_rng)
+    cleanup.enter_context(nn.logical_axis_rules(rules))
+
+    # ---------------------------------------------------------------- step
     p_train_step = jax.jit(
         functools.partial(train_step, grad_accum_steps=config.grad_accum_steps,
                           skip_nonfinite=config.skip_nonfinite_steps),
@@ -219,19 +257,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                           in_shardings=(layout.params, layout.batch),
                           out_shardings=layout.replicated)
 
-    # --------------------------------------------------------------- restore
+    # ------------------------------------------------------------- restore
     manager = checkpoint.make_manager(workdir, config.checkpoint)
+    cleanup.callback(manager.close)
+    # A pending async save must finish (or fail loudly) whatever else fails.
+    cleanup.callback(manager.wait_until_finished)
     load_init = (functools.partial(_load_init_checkpoint, config, bert_config)
                  if config.init_checkpoint else None)
     state, data_state = state_lib.start(manager, layout, model, tx, init_rng, load_init,
                                         config.init_checkpoint)
     step = int(state.step)
-    checkpoint.write_run_files(workdir, config, bert_config, _vocab_path(config.data))
+    writer = metrics_io.MetricWriter(workdir, start_step=step)
+    cleanup.callback(writer.close)
 
-    # ------------------------------------------------------------------ eval
+    # ---------------------------------------------------------------- eval
     eval_sets: dict[int, list[dict[str, np.ndarray]]] = {}
 
     def evaluate(at_step: int) -> dict[str, float]:
+      """Held-out metrics at `at_step`; a step metrics.jsonl already has is not redone."""
+      done = writer.recorded(at_step)
+      if "eval/mlm_loss" in done:
+        return {k: v for k, v in done.items() if k.startswith("eval/")}
       phase, data_config = phase_data_config(config, min(at_step, config.total_steps - 1))
       if phase not in eval_sets:
         eval_sets[phase] = make_eval_set(data_config)
@@ -241,7 +287,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         for k, v in sums.items():
           totals[k] = totals.get(k, 0.0) + float(v)
       n = max(totals["predictions"], 1.0)
-      result = {"eval/mlm_loss": totals["mlm_loss"] / n, "eval/mlm_accuracy": totals["mlm_correct"] / n}
+      result = {"eval/mlm_loss": totals["mlm_loss"] / n,
+                "eval/mlm_accuracy": totals["mlm_correct"] / n}
       if "examples" in totals:
         result["eval/nsp_accuracy"] = totals["nsp_correct"] / max(totals["examples"], 1.0)
       writer.write(at_step, result)
@@ -249,11 +296,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                    " ".join(f"{k[5:]} {v:.4f}" for k, v in result.items()))
       return result
 
-    # ------------------------------------------------------------------ loop
-    writer = metrics_io.MetricWriter(workdir)
-    preempted = []
-    previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
+    # ---------------------------------------------------------------- loop
+    stop_request = preemption.StopRequest()
+    cleanup.callback(stop_request.close)
     phase, data = make_input(step, data_state)
+    cleanup.callback(lambda: data.close())  # the input of the phase running at the end
     progress = metrics_io.Progress(config.total_steps, step)
     peak = metrics_io.peak_flops(config.peak_tflops_per_device)
     pending = None  # (step, device metrics) not yet checked: checking lags one step
@@ -272,61 +319,52 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             f"in {manager.directory} (config.skip_nonfinite_steps=True skips such steps)")
       history.append(m)
 
-    try:
-      while step < config.total_steps:
-        if phase_data_config(config, step)[0] != phase:  # phase 2: longer sequences
-          data.close()
-          phase, data = make_input(step, None)
-          logging.info("step %d: phase %d, max_seq_length %d", step, phase,
-                       phase_data_config(config, step)[1].max_seq_length)
-        local = next(data)
-        tokens = local["input_ids"].size * jax.process_count()
-        state, metrics = p_train_step(state, sharding.global_batch(local, mesh), dropout_rng)
-        if pending is not None:
-          check(pending)
-        step += 1
-        pending = (step, metrics)
-        stop = bool(preempted)
-        if jax.process_count() > 1:  # every host must agree to stop at the same step
-          stop = bool(multihost_utils.process_allgather(np.asarray(stop)).any())
-        log_now = step % config.log_every_steps == 0 or step == config.total_steps
-        save_now = (step % config.checkpoint.every_steps == 0 or step == config.total_steps
-                    or stop)
-        if log_now or save_now:
-          check(pending)
-          pending = None
-        if log_now:
-          scalars = {k: float(np.mean([h[k] for h in history])) for k in history[-1]}
-          scalars["skipped_steps"] = sum(1.0 - h["finite"] for h in history)
-          scalars["learning_rate"] = float(lr_schedule(step - 1))
-          flops = metrics_io.flops_per_step(bert_config, layout.abstract_params, config.batch_size,
-                                            local["input_ids"].shape[1],
-                                            local["masked_lm_ids"].shape[1])
-          scalars.update(progress.measure(step, tokens, flops, peak))
-          writer.write(step, scalars)
-          logging.info("%s", metrics_io.progress_line(step, config.total_steps, scalars))
-          history.clear()
-        if save_now:
-          checkpoint.save(manager, step,
-                          {"params": state.params, "opt_state": state.opt_state,
-                           "step": state.step},
-                          {"phase": phase, "input": data.get_state()}, force=True)
-        if stop:
-          logging.info("SIGTERM: saved step %d, exiting", step)
-          break
-        if step % config.eval_every_steps == 0 and step < config.total_steps:
-          result = evaluate(step)
+    while step < config.total_steps:
+      if phase_data_config(config, step)[0] != phase:  # phase 2: longer sequences
+        data.close()
+        phase, data = make_input(step, None)
+        logging.info("step %d: phase %d, max_seq_length %d", step, phase,
+                     phase_data_config(config, step)[1].max_seq_length)
+      local = next(data)
+      tokens = local["input_ids"].size * jax.process_count()
+      state, metrics = p_train_step(state, sharding.global_batch(local, mesh), dropout_rng)
       if pending is not None:
         check(pending)
-      if step >= config.total_steps:
+      step += 1
+      pending = (step, metrics)
+      stop = stop_request.reached(step)
+      log_now = step % config.log_every_steps == 0 or step == config.total_steps
+      save_now = (step % config.checkpoint.every_steps == 0 or step == config.total_steps
+                  or stop)
+      if log_now or save_now:
+        check(pending)
+        pending = None
+      if log_now:
+        scalars = {k: float(np.mean([h[k] for h in history])) for k in history[-1]}
+        scalars["skipped_steps"] = sum(1.0 - h["finite"] for h in history)
+        scalars["learning_rate"] = float(lr_schedule(step - 1))
+        flops = metrics_io.flops_per_step(bert_config, layout.abstract_params, config.batch_size,
+                                          local["input_ids"].shape[1],
+                                          local["masked_lm_ids"].shape[1])
+        scalars.update(progress.measure(step, tokens, flops, peak))
+        writer.write(step, scalars)
+        logging.info("%s", metrics_io.progress_line(step, config.total_steps, scalars))
+        history.clear()
+      if save_now:
+        checkpoint.save(manager, step,
+                        {"params": state.params, "opt_state": state.opt_state,
+                         "step": state.step},
+                        {"phase": phase, "input": data.get_state()}, force=True)
+        writer.flush()
+      if stop:
+        logging.warning("preempted (SIGTERM): saved step %d; the same command resumes", step)
+        break
+      if step % config.eval_every_steps == 0 and step < config.total_steps:
         result = evaluate(step)
-    finally:
-      # Checkpoints first: a pending async save must finish whatever else fails here.
-      manager.wait_until_finished()
-      manager.close()
-      writer.close()
-      signal.signal(signal.SIGTERM, previous_handler)
-      data.close()
+    if pending is not None:
+      check(pending)
+    if step >= config.total_steps:
+      result = evaluate(step)
   return result
 
 
@@ -340,8 +378,3 @@ def _load_init_checkpoint(config: ml_collections.ConfigDict, bert_config: model_
                                f"config.init_checkpoint={config.init_checkpoint!r}")
   loaded = dict(loaded, bert=state_lib.stack_if_scanned(loaded["bert"], bert_config))
   return state_lib.merge_params(fresh, loaded)  # heads absent from it keep their init
-
-
-def _vocab_path(data_config: Any) -> str | None:
-  """The vocabulary file the pipeline tokenizes with (None for SentencePiece)."""
-  return pretraining.resolve_vocab(data_config)[0] or None

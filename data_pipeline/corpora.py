@@ -54,6 +54,8 @@ import re
 import sys
 from typing import Iterator
 
+from bert_jax import paths
+
 # Sentence ends: Latin .!? followed by whitespace, or CJK 。！？ (no space needed in
 # CJK text); closing quotes/brackets right after the end mark stay with the
 # sentence. Abbreviations ("e.g. x") split too -- accepted for pretraining text,
@@ -125,7 +127,7 @@ def _lines(path: str, max_line_bytes: int, stats: CorpusStats) -> Iterator[str]:
   ``readline(limit)`` keeps memory bounded by ``max_line_bytes`` however long a
   line is.
   """
-  with open(path, "rb") as f:
+  with paths.open_binary(path) as f:
     while True:
       raw = f.readline(max_line_bytes + 1)
       if not raw:
@@ -193,9 +195,31 @@ def _tfds_documents(name, data_dir, split, text_field, process_index,
 
 
 def _files(pattern: str) -> list[str]:
-  """Sorted files of a glob (sorted: the document order must not depend on the file system)."""
-  return sorted(p for p in globlib.glob(os.path.expanduser(pattern), recursive=True)
-                if os.path.isfile(p))
+  """Sorted files of a glob, local or gs:// (sorted: the document order must not depend on
+  the file system)."""
+  return paths.glob(pattern)
+
+
+def _source_pattern(corpus: str, embedded_cache_dir: str) -> tuple[str, str]:
+  """(kind, glob) of a file corpus spec: kind "bert", "raw" or "jsonl"."""
+  if corpus == "embedded":
+    return "bert", str(embedded_corpus_path(embedded_cache_dir or None))
+  if corpus.startswith(("raw:", "jsonl:")):
+    kind, pattern = corpus.split(":", 1)
+    return kind, pattern
+  return "bert", corpus
+
+
+def fingerprint(corpus: str, *, embedded_cache_dir: str = "", tfds_data_dir: str = "") -> dict:
+  """What a corpus is, cheaply (names and sizes of its files, no reading): a workdir records
+  it on creation, so a resumed run refuses a corpus that changed under it."""
+  if corpus.startswith("tfds:"):
+    return {"corpus": corpus, "tfds_data_dir": tfds_data_dir}
+  _, pattern = _source_pattern(corpus, embedded_cache_dir)
+  files = _files(pattern)
+  listing = [[os.path.basename(f), paths.size(f)] for f in files]
+  digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
+  return {"files": len(files), "bytes": sum(s for _, s in listing), "listing_sha256": digest}
 
 
 def read_documents(corpus: str, *, split: str = "train", process_index: int = 0,
@@ -264,12 +288,7 @@ def _source_documents(corpus, process_index, process_count, tfds_data_dir,
     yield from _tfds_documents(corpus[5:], tfds_data_dir, tfds_split, text_field,
                                process_index, process_count)
     return
-  if corpus == "embedded":
-    kind, pattern = "bert", str(embedded_corpus_path(embedded_cache_dir or None))
-  elif corpus.startswith(("raw:", "jsonl:")):
-    kind, pattern = corpus.split(":", 1)
-  else:
-    kind, pattern = "bert", corpus
+  kind, pattern = _source_pattern(corpus, embedded_cache_dir)
   files = _files(pattern)
   if not files:
     raise ValueError(f"corpus glob {pattern!r} matches no file")
@@ -279,7 +298,7 @@ def _source_documents(corpus, process_index, process_count, tfds_data_dir,
   index = 0
   for path in files:
     stats.files += 1
-    if os.path.getsize(path) == 0:
+    if paths.size(path) == 0:
       stats.empty_files += 1
       continue
     if kind == "bert":

@@ -125,6 +125,14 @@ def max_predictions(data_config) -> int:
   return masking_spec(data_config).max_predictions(data_config.max_seq_length)
 
 
+def check_data_config(data_config) -> None:
+  """Every check the pipeline would make on this config, without reading data: ValueErrors
+  naming the field (the trainer calls it for every phase before the first step)."""
+  _validate(data_config)
+  masking_spec(data_config)
+  eval_masking_spec(data_config)
+
+
 def _validate(data_config) -> None:
   """ValueErrors naming the field for settings the pipeline cannot honour."""
   if data_config.objective not in OBJECTIVES:

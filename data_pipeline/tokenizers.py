@@ -70,6 +70,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from bert_jax import paths
+
 # Role -> BERT spelling; the pipeline only ever refers to specials by role.
 SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 
@@ -110,10 +112,9 @@ def read_vocab(vocab_file: str) -> list[str]:
     ValueError: the file is missing, empty, not UTF-8, has duplicate or empty
       tokens, or lacks any of [PAD] [UNK] [CLS] [SEP] [MASK].
   """
-  if not tf.io.gfile.exists(vocab_file):
+  if not paths.exists(vocab_file):
     raise ValueError(f"vocab file {vocab_file!r} does not exist")
-  with tf.io.gfile.GFile(vocab_file, "rb") as f:
-    data = f.read()
+  data = paths.read_bytes(vocab_file)
   try:
     text = data.decode("utf-8")
   except UnicodeDecodeError as e:
@@ -283,10 +284,9 @@ class SentencePieceTokenizer:
     import sentencepiece as spm  # Only to inspect pieces; the op is tensorflow-text's.
     self.model_file = str(model_file)
     self.do_lower_case = bool(do_lower_case)
-    if not tf.io.gfile.exists(self.model_file):
+    if not paths.exists(self.model_file):
       raise ValueError(f"SentencePiece model {self.model_file!r} does not exist")
-    with tf.io.gfile.GFile(self.model_file, "rb") as f:
-      proto = f.read()
+    proto = paths.read_bytes(self.model_file)
     processor = spm.SentencePieceProcessor()
     try:
       processor.LoadFromSerializedProto(proto)
@@ -369,17 +369,19 @@ def tokenize_file(tokenizer, input_file: str, output_file: str, batch_size: int 
   and is logged. Returns counts: {"lines", "non_utf8_lines"}.
   """
   from absl import logging  # Deferred: only the CLI path logs.
-  if not tf.io.gfile.exists(input_file):
+  if not paths.exists(input_file):
     raise ValueError(f"input file {input_file!r} does not exist")
 
   @tf.function
   def tokenize_batch(lines):
     return tokenizer.tokenize(lines), is_valid_utf8(lines)
 
-  dataset = tf.data.TextLineDataset(input_file).batch(batch_size).map(
-      tokenize_batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
   lines = non_utf8 = 0
-  with tf.io.gfile.GFile(output_file, "w") as out:
+  # TextLineDataset reads through TensorFlow's own file systems; a gs:// input is
+  # downloaded first (see bert_jax.paths for why TF never talks to GCS here).
+  with paths.local_file(input_file) as local_input, paths.open_text(output_file, "w") as out:
+    dataset = tf.data.TextLineDataset(local_input).batch(batch_size).map(
+        tokenize_batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
     for ids, valid in dataset:
       splits, values, valid = ids.row_splits.numpy(), ids.values.numpy(), valid.numpy()
       rows = []

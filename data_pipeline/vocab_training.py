@@ -17,12 +17,14 @@ special tokens so the result loads straight into the tokenizers of
 """
 
 import os
+import tempfile
 from typing import Iterator, Sequence
 
 from absl import logging
 import tensorflow as tf
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bert_vocab
 
+from bert_jax import paths
 from data_pipeline import tokenizers
 
 # Reserved ids 0-4 for both kinds of vocabulary, in this order.
@@ -34,7 +36,7 @@ def _files(input_files: str | Sequence[str]) -> list[str]:
   patterns = input_files.split(",") if isinstance(input_files, str) else list(input_files)
   files = []
   for pattern in patterns:
-    matched = sorted(tf.io.gfile.glob(str(pattern)))
+    matched = paths.glob(str(pattern))
     if not matched:
       raise ValueError(f"input file pattern {str(pattern)!r} matches no file")
     files.extend(matched)
@@ -45,7 +47,7 @@ def _utf8_lines(files: Sequence[str], max_lines: int | None) -> Iterator[str]:
   """Non-empty decoded lines of `files`; undecodable lines are skipped and counted."""
   emitted = skipped = 0
   for path in files:
-    with tf.io.gfile.GFile(path, "rb") as f:
+    with paths.open_binary(path) as f:
       for number, raw in enumerate(f, start=1):
         try:
           line = raw.decode("utf-8").rstrip("\r\n")
@@ -107,9 +109,7 @@ def train_wordpiece_vocab(input_files: str | Sequence[str], vocab_file: str, voc
       bert_tokenizer_params={"lower_case": False}, learn_params=learn_params or {})
   if len(vocab) <= len(RESERVED_TOKENS):
     raise ValueError(f"no text to learn a vocabulary from in {input_files!r}")
-  tf.io.gfile.makedirs(os.path.dirname(os.path.abspath(vocab_file)))
-  with tf.io.gfile.GFile(vocab_file, "w") as f:
-    f.write("".join(token + "\n" for token in vocab))
+  paths.write_atomic(vocab_file, "".join(token + "\n" for token in vocab))
   logging.info("wrote %d WordPiece tokens to %s", len(vocab), vocab_file)
   return vocab
 
@@ -141,8 +141,22 @@ def train_sentencepiece(input_files: str | Sequence[str], model_prefix: str, voc
   lines = _utf8_lines(files, max_lines)
   if do_lower_case:
     lines = (line.lower() for line in lines)
-  parent = os.path.dirname(os.path.abspath(model_prefix))
-  tf.io.gfile.makedirs(parent)
+  # The trainer writes local files only: train into a temporary directory, then copy
+  # <prefix>.model / .vocab to where they were asked for (local or gs://).
+  with tempfile.TemporaryDirectory(prefix="bert_jax_spm_") as tmp:
+    local_prefix = os.path.join(tmp, "spm")
+    _train_spm(spm, lines, local_prefix, vocab_size, model_type, character_coverage,
+               input_sentence_size, trainer_kwargs)
+    for suffix in (".model", ".vocab"):
+      paths.copy_file(local_prefix + suffix, f"{model_prefix}{suffix}")
+  model_file = f"{model_prefix}.model"
+  logging.info("wrote SentencePiece model %s (%d pieces)", model_file, vocab_size)
+  return model_file
+
+
+def _train_spm(spm, lines, model_prefix, vocab_size, model_type, character_coverage,
+               input_sentence_size, trainer_kwargs) -> None:
+  """SentencePieceTrainer.train with BERT's reserved pieces at ids 0-4."""
   spm.SentencePieceTrainer.train(
       sentence_iterator=lines, model_prefix=str(model_prefix), vocab_size=vocab_size,
       model_type=model_type, character_coverage=character_coverage,
@@ -150,6 +164,3 @@ def train_sentencepiece(input_files: str | Sequence[str], model_prefix: str, voc
       pad_id=0, pad_piece=RESERVED_TOKENS[0], unk_id=1, unk_piece=RESERVED_TOKENS[1],
       bos_id=-1, eos_id=-1, user_defined_symbols=RESERVED_TOKENS[2:],
       minloglevel=2, **trainer_kwargs)
-  model_file = f"{model_prefix}.model"
-  logging.info("wrote SentencePiece model %s (%d pieces)", model_file, vocab_size)
-  return model_file

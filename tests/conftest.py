@@ -164,7 +164,7 @@ def pretrain_subprocess(tmp_path_factory):
   """Starts tests/pretrain_runner.py on a config in a fresh process with `devices` CPU devices.
 
   Returns a function (config, workdir, *, devices=1, synthetic=False, name=None,
-  preexec_fn=None) ->
+  preexec_fn=None, stdout=None, env=None) ->
   subprocess.Popen; its config file and output log sit beside the workdir, named
   `name` (default: the workdir's name) + ".config.json" / ".log".
   """
@@ -173,15 +173,19 @@ def pretrain_subprocess(tmp_path_factory):
   runner = pathlib.Path(__file__).with_name("pretrain_runner.py")
   cache_dir = tmp_path_factory.mktemp("jax_compilation_cache")
 
-  def start(config, workdir, *, devices=1, synthetic=False, name=None, preexec_fn=None):
+  def start(config, workdir, *, devices=1, synthetic=False, name=None, preexec_fn=None,
+            stdout=None, env=None):
     workdir = pathlib.Path(workdir)
     name = name or workdir.name
     config_file = workdir.parent / f"{name}.config.json"
     config_file.write_text(config.to_json())
-    log = open(workdir.parent / f"{name}.log", "ab")
+    # A pipe instead of the log file when the test reads the output itself (a child
+    # with a file-size limit could not write a log past that limit).
+    log = stdout or open(workdir.parent / f"{name}.log", "ab")
     args = [sys.executable, str(runner), str(config_file), str(workdir)]
     return subprocess.Popen(args + (["--synthetic"] if synthetic else []), stdout=log,
-                            stderr=subprocess.STDOUT, env=_pretrain_env(devices, cache_dir),
+                            stderr=subprocess.STDOUT,
+                            env={**_pretrain_env(devices, cache_dir), **(env or {})},
                             preexec_fn=preexec_fn)
 
   return start

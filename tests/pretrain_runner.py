@@ -2,8 +2,8 @@
 
 usage: python tests/pretrain_runner.py CONFIG_JSON WORKDIR [--synthetic]
 
-Runs bert_jax.train.train_and_evaluate on a config serialised with
-ConfigDict.to_json(). --synthetic replaces the input pipeline with a
+Runs bert_jax.main.run (the entry point minus flag parsing) on a config
+serialised with ConfigDict.to_json(). --synthetic replaces the input pipeline with a
 deterministic random stream whose global batch is the same however many
 processes share it (process i gets rows [i*b, (i+1)*b)): the real pipeline
 gives each process different documents, so 2 processes could not be compared
@@ -78,10 +78,11 @@ def main(argv):
     from data_pipeline import pretraining
     pretraining.PretrainingInput = SyntheticInput
     pretraining.make_eval_batches = synthetic_eval_batches
-  from absl import logging
-  from bert_jax import train
-  logging.set_verbosity(logging.INFO)
-  train.train_and_evaluate(config, argv[2])
+  from bert_jax import main as main_lib
+  main_lib.configure_logging()
+  # The entry point's own run(): exit codes (0 done, 143 preempted, 1 refused or a
+  # storage error) are what schedulers and the tests see.
+  sys.exit(main_lib.run(config, argv[2]))
 
 
 if __name__ == "__main__":

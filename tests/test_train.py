@@ -177,7 +177,8 @@ def test_every_variant_builds_a_consistent_run(variant):
   assert config.batch_size % 8 == 0 and config.eval_batch_size % 8 == 0
   if variant in ("base", "large"):  # the paper's two phases
     assert train.phase2_start(config) == 900_000
-    assert train.phase_data_config(config, 900_000)[1].masking.max_predictions_per_seq == 80
+    assert pretraining.max_predictions(train.phase_data_config(config, 0)[1]) == 20
+    assert pretraining.max_predictions(train.phase_data_config(config, 900_000)[1]) == 77
   if variant == "albert":
     assert (bert_config.embedding_size, bert_config.share_layers) == (128, True)
 

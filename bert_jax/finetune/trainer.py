@@ -21,21 +21,17 @@ bert_config.json, vocab.txt, checkpoints/, metrics.jsonl):
   result.json             final and best dev metrics
 """
 
+import contextlib
 import copy
 import dataclasses
 import functools
 import json
-import os
-import pathlib
-import shutil
-import signal
 import statistics
 from typing import Any
 
 from absl import logging
 import flax.linen as nn
 import jax
-from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -44,8 +40,11 @@ from bert_jax import checkpoint
 from bert_jax import metrics_io
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import paths
+from bert_jax import preemption
 from bert_jax import sharding
 from bert_jax import state as state_lib
+from bert_jax import workdir as workdir_lib
 from bert_jax.finetune import tasks as tasks_lib
 from bert_jax.finetune import tokenization
 
@@ -99,23 +98,28 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if not seeds:
     raise ValueError("config.seeds is empty: give at least one seed")
   several = len(learning_rates) * len(seeds) > 1
-  mesh, _ = state_lib.setup_mesh(config, workdir)
+  mesh, _ = state_lib.setup_mesh(config)
   check_config(config, mesh)  # before any data is read
-  prepared = prepare(config)
+  prepared = prepare(config)  # every input read and checked before anything is written
+  lock = workdir_lib.lock(workdir)  # one sweep per workdir; its runs share the lock
   by_lr = {}
-  for lr in learning_rates:
-    runs = {}
-    for seed in seeds:
-      run_config = copy.deepcopy(config)
-      with run_config.unlocked():
-        run_config.optimizer.learning_rate = lr
-        run_config.seed = seed
-      run_dir = os.path.join(workdir, f"lr{lr:g}_seed{seed}") if several else workdir
-      run = finetune_run(run_config, run_dir, prepared)
-      if run["preempted"]:  # SIGTERM: the run saved; the same command resumes the sweep
-        return {"preempted": True}
-      runs[seed] = run["final"]
-    by_lr[f"{lr:g}"] = runs
+  try:
+    for lr in learning_rates:
+      runs = {}
+      for seed in seeds:
+        run_config = copy.deepcopy(config)
+        with run_config.unlocked():
+          run_config.optimizer.learning_rate = lr
+          run_config.seed = seed
+        run_dir = paths.join(workdir, f"lr{lr:g}_seed{seed}") if several else workdir
+        run = finetune_run(run_config, run_dir, prepared, locked=True)
+        if run["preempted"]:  # SIGTERM: the run saved; the same command resumes the sweep
+          return {"preempted": True}
+        runs[seed] = run["final"]
+      by_lr[f"{lr:g}"] = runs
+  finally:
+    if lock is not None:
+      lock.release()
   first = next(iter(next(iter(by_lr.values())).values()))
   main = _main_key(first, _main_metric(config))
   best_lr = max(by_lr, key=lambda lr: statistics.median(r[main] for r in by_lr[lr].values()))
@@ -129,8 +133,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       by_learning_rate={lr: {"median_" + main: statistics.median(r[main] for r in rs.values())}
                         for lr, rs in by_lr.items()})
   if jax.process_index() == 0:
-    pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
-    _write_json(pathlib.Path(workdir) / SUMMARY_FILE, summary)
+    _write_json(paths.join(workdir, SUMMARY_FILE), summary)
   logging.info("%s: %s median %.4f over seeds %s (lr %s)", config.task.name, main,
                summary[main], seeds, best_lr)
   return summary
@@ -170,7 +173,7 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
   if not config.init_checkpoint and not (config.vocab_file or config.spm_model_file):
     raise ValueError("fine-tuning from random initialisation needs config.vocab_file "
                      "(or spm_model_file); with config.init_checkpoint it comes from the checkpoint")
-  if config.init_checkpoint and not os.path.exists(config.init_checkpoint):
+  if config.init_checkpoint and not paths.exists(config.init_checkpoint):
     raise ValueError(f"config.init_checkpoint={config.init_checkpoint!r} does not exist")
 
 
@@ -214,17 +217,18 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
 
 
 def finetune_run(config: ml_collections.ConfigDict, workdir: str,
-                 prepared: "Prepared | None" = None) -> dict[str, dict]:
+                 prepared: "Prepared | None" = None, *, locked: bool = False) -> dict[str, dict]:
   """Fine-tunes one (learning rate, seed); resumes when the workdir has checkpoints.
 
   `prepared` (from prepare(config)) saves re-reading the checkpoint and
-  re-featurising the data when a sweep runs several seeds or learning rates.
+  re-featurising the data when a sweep runs several seeds or learning rates;
+  `locked`: the caller (a sweep) holds the lock of a workdir containing this one.
 
   Returns {"final": dev metrics of the last evaluation, "best": of the best one,
   "preempted": whether SIGTERM stopped it (after saving)}.
   """
   # ----------------------------------------------------------------- mesh
-  mesh, rules = state_lib.setup_mesh(config, workdir)
+  mesh, rules = state_lib.setup_mesh(config)
   check_config(config, mesh)
 
   # ------------------------------------- checkpoint, tokenizer, task data
@@ -253,10 +257,20 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
     ids = jnp.zeros((1, config.max_seq_length), jnp.int32)
     return model.init({"params": rng}, ids, ids, ids, deterministic=True)["params"]
 
-  # ------------------------------------------------------------- shardings
-  layout = state_lib.make_layout(model, init_params, tx, mesh, rules, init_rng)
-  with nn.logical_axis_rules(rules):
-    # ------------------------------------------------------------------ step
+  # ------------------------------------------------------------- workdir
+  vocab_file = None if config.spm_model_file else prepared.tokenizer.vocab_file
+  lock = workdir_lib.open_workdir(workdir, config, bert_config, vocab_file=vocab_file,
+                                  spm_model_file=config.spm_model_file or None,
+                                  take_lock=not locked)
+  with contextlib.ExitStack() as cleanup:  # run in reverse order, whatever fails
+    if lock is not None:
+      cleanup.callback(lock.release)
+
+    # ----------------------------------------------------------- shardings
+    layout = state_lib.make_layout(model, init_params, tx, mesh, rules, init_rng)
+    cleanup.enter_context(nn.logical_axis_rules(rules))
+
+    # ---------------------------------------------------------------- step
     p_train_step = jax.jit(
         functools.partial(train_step, task=task, grad_accum_steps=config.grad_accum_steps,
                           skip_nonfinite=config.skip_nonfinite_steps),
@@ -266,8 +280,10 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
                           in_shardings=(layout.params, layout.batch),
                           out_shardings=layout.replicated)
 
-    # --------------------------------------------------------------- restore
+    # ------------------------------------------------------------- restore
     manager = checkpoint.make_manager(workdir, config.checkpoint)
+    cleanup.callback(manager.close)
+    cleanup.callback(manager.wait_until_finished)  # a pending async save finishes first
     load_init = None
     if loaded is not None:
       load_init = functools.partial(_merge_pretrained, loaded, bert_config, head_name,
@@ -275,12 +291,12 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
     state, _ = state_lib.start(manager, layout, model, tx, init_rng, load_init,
                                config.init_checkpoint)
     step = int(state.step)
-    vocab_file = None if config.spm_model_file else prepared.tokenizer.vocab_file
-    checkpoint.write_run_files(workdir, config, bert_config, vocab_file)
-    best = _Best(pathlib.Path(workdir), config, bert_config, vocab_file)
+    best = _Best(workdir, config, bert_config, vocab_file)
+    cleanup.callback(best.close)
 
-    # ------------------------------------------------------------------ eval
-    writer = metrics_io.MetricWriter(workdir)
+    # ---------------------------------------------------------------- eval
+    writer = metrics_io.MetricWriter(workdir, start_step=step)
+    cleanup.callback(writer.close)
 
     def evaluate(at_step: int) -> dict[str, float]:
       result, predictions = {}, {}
@@ -293,7 +309,7 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
       writer.write(at_step, result)
       logging.info("dev at step %d: %s", at_step,
                    " ".join(f"{k} {v:.4f}" for k, v in result.items()))
-      out = pathlib.Path(workdir) / "predictions" / str(at_step)
+      out = paths.join(workdir, "predictions", str(at_step))
       if jax.process_index() == 0:
         for split, rows in predictions.items():
           tasks_lib.write_predictions(task, out, split, rows)
@@ -301,65 +317,58 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
                   out)
       return result
 
-    # ------------------------------------------------------------------ loop
-    preempted = []
-    previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
+    # ---------------------------------------------------------------- loop
+    stop_request = preemption.StopRequest()
+    cleanup.callback(stop_request.close)
     progress = metrics_io.Progress(total_steps, step)
     eval_every = config.eval_every_steps or steps_per_epoch
     history = []
     result = None
-    try:
-      if step == 0 and config.eval_at_start:
+    stop = False
+    if step == 0 and config.eval_at_start:
+      result = evaluate(step)
+    while step < total_steps:
+      local = _train_batch(task.train, step, steps_per_epoch, config)
+      state, metrics = p_train_step(state, sharding.global_batch(local, mesh), dropout_rng)
+      step += 1
+      history.append(metrics)
+      stop = stop_request.reached(step)
+      evaluated = step % eval_every == 0 or step == total_steps
+      save_now = step % config.checkpoint.every_steps == 0 or evaluated or stop
+      log_now = step % config.log_every_steps == 0 or step == total_steps
+      if log_now or save_now:  # never save (or evaluate) a state that went non-finite
+        m = jax.device_get(history)
+        if not all(h["finite"] for h in m) and not config.skip_nonfinite_steps:
+          raise FloatingPointError(
+              f"non-finite loss or gradient at or before step {step}; stopped without "
+              f"saving, last good checkpoint: step {manager.latest_step()} in "
+              f"{manager.directory} (config.skip_nonfinite_steps=True skips such steps)")
+      if log_now:
+        history.clear()
+        scalars = {"loss": float(np.mean([h["loss"] for h in m])),
+                   "grad_norm": float(np.mean([h["grad_norm"] for h in m])),
+                   "learning_rate": float(lr_schedule(step - 1))}
+        scalars.update(progress.measure(step, local["input_ids"].size * jax.process_count(),
+                                        0.0, None))
+        writer.write(step, scalars)
+        logging.info("%s", metrics_io.progress_line(step, total_steps, scalars))
+      if evaluated:
         result = evaluate(step)
-      while step < total_steps:
-        local = _train_batch(task.train, step, steps_per_epoch, config)
-        state, metrics = p_train_step(state, sharding.global_batch(local, mesh), dropout_rng)
-        step += 1
-        history.append(metrics)
-        stop = bool(preempted)
-        if jax.process_count() > 1:  # every host must agree to stop at the same step
-          stop = bool(multihost_utils.process_allgather(np.asarray(stop)).any())
-        evaluated = step % eval_every == 0 or step == total_steps
-        save_now = step % config.checkpoint.every_steps == 0 or evaluated or stop
-        log_now = step % config.log_every_steps == 0 or step == total_steps
-        if log_now or save_now:  # never save (or evaluate) a state that went non-finite
-          m = jax.device_get(history)
-          if not all(h["finite"] for h in m) and not config.skip_nonfinite_steps:
-            raise FloatingPointError(
-                f"non-finite loss or gradient at or before step {step}; stopped without "
-                f"saving, last good checkpoint: step {manager.latest_step()} in "
-                f"{manager.directory} (config.skip_nonfinite_steps=True skips such steps)")
-        if log_now:
-          history.clear()
-          scalars = {"loss": float(np.mean([h["loss"] for h in m])),
-                     "grad_norm": float(np.mean([h["grad_norm"] for h in m])),
-                     "learning_rate": float(lr_schedule(step - 1))}
-          scalars.update(progress.measure(step, local["input_ids"].size * jax.process_count(),
-                                          0.0, None))
-          writer.write(step, scalars)
-          logging.info("%s", metrics_io.progress_line(step, total_steps, scalars))
-        if evaluated:
-          result = evaluate(step)
-        if save_now:
-          checkpoint.save(manager, step, {"params": state.params, "opt_state": state.opt_state,
-                                          "step": state.step}, {"step": step}, force=True)
-          if evaluated and jax.process_index() == 0:
-            # Written after the evaluation it reports; on resume it is re-read.
-            _write_json(pathlib.Path(workdir) / RESULT_FILE,
-                        {"final": result, "best": best.metrics, "step": step})
-        if stop:
-          logging.info("SIGTERM: saved step %d, exiting", step)
-          break
-      if result is None and not preempted:
-        # Resumed after the last step: its evaluation may not have reached result.json.
-        result = _read_json(pathlib.Path(workdir) / RESULT_FILE).get("final") or evaluate(step)
-    finally:
-      manager.wait_until_finished()
-      manager.close()
-      best.close()
-      writer.close()
-      signal.signal(signal.SIGTERM, previous_handler)
-  return {"final": result or {}, "best": best.metrics, "preempted": bool(preempted)}
+      if save_now:
+        checkpoint.save(manager, step, {"params": state.params, "opt_state": state.opt_state,
+                                        "step": state.step}, {"step": step}, force=True)
+        writer.flush()
+        if evaluated and jax.process_index() == 0:
+          # Written after the evaluation it reports; on resume it is re-read.
+          _write_json(paths.join(workdir, RESULT_FILE),
+                      {"final": result, "best": best.metrics, "step": step})
+      if stop:
+        logging.warning("preempted (SIGTERM): saved step %d; the same command resumes", step)
+        break
+    if result is None and not stop:
+      # Resumed after the last step: its evaluation may not have reached result.json.
+      result = _read_json(paths.join(workdir, RESULT_FILE)).get("final") or evaluate(step)
+  return {"final": result or {}, "best": best.metrics, "preempted": stop}
 
 
 def _merge_pretrained(loaded: tuple, bert_config: model_lib.BertConfig, head_name: str,
@@ -428,15 +437,15 @@ class _Best:
   against it.
   """
 
-  def __init__(self, workdir: pathlib.Path, config, bert_config, vocab_file: str | None):
-    self.dir = workdir / BEST_DIR
-    self.dir.mkdir(parents=True, exist_ok=True)
+  def __init__(self, workdir: str, config, bert_config, vocab_file: str | None):
+    self.dir = paths.join(workdir, BEST_DIR)
     best_ckpt = copy.deepcopy(config.checkpoint)
     with best_ckpt.unlocked():
       best_ckpt.keep, best_ckpt.keep_period = 1, 0
-    self.manager = checkpoint.make_manager(str(self.dir), best_ckpt)
-    checkpoint.write_run_files(str(self.dir), config, bert_config, vocab_file)
-    record = _read_json(self.dir / "metrics.json")
+    self.manager = checkpoint.make_manager(self.dir, best_ckpt)
+    if jax.process_index() == 0:
+      workdir_lib.write_run_files(self.dir, config, bert_config, vocab_file=vocab_file)
+    record = _read_json(paths.join(self.dir, "metrics.json"))
     # Only trust a record whose checkpoint is complete (a kill can fall between the two).
     if record and record.get("step") == self.manager.latest_step():
       self.metrics, self.score = record["metrics"], record["score"]
@@ -444,18 +453,18 @@ class _Best:
       self.metrics, self.score = {}, None
 
   def update(self, step: int, score: float, metrics: dict, params: Any,
-             predictions_dir: pathlib.Path) -> None:
+             predictions_dir: str) -> None:
     if self.score is not None and not score > self.score:
       return
     self.score, self.metrics = score, {**metrics, "step": step}
     checkpoint.save(self.manager, step, {"params": params}, {"step": step}, force=True)
     self.manager.wait_until_finished()
     if jax.process_index() == 0:
-      target = self.dir / "predictions"
-      shutil.rmtree(target, ignore_errors=True)
-      if predictions_dir.exists():
-        shutil.copytree(predictions_dir, target)
-      _write_json(self.dir / "metrics.json",
+      target = paths.join(self.dir, "predictions")
+      paths.rmtree(target)
+      if paths.exists(predictions_dir):
+        paths.copy_tree(predictions_dir, target)
+      _write_json(paths.join(self.dir, "metrics.json"),
                   {"step": step, "score": score, "metrics": self.metrics})
 
   def close(self) -> None:
@@ -463,12 +472,10 @@ class _Best:
     self.manager.close()
 
 
-def _write_json(path: pathlib.Path, content: Any) -> None:
+def _write_json(path: str, content: Any) -> None:
   """Writes JSON atomically: a kill leaves the old file or the new one, never half."""
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(json.dumps(content, indent=2, ensure_ascii=False))
-  tmp.replace(path)
+  paths.write_atomic(path, json.dumps(content, indent=2, ensure_ascii=False))
 
 
-def _read_json(path: pathlib.Path) -> dict:
-  return json.loads(path.read_text()) if path.exists() else {}
+def _read_json(path: str) -> dict:
+  return json.loads(paths.read_text(path)) if paths.exists(path) else {}

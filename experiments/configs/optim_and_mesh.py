@@ -22,7 +22,7 @@ def optimizer_config() -> ml_collections.ConfigDict:
   c.eps = 1e-6  # google-research/bert value
   c.weight_decay = 0.01  # decoupled; spared: LayerNorm and biases
   c.bias_correction = True  # False reproduces google-research/bert AdamWeightDecayOptimizer
-  c.grad_clip_norm = 1.0  # global-norm clipping before the optimizer
+  c.grad_clip_norm = 1.0  # global-norm clipping before the optimizer; 0 = no clipping
   return c
 
 

@@ -1,0 +1,111 @@
+"""Tests for bert_jax.workdir: the one-writer lock and the record every run is checked against."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import ml_collections
+import pytest
+
+from bert_jax import model as model_lib
+from bert_jax import workdir
+
+
+def _config(**overrides):
+  config = ml_collections.ConfigDict({
+      "variant": "tiny", "model_size": "tiny", "total_steps": 10, "log_every_steps": 1,
+      "data": {"masking": {"ratio": 0.15}, "vocab_file": "", "prefetch_batches": 2},
+      "checkpoint": {"every_steps": 5}, "mesh": {"data": -1}})
+  config.update_from_flattened_dict(overrides)
+  return config
+
+
+def _open(path, config=None, vocab=None, **kw):
+  bert_config = model_lib.BertConfig.from_size("tiny", vocab_size=96)
+  return workdir.open_workdir(str(path), config or _config(), bert_config,
+                              vocab_file=str(vocab) if vocab else None, **kw)
+
+
+def test_unwritable_workdir_is_refused(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a directory")
+  with pytest.raises(ValueError, match="not writable"):
+    workdir.check_writable(str(blocker / "workdir"))
+
+
+def test_record_is_written_once_and_changes_are_refused_by_name(tmp_path):
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("[PAD]\n[UNK]\na\nb\n")
+  run = tmp_path / "run"
+  _open(run, vocab=vocab).release()
+  record = json.loads((run / "record.json").read_text())
+  assert record["config"]["data.masking.ratio"] == 0.15
+  assert (run / "vocab.txt").read_text() == vocab.read_text()
+  before = {p.name: p.read_bytes() for p in run.iterdir()}
+
+  # Allowed on resume: more steps, other cadence, another mesh, the same vocab elsewhere.
+  moved = tmp_path / "moved_vocab.txt"
+  moved.write_text(vocab.read_text())
+  _open(run, _config(**{"total_steps": 20, "log_every_steps": 7, "mesh.data": 2,
+                        "data.vocab_file": str(moved)}), vocab=moved).release()
+
+  # A different ratio, model size, or a vocab with the same size in another order: refused,
+  # naming the field and both values, and nothing on disk changes.
+  swapped = tmp_path / "swapped.txt"
+  swapped.write_text("[PAD]\n[UNK]\nb\na\n")
+  cases = [(_config(**{"data.masking.ratio": 0.4}), vocab,
+            "config.data.masking.ratio=0.15; this run has 0.4"),
+           (_config(model_size="base"), vocab, "config.model_size='tiny'; this run has 'base'"),
+           (_config(), swapped, "vocabulary (SHA-256)")]
+  for config, vocab_file, message in cases:
+    with pytest.raises(workdir.WorkdirError, match="created as 'tiny' with ") as error:
+      _open(run, config, vocab=vocab_file)
+    assert message in str(error.value)
+    assert "--config.init_checkpoint=" in str(error.value)
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+  assert not (run / ".lock").exists()
+
+
+def test_a_workdir_made_before_records_is_checked_against_its_config_json(tmp_path):
+  run = tmp_path / "old"
+  run.mkdir()
+  (run / "config.json").write_text(_config().to_json())
+  with pytest.raises(workdir.WorkdirError, match="data.masking.ratio=0.15"):
+    _open(run, _config(**{"data.masking.ratio": 0.5}))
+  assert not (run / "record.json").exists()
+  _open(run).release()
+  assert (run / "record.json").exists()
+
+
+def test_second_writer_is_refused_with_the_holders_host_and_pid(tmp_path):
+  holder = _open(tmp_path / "run")
+  try:
+    with pytest.raises(workdir.WorkdirError, match=rf"held by host {socket.gethostname()} "
+                                                   rf"pid {os.getpid()}"):
+      _open(tmp_path / "run")
+  finally:
+    holder.release()
+  _open(tmp_path / "run").release()  # free again once released
+
+
+def test_a_dead_or_silent_holder_does_not_block_forever(tmp_path):
+  run = tmp_path / "run"
+  run.mkdir()
+  # A holder on this host whose process is gone (kill -9): taken over at once.
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True)
+  (run / ".lock").write_text(json.dumps({"host": socket.gethostname(),
+                                         "pid": int(dead.stdout), "token": "x",
+                                         "heartbeat": time.time()}))
+  _open(run).release()
+  # A holder on another host: alive while its heartbeat is fresh, free once it is stale.
+  other = {"host": "another-host", "pid": 1, "token": "y"}
+  (run / ".lock").write_text(json.dumps({**other, "heartbeat": time.time()}))
+  with pytest.raises(workdir.WorkdirError, match="held by host another-host pid 1"):
+    _open(run)
+  (run / ".lock").write_text(json.dumps({**other, "heartbeat":
+                                         time.time() - workdir.STALE_AFTER_S - 1}))
+  _open(run).release()
