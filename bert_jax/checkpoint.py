@@ -135,7 +135,7 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state: Any
     except ProcessCountError:
       raise  # a refusal about this run, not damage to the checkpoint
     except Exception as e:  # pylint: disable=broad-except  # tensorstore/orbax raise many kinds
-      failures.append((step, _one_line(e)))
+      failures.append((step, _missing_file(manager, step) or _one_line(e)))
       logging.error("checkpoint step %d (%s) does not restore: %s", step,
                     paths.join(str(manager.directory), str(step)), failures[-1][1])
       continue
@@ -172,8 +172,25 @@ def describe_storage_error(error: BaseException) -> str | None:
   return None
 
 
+# Files every complete step has; orbax reports a missing one as a tree-structure mismatch.
+_REQUIRED_FILES = ("_CHECKPOINT_METADATA", "state/_METADATA", "state/manifest.ocdbt",
+                   "data_state/metadata")
+
+
+def _missing_file(manager: ocp.CheckpointManager, step: int) -> str | None:
+  """'missing <path>' when a file every complete step has is gone, else None."""
+  for name in _REQUIRED_FILES:
+    path = paths.join(str(manager.directory), str(step), name)
+    if not paths.exists(path):
+      return f"missing {path}"
+  return None
+
+
 def _one_line(error: BaseException) -> str:
-  """The first line of an error, short enough for a log line (tensorstore errors run long)."""
+  """The root cause of an error, first line only (orbax wraps tensorstore's precise
+  message, e.g. 'Error reading "<array>" ... byte range ... not valid', in a vague one)."""
+  while (error.__cause__ or error.__context__) is not None:
+    error = error.__cause__ or error.__context__
   text = str(error).strip()
   text = text.splitlines()[0] if text else ""
   return f"{type(error).__name__}: {text[:300]}"

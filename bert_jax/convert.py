@@ -20,7 +20,6 @@ Command line:
 
 import dataclasses
 import json
-import pathlib
 import sys
 
 from absl import app
@@ -29,15 +28,17 @@ from absl import logging
 import jax
 import numpy as np
 
+from bert_jax import checkpoint
 from bert_jax import convert_hf
 from bert_jax import convert_layout
 from bert_jax import convert_tf
 from bert_jax import model as model_lib
+from bert_jax import paths
 
 OWN_PARAMS = "params"
 OWN_CONFIG = "bert_config.json"
 VOCAB_NAME = "vocab.txt"
-_WORKDIR_CHECKPOINTS = "checkpoints"  # bert_jax.checkpoint.CHECKPOINT_DIR
+_WORKDIR_CHECKPOINTS = checkpoint.CHECKPOINT_DIR
 
 export_hf = convert_hf.export_hf
 
@@ -68,12 +69,12 @@ def _strip_bert_prefix(flat: dict) -> tuple[dict, dict]:
   return tensors, display
 
 
-def is_own_dir(path: pathlib.Path) -> bool:
+def is_own_dir(path: paths.Path) -> bool:
   """A directory written by export_own."""
   return (path / OWN_PARAMS).is_dir() and (path / OWN_CONFIG).is_file()
 
 
-def read_own_config(path: pathlib.Path) -> model_lib.BertConfig:
+def read_own_config(path: paths.Path) -> model_lib.BertConfig:
   """Our BertConfig from the JSON export_own writes (all dataclass fields by name)."""
   fields = convert_hf.read_json(path)
   known = {f.name for f in dataclasses.fields(model_lib.BertConfig)}
@@ -83,32 +84,25 @@ def read_own_config(path: pathlib.Path) -> model_lib.BertConfig:
   return model_lib.BertConfig(**fields)
 
 
-def _read_own_dir(path: pathlib.Path):
+def _read_own_dir(path: paths.Path):
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   config = _per_layer_config(read_own_config(path / OWN_CONFIG))
-  params = ocp.StandardCheckpointer().restore((path / OWN_PARAMS).absolute())
+  params = ocp.StandardCheckpointer().restore(path / OWN_PARAMS)
   flat = convert_layout.flatten(_canonical_tree(params))
   tensors, display = _strip_bert_prefix(flat)
   vocab = path / VOCAB_NAME
   return config, tensors, lambda n: display.get(n, n), {}, (vocab if vocab.is_file() else None)
 
 
-def _is_workdir(path: pathlib.Path) -> bool:
+def _is_workdir(path: paths.Path) -> bool:
   """A training workdir, its checkpoints/ directory, or one step directory in it."""
   return ((path / _WORKDIR_CHECKPOINTS).is_dir() or path.name == _WORKDIR_CHECKPOINTS
           or (path.name.isdigit() and path.parent.name == _WORKDIR_CHECKPOINTS))
 
 
-def _read_workdir(path: pathlib.Path):
-  # ---- HOOK: training workdirs. bert_jax/checkpoint.py (owned by the training code) knows the
-  # CheckpointManager layout under workdir/checkpoints/ and provides
-  # load_params_from_workdir(path) -> (BertConfig, params tree); the vocabulary sits in the
-  # workdir itself.
-  try:
-    from bert_jax import checkpoint  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ValueError(f"{path} looks like a training workdir (checkpoints/), but "
-                     f"bert_jax.checkpoint cannot be imported to read it: {e}") from None
+def _read_workdir(path: paths.Path):
+  # bert_jax.checkpoint knows the CheckpointManager layout under workdir/checkpoints/; the
+  # vocabulary sits in the workdir itself.
   config, params = checkpoint.load_params_from_workdir(str(path))
   config = _per_layer_config(config)
   flat = convert_layout.flatten(_canonical_tree(params))
@@ -120,7 +114,7 @@ def _read_workdir(path: pathlib.Path):
           (vocab if vocab.is_file() else None))
 
 
-def _read(path: pathlib.Path):
+def _read(path: paths.Path):
   """Detects the checkpoint kind; returns (kind, fmt, config, tensors, display, ignored, vocab)."""
   # Exports first: a directory that merely sits under a folder named "checkpoints" is still
   # an export when it holds one.
@@ -153,7 +147,7 @@ def _read(path: pathlib.Path):
 
 
 def load_pretrained(path, *, target: str = "pretraining", allow_missing_heads: bool = False,
-                    vocab_file=None):
+                    vocab_file=None, vocab_multiple: int | None = None):
   """Loads any supported checkpoint into our parameter tree.
 
   Args:
@@ -166,6 +160,9 @@ def load_pretrained(path, *, target: str = "pretraining", allow_missing_heads: b
       initialised freshly (BERT init) instead of refused, e.g. MiniLM (encoder + pooler
       only) into BertForPreTraining, or a BertForMaskedLM export (no pooler, no NSP).
     vocab_file: overrides the vocabulary found beside the checkpoint.
+    vocab_multiple: pads the vocabulary rows (word table, MLM output bias) with zeros to
+      a multiple of this, as the model to load into is configured; the returned config
+      says so. None keeps the checkpoint's (HF and TF checkpoints have no padding).
 
   Returns:
     (config, params, vocab_path): our BertConfig; a plain nested dict of float32 numpy
@@ -179,12 +176,14 @@ def load_pretrained(path, *, target: str = "pretraining", allow_missing_heads: b
   """
   if target not in convert_layout.TARGETS:
     raise ValueError(f"target must be one of {convert_layout.TARGETS}, got {target!r}")
-  path = pathlib.Path(path)
-  params, config, vocab, _, _ = _load(path, target, allow_missing_heads, vocab_file)
+  path = paths.path(path)
+  params, config, vocab, _, _ = _load(path, target, allow_missing_heads, vocab_file,
+                                      vocab_multiple)
   return config, params, vocab
 
 
-def load_for_finetuning(path, *, task_heads: tuple[str, ...], vocab_file=None):
+def load_for_finetuning(path, *, task_heads: tuple[str, ...], vocab_file=None,
+                        vocab_multiple: int | None = None):
   """Loads a checkpoint's encoder (pretraining heads dropped) and any task heads it holds.
 
   A fine-tuned checkpoint (this project's, a Hugging Face
@@ -196,13 +195,14 @@ def load_for_finetuning(path, *, task_heads: tuple[str, ...], vocab_file=None):
     path: anything load_pretrained reads.
     task_heads: top-level head names of the task model ("classifier", "qa_outputs").
     vocab_file: overrides the vocabulary found beside the checkpoint.
+    vocab_multiple: as for load_pretrained.
 
   Returns:
     (config, encoder params (the BertModel tree, pooler initialised freshly if
     absent), {head name: {"kernel" [H, n], "bias" [n]}} for the heads found,
     vocab path or None).
   """
-  path = pathlib.Path(path)
+  path = paths.path(path)
   kind, fmt, config, tensors, display, ignored, vocab = _read(path)
   heads = {}
   for name in list(tensors):
@@ -221,20 +221,24 @@ def load_for_finetuning(path, *, task_heads: tuple[str, ...], vocab_file=None):
   params, _ = convert_layout.assemble(
       tensors, config, fmt, target="encoder", allow_missing_heads=True,
       source=f"{kind} {path}", display=display, ignored=ignored)
+  if vocab_multiple is not None:
+    params, config = convert_layout.pad_vocab(params, config, vocab_multiple)
   if vocab_file is not None:
-    vocab = pathlib.Path(vocab_file)
+    vocab = paths.path(vocab_file)
     if not vocab.is_file():
       raise ValueError(f"vocab_file {vocab} does not exist")
   return _per_layer_config(config), params, heads, vocab
 
 
-def _load(path, target, allow_missing_heads, vocab_file):
+def _load(path, target, allow_missing_heads, vocab_file, vocab_multiple=None):
   kind, fmt, config, tensors, display, ignored, vocab = _read(path)
   params, target = convert_layout.assemble(
       tensors, config, fmt, target=target, allow_missing_heads=allow_missing_heads,
       source=f"{kind} {path}", display=display, ignored=ignored)
+  if vocab_multiple is not None:
+    params, config = convert_layout.pad_vocab(params, config, vocab_multiple)
   if vocab_file is not None:
-    vocab = pathlib.Path(vocab_file)
+    vocab = paths.path(vocab_file)
     if not vocab.is_file():
       raise ValueError(f"vocab_file {vocab} does not exist")
   if vocab is None:
@@ -242,7 +246,7 @@ def _load(path, target, allow_missing_heads, vocab_file):
   return params, config, vocab, kind, target
 
 
-def export_own(params, config, out_dir, vocab_file=None) -> pathlib.Path:
+def export_own(params, config, out_dir, vocab_file=None) -> paths.Path:
   """Writes our own checkpoint: out_dir/params (orbax), bert_config.json, vocab.txt.
 
   Args:
@@ -256,7 +260,7 @@ def export_own(params, config, out_dir, vocab_file=None) -> pathlib.Path:
     out_dir as a Path.
   """
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  out_dir = pathlib.Path(out_dir).absolute()
+  out_dir = paths.path(out_dir)
   params = _canonical_tree(params)
   convert_layout.to_external(params, config, "own")  # refuses a tree that is not config's.
   if (out_dir / OWN_PARAMS).exists():
@@ -265,8 +269,8 @@ def export_own(params, config, out_dir, vocab_file=None) -> pathlib.Path:
   checkpointer = ocp.StandardCheckpointer()
   checkpointer.save(out_dir / OWN_PARAMS, params)
   checkpointer.wait_until_finished()
-  with open(out_dir / OWN_CONFIG, "w") as f:
-    json.dump(dataclasses.asdict(config), f, indent=2, sort_keys=True)
+  paths.write_atomic(out_dir / OWN_CONFIG,
+                     json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True))
   convert_hf.copy_vocab(vocab_file, out_dir)
   return out_dir
 
@@ -290,6 +294,8 @@ def _define_flags() -> None:
                     "convert: auto keeps the pretraining heads when the input has them.")
   flags.DEFINE_bool("allow_missing_heads", False, "Initialise a pooler/MLM/NSP head the "
                     "input lacks instead of refusing (only with --target=pretraining).")
+  flags.DEFINE_integer("vocab_multiple", None, "Pad the vocabulary rows to a multiple of this "
+                       "(own format; the hf format always holds the true vocabulary).")
 
 
 def main(argv):
@@ -297,10 +303,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax reports every save step at INFO.
-  path = pathlib.Path(FLAGS.input)
+  path = paths.path(FLAGS.input)
   try:
     params, config, vocab, kind, target = _load(path, FLAGS.target, FLAGS.allow_missing_heads,
-                                                FLAGS.vocab_file)
+                                                FLAGS.vocab_file, FLAGS.vocab_multiple)
     if FLAGS.format == "hf":
       out = export_hf(params, config, FLAGS.output, vocab)
     else:

@@ -10,11 +10,9 @@ Accepted key layouts: BertModel (no prefix) and BertForPreTraining / BertForMask
 and old LayerNorm names (gamma/beta).
 """
 
+import io
 import json
 import math
-import os
-import pathlib
-import shutil
 import struct
 
 from absl import logging
@@ -23,6 +21,7 @@ import numpy as np
 
 from bert_jax import convert_layout
 from bert_jax import model as model_lib
+from bert_jax import paths
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -47,13 +46,14 @@ def read_safetensors(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     ValueError: naming the file and what is wrong with it (truncated file, bad header JSON,
       unknown dtype, offsets that do not match the shape).
   """
-  path = pathlib.Path(path)
+  path = paths.path(path)
 
   def corrupt(why):
     return ValueError(f"corrupt safetensors file {path}: {why}")
 
-  with open(path, "rb") as f:
-    size = os.fstat(f.fileno()).st_size
+  # One read of the whole file (local or gs://): the tensors are all needed anyway.
+  with io.BytesIO(paths.read_bytes(path)) as f:
+    size = len(f.getbuffer())
     if size < 8:
       raise corrupt(f"only {size} bytes, no header")
     (header_len,) = struct.unpack("<Q", f.read(8))
@@ -82,8 +82,10 @@ def read_safetensors(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
       if end - begin != math.prod(shape) * dtype.itemsize:
         raise corrupt(f"tensor {name!r} has {end - begin} bytes, its shape {shape} and dtype "
                       f"{info['dtype']} need {math.prod(shape) * dtype.itemsize}")
-      f.seek(data_start + begin)
-      tensors[name] = np.fromfile(f, dtype, count=math.prod(shape)).reshape(shape)
+      start = data_start + begin
+      # A copy, so the arrays own their memory rather than pinning the whole file's bytes.
+      tensors[name] = np.frombuffer(f.getbuffer()[start:data_start + end], dtype).reshape(
+          shape).copy()
   return tensors, metadata
 
 
@@ -104,18 +106,14 @@ def write_safetensors(path, tensors: dict[str, np.ndarray], metadata=None) -> No
     header["__metadata__"] = metadata
   blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
   blob += b" " * (-len(blob) % 8)  # the format pads the header so the data is 8-byte aligned.
-  with open(path, "wb") as f:
-    f.write(struct.pack("<Q", len(blob)))
-    f.write(blob)
-    for array in arrays:
-      f.write(array.tobytes())
+  paths.write_atomic(path, b"".join([struct.pack("<Q", len(blob)), blob]
+                                    + [array.tobytes() for array in arrays]))
 
 
-def read_json(path: pathlib.Path) -> dict:
-  """A JSON object from a file; a broken file is a ValueError naming it."""
+def read_json(path) -> dict:
+  """A JSON object from a file (local or gs://); a broken file is a ValueError naming it."""
   try:
-    with open(path) as f:
-      value = json.load(f)
+    value = json.loads(paths.read_text(path))
   except json.JSONDecodeError as e:
     raise ValueError(f"{path} is not valid JSON: {e}") from None
   if not isinstance(value, dict):
@@ -136,12 +134,12 @@ def _canonical_name(key: str) -> str:
   return key
 
 
-def is_hf_dir(path: pathlib.Path) -> bool:
+def is_hf_dir(path) -> bool:
   """A directory with config.json and model.safetensors."""
   return (path / CONFIG_NAME).is_file() and (path / WEIGHTS_NAME).is_file()
 
 
-def read_hf_dir(path: pathlib.Path):
+def read_hf_dir(path):
   """Reads a Hugging Face BERT directory.
 
   Returns:
@@ -190,7 +188,7 @@ def display_name(display: dict[str, str], *, prefixed: bool):
   return name
 
 
-def export_hf(params, config, out_dir, vocab_file=None) -> pathlib.Path:
+def export_hf(params, config, out_dir, vocab_file=None):
   """Writes a Hugging Face BERT directory that transformers' BertForPreTraining loads.
 
   Args:
@@ -204,7 +202,7 @@ def export_hf(params, config, out_dir, vocab_file=None) -> pathlib.Path:
   Returns:
     out_dir as a Path.
   """
-  out_dir = pathlib.Path(out_dir)
+  out_dir = paths.path(out_dir)
   tensors = convert_layout.to_external(params, config, "hf")
   pretraining = "mlm_head" in params
   if pretraining:
@@ -214,20 +212,19 @@ def export_hf(params, config, out_dir, vocab_file=None) -> pathlib.Path:
   hf_config = dict(config.to_hf_dict())
   hf_config["architectures"] = ["BertForPreTraining" if pretraining else "BertModel"]
   hf_config["model_type"] = "bert"
-  with open(out_dir / CONFIG_NAME, "w") as f:
-    json.dump(hf_config, f, indent=2, sort_keys=True)
+  paths.write_atomic(out_dir / CONFIG_NAME, json.dumps(hf_config, indent=2, sort_keys=True))
   copy_vocab(vocab_file, out_dir)
   return out_dir
 
 
-def copy_vocab(vocab_file, out_dir: pathlib.Path) -> None:
+def copy_vocab(vocab_file, out_dir) -> None:
   """Copies the vocabulary beside a converted checkpoint; a checkpoint without one only warns."""
   if vocab_file is None:
     logging.warning("%s: no vocabulary given; the checkpoint is written without vocab.txt",
                     out_dir)
     return
-  vocab_file = pathlib.Path(vocab_file)
+  vocab_file = paths.path(vocab_file)
   if not vocab_file.is_file():
     raise ValueError(f"vocab_file {vocab_file} does not exist")
-  if vocab_file.resolve() != (out_dir / VOCAB_NAME).resolve():
-    shutil.copyfile(vocab_file, out_dir / VOCAB_NAME)
+  if vocab_file != paths.path(out_dir) / VOCAB_NAME:
+    paths.copy_file(vocab_file, paths.path(out_dir) / VOCAB_NAME)

@@ -6,12 +6,13 @@ kernels are already [in, out]. TensorFlow is imported only when such a checkpoin
 so the rest of the converter does not pay for it.
 """
 
-import pathlib
+import os
 import re
 
 import numpy as np
 
 from bert_jax import convert_hf
+from bert_jax import paths
 from bert_jax import model as model_lib
 
 CONFIG_NAME = "bert_config.json"
@@ -29,9 +30,10 @@ TASK_HEADS = {
 }
 
 
-def find_checkpoint(path: pathlib.Path) -> pathlib.Path | None:
-  """The checkpoint prefix for `path`: a prefix itself, or the newest ckpt in a directory."""
-  if pathlib.Path(str(path) + ".index").is_file():
+def find_checkpoint(path):
+  """The checkpoint prefix for `path` (an epath.Path, local or gs://): a prefix itself, or
+  the newest ckpt in a directory."""
+  if paths.path(os.fspath(path) + ".index").is_file():
     return path
   if not path.is_dir():
     return None
@@ -39,14 +41,14 @@ def find_checkpoint(path: pathlib.Path) -> pathlib.Path | None:
   if not indexes:
     return None
 
-  def step(index: pathlib.Path) -> int:
+  def step(index) -> int:
     match = re.search(r"-(\d+)$", index.stem)
     return int(match.group(1)) if match else -1
   # The TF `checkpoint` state file names the newest, but copied checkpoints often lack it.
   return max(indexes, key=lambda p: (step(p), p.name)).with_suffix("")
 
 
-def read_tf_checkpoint(prefix: pathlib.Path, *, config_file: pathlib.Path | None = None):
+def read_tf_checkpoint(prefix, *, config_file=None):
   """Reads an original BERT TF checkpoint.
 
   Args:
@@ -64,15 +66,18 @@ def read_tf_checkpoint(prefix: pathlib.Path, *, config_file: pathlib.Path | None
   if not config_file.is_file():
     raise ValueError(f"TF checkpoint {prefix}: no {CONFIG_NAME} beside it ({config_file})")
   config = model_lib.BertConfig.from_tf_dict(convert_hf.read_json(config_file))
-  try:
-    reader = tf.train.load_checkpoint(str(prefix))
-  except (tf.errors.OpError, ValueError) as e:
-    raise ValueError(f"cannot read TF checkpoint {prefix}: {e}") from None
-  tensors, ignored = {}, {}
-  for name in sorted(reader.get_variable_to_shape_map()):
-    if name.endswith(_OPTIMIZER_SUFFIXES) or name in _COUNTERS:
-      ignored[name] = "optimizer state"
-      continue
-    tensors[name] = np.asarray(reader.get_tensor(name))
+  # TF's reader opens files through TensorFlow's own file systems; a gs:// checkpoint
+  # is downloaded first (bert_jax.paths says why TF never talks to GCS here).
+  with paths.local_file(prefix, companions=(".index", ".data-*")) as local_prefix:
+    try:
+      reader = tf.train.load_checkpoint(local_prefix)
+    except (tf.errors.OpError, ValueError) as e:
+      raise ValueError(f"cannot read TF checkpoint {prefix}: {e}") from None
+    tensors, ignored = {}, {}
+    for name in sorted(reader.get_variable_to_shape_map()):
+      if name.endswith(_OPTIMIZER_SUFFIXES) or name in _COUNTERS:
+        ignored[name] = "optimizer state"
+        continue
+      tensors[name] = np.asarray(reader.get_tensor(name))
   vocab = directory / VOCAB_NAME
   return config, tensors, str, ignored, (vocab if vocab.is_file() else None)

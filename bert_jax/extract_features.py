@@ -13,7 +13,7 @@ and `input_ids` [N, T].
 
 from __future__ import annotations
 
-import pathlib
+import io
 from typing import Sequence
 
 from absl import app
@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from bert_jax import convert
 from bert_jax import model as model_lib
+from bert_jax import paths
 from data_pipeline import tokenizers
 
 PAIR_SEPARATOR = " ||| "
@@ -34,7 +35,7 @@ PAIR_SEPARATOR = " ||| "
 def read_inputs(path: str) -> list[tuple[str, str | None]]:
   """Reads one input (or `A ||| B` pair) per line; a bad line is an error naming it."""
   inputs = []
-  with open(path, "rb") as f:
+  with paths.open_binary(path) as f:
     for line_number, raw in enumerate(f, start=1):
       try:
         line = raw.decode("utf-8").rstrip("\r\n")
@@ -125,11 +126,10 @@ def run(input_file: str, output_file: str, init_checkpoint: str, vocab_file: str
   tokenizer = tokenizers.load_tokenizer(vocab_file=str(vocab), do_lower_case=do_lower_case)
   features = build_features(read_inputs(input_file), tokenizer, max_seq_length)
   result = extract(params, config, features, batch_size)
-  output = pathlib.Path(output_file)
-  tmp = output.with_name(output.name + ".tmp.npz")
-  np.savez(tmp, **result)
-  tmp.replace(output)  # Never leave a half-written output under the final name.
-  logging.info("wrote %d inputs to %s", len(features["input_ids"]), output)
+  buffer = io.BytesIO()
+  np.savez(buffer, **result)
+  paths.write_atomic(output_file, buffer.getvalue())  # never half a file under the final name
+  logging.info("wrote %d inputs to %s", len(features["input_ids"]), output_file)
   return result
 
 

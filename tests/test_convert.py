@@ -414,6 +414,7 @@ def test_training_workdir_imports_through_checkpoint_module(hf_dir, tmp_path, re
   """A workdir written by bert_jax.checkpoint (scanned layers, as a TPU run saves them)."""
   import ml_collections
   from bert_jax import checkpoint
+  from bert_jax import workdir
   config, params, vocab = convert.load_pretrained(hf_dir)
   scanned = config.replace(scan_layers=True)
   manager = checkpoint.make_manager(str(tmp_path), types.SimpleNamespace(
@@ -422,7 +423,8 @@ def test_training_workdir_imports_through_checkpoint_module(hf_dir, tmp_path, re
            "opt_state": {"count": np.zeros((), np.int32)}, "step": np.asarray(7)}
   checkpoint.save(manager, 7, state, {"position": 0})
   manager.wait_until_finished()
-  checkpoint.write_run_files(str(tmp_path), ml_collections.ConfigDict(), scanned, str(vocab))
+  workdir.write_run_files(str(tmp_path), ml_collections.ConfigDict(), scanned,
+                          vocab_file=str(vocab))
 
   for path in (tmp_path, tmp_path / "checkpoints", tmp_path / "checkpoints" / "7"):
     config2, params2, vocab2 = convert.load_pretrained(path)

