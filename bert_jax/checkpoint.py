@@ -81,7 +81,7 @@ def _gather(local: dict[str, Any]) -> list[dict[str, Any]]:
   return [json.loads(bytes(r[r != 0].tolist()).decode("utf-8")) for r in rows]
 
 
-class ProcessCountError(ValueError):
+class ProcessCountError(CheckpointError):
   """A checkpoint written by another number of processes than this run has."""
 
 

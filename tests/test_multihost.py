@@ -1,0 +1,130 @@
+"""Multi-host runs on one machine: 2 processes x 2 CPU devices joined by jax.distributed.
+
+Each process reads its own part of the corpus, so each has its own pipeline
+position; a checkpoint must give every process its own back. Tested here on the
+real pipeline: a kill -9 of both processes and a restart ends bit-identical to
+the uninterrupted run; a SIGTERM to one process stops both at the same saved
+step (exit 143) and the same command resumes; another process count is refused.
+"""
+
+import json
+import pathlib
+import re
+import signal
+import socket
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import checkpoint
+from bert_jax import preemption
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _losses(run) -> dict[int, float]:
+  path = pathlib.Path(run) / "metrics.jsonl"
+  rows = [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+  return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def _start_pair(pretrain_subprocess, config, run, name):
+  """Both processes of a 2-host run (2 CPU devices each) on a fresh coordinator port."""
+  port, processes = _free_port(), []
+  for i in range(2):
+    config.distributed.update(enabled=True, coordinator_address=f"localhost:{port}",
+                              num_processes=2, process_id=i)
+    processes.append(pretrain_subprocess(config, run, devices=2, name=f"{name}_{i}"))
+  return processes
+
+
+def _log(tmp_path, name, i) -> str:
+  return (tmp_path / f"{name}_{i}.log").read_text()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def multihost_config(pretrain_test_config):
+  return lambda: pretrain_test_config(total_steps=12, **{"checkpoint.every_steps": 3})
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(multihost_config, pretrain_subprocess, tmp_path_factory):
+  """An uninterrupted 2-process run of 12 steps on the real pipeline."""
+  tmp_path = tmp_path_factory.mktemp("multihost_reference")
+  processes = _start_pair(pretrain_subprocess, multihost_config(), tmp_path / "run", "ref")
+  for i, p in enumerate(processes):
+    assert p.wait(timeout=600) == 0, _log(tmp_path, "ref", i)
+  return tmp_path / "run"
+
+
+def _assert_same_run(run, reference):
+  assert _losses(run) == _losses(reference)
+  _, params = checkpoint.load_params_from_workdir(str(run))
+  _, expected = checkpoint.load_params_from_workdir(str(reference))
+  jax.tree.map(np.testing.assert_array_equal, params, expected)
+
+
+@pytest.mark.slow
+def test_both_processes_killed_then_restarted_end_bit_identical(
+    uninterrupted, multihost_config, pretrain_subprocess, tmp_path):
+  run = tmp_path / "run"
+  processes = _start_pair(pretrain_subprocess, multihost_config(), run, "killed")
+  deadline = time.time() + 600
+  while not (run / "checkpoints" / "3").exists():
+    for i, p in enumerate(processes):
+      assert p.poll() is None, _log(tmp_path, "killed", i)
+    assert time.time() < deadline
+    time.sleep(0.01)
+  for p in processes:  # a slice that loses power: both at once, wherever they are
+    p.send_signal(signal.SIGKILL)
+  for p in processes:
+    p.wait()
+  assert not (run / "checkpoints" / "12").exists(), "finished before the kill"
+  processes = _start_pair(pretrain_subprocess, multihost_config(), run, "resumed")
+  for i, p in enumerate(processes):
+    assert p.wait(timeout=600) == 0, _log(tmp_path, "resumed", i)
+  saved = json.loads((run / "checkpoints" / "12" / "data_state" / "metadata").read_text())
+  assert saved["process_count"] == 2
+  assert saved["processes"][0] != saved["processes"][1]  # each host has its own position
+  _assert_same_run(run, uninterrupted)
+
+  # Resuming with another number of processes is refused, naming what to do.
+  config = multihost_config()
+  config.total_steps = 15
+  single = pretrain_subprocess(config, run, name="single")
+  assert single.wait(timeout=600) == 1
+  assert re.search(r"the checkpoint was written by 2 processes and this run has 1: .* Resume "
+                   r"with 2 processes, or start a new workdir",
+                   (tmp_path / "single.log").read_text())
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_both_at_one_saved_step_and_resumes(
+    uninterrupted, multihost_config, pretrain_subprocess, tmp_path):
+  run = tmp_path / "run"
+  processes = _start_pair(pretrain_subprocess, multihost_config(), run, "preempted")
+  deadline = time.time() + 600
+  while max(_losses(run), default=0) < 4:
+    for i, p in enumerate(processes):
+      assert p.poll() is None, _log(tmp_path, "preempted", i)
+    assert time.time() < deadline
+    time.sleep(0.01)
+  processes[1].send_signal(signal.SIGTERM)  # the preemption notice reaches one host only
+  for i, p in enumerate(processes):
+    assert p.wait(timeout=600) == preemption.PREEMPTED_EXIT_CODE, _log(tmp_path, "preempted", i)
+  # Both stopped at the same step (the preemption sync point), and it was saved.
+  stopped = [re.search(r"preempted \(SIGTERM\): saved step (\d+);",
+                       (tmp_path / f"preempted_{i}.log").read_text()) for i in range(2)]
+  assert all(stopped) and stopped[0].group(1) == stopped[1].group(1)
+  step = int(stopped[0].group(1))
+  assert 4 <= step < 12 and (run / "checkpoints" / str(step)).exists()
+  processes = _start_pair(pretrain_subprocess, multihost_config(), run, "relaunched")
+  for i, p in enumerate(processes):
+    assert p.wait(timeout=600) == 0, _log(tmp_path, "relaunched", i)
+  _assert_same_run(run, uninterrupted)
