@@ -25,9 +25,12 @@ from bert_jax import paths
 
 METRICS_FILE = "metrics.jsonl"
 
-# Dense bf16 peak TFLOP/s per device, by jax Device.device_kind (for MFU).
+# Dense bf16 peak TFLOP/s per JAX device, by jax Device.device_kind (for MFU). On TPU v2
+# and v3 each TensorCore is a device (half a chip: 45 and 123 TFLOP/s per chip); from v4
+# on a device is a chip.
 PEAK_TFLOPS = {
-    "TPU v3": 123.0, "TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v5p": 459.0,
+    "TPU v2": 22.5, "TPU v3": 61.5, "TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0,
+    "TPU v5p": 459.0,
     "TPU v6 lite": 918.0, "NVIDIA A100-SXM4-40GB": 312.0, "NVIDIA A100-SXM4-80GB": 312.0,
     "NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H200": 989.0,
 }

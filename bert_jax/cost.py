@@ -1,0 +1,151 @@
+r"""What a pretraining run costs, before it starts: model FLOPs, and time on given devices.
+
+  python -m bert_jax.cost --config=experiments/configs/pretrain.py:base \
+      --on=v4-32,v5litepod-8,8xH200 --mfu=0.4
+
+prints, per phase and in total, the model FLOPs of the configured run (the
+formula of bert_jax.metrics_io: 6 N + 12 L H T per token, 6 E V per MLM
+prediction) and the wall time and device-hours it takes on each device set at
+the stated MFU (model FLOPs utilisation: achieved / peak). The trainer logs the
+same estimate for the devices it runs on. Multiply device-hours by your price
+per chip (TPU) or GPU hour for the cost.
+
+Device sets: a Cloud TPU accelerator type (v2-8, v3-32, v4-32, v5p-64,
+v5litepod-16, v6e-8, ...) or N x a GPU ("8xH200", "H100"). A TPU v2/v3 type
+counts TensorCores and each core is one JAX device; v4/v5p types count
+TensorCores too but a chip (two cores, one "megacore" device) is the device;
+v5e (v5litepod) and v6e types count chips.
+"""
+
+import re
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from bert_jax import metrics_io
+
+# (jax device_kind, JAX devices per unit of the accelerator-type number)
+TPU_TYPES = {"v2": ("TPU v2", 1.0), "v3": ("TPU v3", 1.0), "v4": ("TPU v4", 0.5),
+             "v5p": ("TPU v5p", 0.5), "v5litepod": ("TPU v5 lite", 1.0),
+             "v6e": ("TPU v6 lite", 1.0)}
+GPUS = {"H200": "NVIDIA H200", "H100": "NVIDIA H100 80GB HBM3", "A100": "NVIDIA A100-SXM4-80GB"}
+
+
+def device_set(name: str) -> tuple[str, int]:
+  """(device kind, number of JAX devices) of "v4-32", "v5litepod-16", "8xH200", "H100"..."""
+  tpu = re.fullmatch(r"(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)", name)
+  if tpu:
+    kind, per_unit = TPU_TYPES[tpu.group(1)]
+    return kind, max(1, int(int(tpu.group(2)) * per_unit))
+  gpu = re.fullmatch(r"(?:(\d+)x)?(H200|H100|A100)", name)
+  if gpu:
+    return GPUS[gpu.group(2)], int(gpu.group(1) or 1)
+  raise ValueError(f"unknown device set {name!r}: expected a TPU type such as v4-32 or "
+                   f"v5litepod-16, or NxGPU with GPU one of {sorted(GPUS)}")
+
+
+def phases(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
+  """[{"phase", "steps", "seq_len", "predictions"}] of a pretraining config."""
+  from bert_jax import train  # pylint: disable=g-import-not-at-top  # the phase rules live there
+  from data_pipeline import pretraining  # pylint: disable=g-import-not-at-top
+  start2 = train.phase2_start(config)
+  out = []
+  for phase, first, last in ((1, 0, start2), (2, start2, config.total_steps)):
+    if last > first:
+      data = train.phase_data_config(config, first)[1]
+      out.append({"phase": phase, "steps": last - first, "seq_len": data.max_seq_length,
+                  "predictions": pretraining.max_predictions(data)})
+  return out
+
+
+def run_flops(config: ml_collections.ConfigDict, bert_config: Any, abstract_params: Any
+              ) -> list[dict[str, Any]]:
+  """phases() with each phase's model FLOPs per step and in all (config.batch_size examples)."""
+  out = []
+  for p in phases(config):
+    per_step = metrics_io.flops_per_step(bert_config, abstract_params, config.batch_size,
+                                         p["seq_len"], p["predictions"])
+    out.append({**p, "flops_per_step": per_step, "flops": per_step * p["steps"]})
+  return out
+
+
+def hours(total_flops: float, device_kind: str, num_devices: int, mfu: float,
+          peak_tflops_per_device: float = 0.0) -> float | None:
+  """Wall-clock hours at `mfu` of the devices' peak (None when the peak is unknown)."""
+  tflops = peak_tflops_per_device or metrics_io.PEAK_TFLOPS.get(device_kind)
+  if not tflops:
+    return None
+  return total_flops / (mfu * tflops * 1e12 * num_devices) / 3600.0
+
+
+def describe(flops: list[dict[str, Any]], device_kind: str, num_devices: int, mfu: float,
+             peak_tflops_per_device: float = 0.0) -> str:
+  """One line: the run's FLOPs by phase and its expected time on these devices."""
+  total = sum(p["flops"] for p in flops)
+  by_phase = ", ".join(f"phase {p['phase']} {p['steps']:,} steps x {p['flops_per_step']:.3g}"
+                       for p in flops)
+  line = f"model FLOPs {total:.3g} ({by_phase})"
+  h = hours(total, device_kind, num_devices, mfu, peak_tflops_per_device)
+  if h is None:
+    return (line + f"; no peak known for {num_devices} x {device_kind!r} "
+            "(--config.peak_tflops_per_device gives one)")
+  return line + (f"; at {mfu:.0%} MFU on {num_devices} x {device_kind}: "
+                 f"{_duration(h)} ({h * num_devices:,.0f} device-hours)")
+
+
+def _duration(h: float) -> str:
+  if h < 1:
+    return f"{h * 60:.0f} min"
+  if h < 48:
+    return f"{h:.1f} h"
+  return f"{h / 24:.1f} days"
+
+
+def abstract_model(config: ml_collections.ConfigDict, vocab_size: int):
+  """(BertConfig, abstract params) of a pretraining config without reading any data."""
+  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  overrides = dict(config.model.to_dict(), vocab_size=config.model.vocab_size or vocab_size)
+  overrides.pop("vocab_multiple", None)
+  bert_config = model_lib.BertConfig.from_size(config.model_size, **overrides)
+  module = model_lib.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
+  ids = jax.ShapeDtypeStruct((1, 8), np.int32)
+  shapes = jax.eval_shape(lambda i: module.init(jax.random.key(0), i, i, i, i[:, :2]), ids)
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  return bert_config, nn.unbox(shapes["params"])
+
+
+def main(argv):
+  """CLI: the table of the module docstring."""
+  del argv
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  config = flags.FLAGS.config
+  bert_config, params = abstract_model(config, flags.FLAGS.vocab_size)
+  flops = run_flops(config, bert_config, params)
+  total = sum(p["flops"] for p in flops)
+  print(f"{config.get('variant', '')}: L={bert_config.num_hidden_layers} "
+        f"H={bert_config.hidden_size}, batch {config.batch_size}")
+  for p in flops:
+    print(f"  phase {p['phase']}: {p['steps']:,} steps at length {p['seq_len']} "
+          f"({p['predictions']} predictions): {p['flops_per_step']:.3g} FLOPs/step, "
+          f"{p['flops']:.3g} in all")
+  print(f"  total {total:.3g} model FLOPs; at {flags.FLAGS.mfu:.0%} MFU:")
+  for name in flags.FLAGS.on:
+    kind, n = device_set(name)
+    h = hours(total, kind, n, flags.FLAGS.mfu)
+    print(f"    {name:>14} ({n} x {kind}, {metrics_io.PEAK_TFLOPS[kind]:g} TFLOP/s each): "
+          f"{_duration(h)}, {h * n:,.0f} device-hours")
+
+
+if __name__ == "__main__":
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config_flags.DEFINE_config_file("config", None, "Pretraining config file[:variant].")
+  flags.DEFINE_list("on", ["v4-32", "v5litepod-8", "8xH200"], "Device sets to estimate for.")
+  flags.DEFINE_float("mfu", 0.4, "Assumed model FLOPs utilisation.")
+  flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size when the config derives it "
+                       "from data (model.vocab_size 0).")
+  flags.mark_flags_as_required(["config"])
+  app.run(main)
