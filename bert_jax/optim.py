@@ -7,6 +7,7 @@ decay on matrices and embeddings only, then multiply by the learning rate.
 
 from typing import Any, NamedTuple
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -83,16 +84,19 @@ NAMES = ("adamw", "lamb")
 def check_config(opt_config: ml_collections.ConfigDict) -> None:
   """Refuses optimizer settings that cannot train, naming the field.
 
-  Nothing that would silently stop learning gets through: a negative or zero
-  peak learning rate, betas outside [0, 1), a non-positive eps, negative decay.
+  Nothing that would silently stop learning gets through: a negative peak
+  learning rate (0 is allowed, with a warning: it evaluates a checkpoint),
+  betas outside [0, 1), a non-positive eps, negative decay.
   grad_clip_norm 0 means no clipping (optax's clip at 0 would zero every update).
   """
   c = opt_config
   problems = []
   if c.name not in NAMES:
     problems.append(f"name={c.name!r}: expected one of {NAMES}")
-  if not c.learning_rate > 0:
-    problems.append(f"learning_rate={c.learning_rate} must be positive")
+  if not c.learning_rate >= 0:
+    problems.append(f"learning_rate={c.learning_rate} must be >= 0")
+  elif c.learning_rate == 0:  # legitimate (evaluate a checkpoint through a trainer), but say so
+    logging.warning("config.optimizer.learning_rate=0: the parameters will not change")
   if not 0 <= c.end_learning_rate <= c.learning_rate:
     problems.append(f"end_learning_rate={c.end_learning_rate} must be in [0, learning_rate]")
   if c.warmup_steps < 0:

@@ -149,8 +149,7 @@ def test_clip_norm_zero_means_no_clipping():
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("learning_rate", -1e-4, "learning_rate=-0.0001 must be positive"),
-    ("learning_rate", 0.0, "learning_rate=0.0 must be positive"),
+    ("learning_rate", -1e-4, "learning_rate=-0.0001 must be >= 0"),
     ("b1", 1.0, "b1=1.0 must be in [0, 1)"),
     ("b2", -0.1, "b2=-0.1 must be in [0, 1)"),
     ("eps", 0.0, "eps=0.0 must be positive"),
