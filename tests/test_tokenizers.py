@@ -325,7 +325,7 @@ def test_cli_tokenize(tmp_path, uncased, uncased_vocab):
   source.write_bytes(b"\n".join(lines))
   out = tmp_path / "out.txt"
   result = subprocess.run(
-      [sys.executable, "-m", "data_pipeline.tokenizers", f"--vocab_file={uncased_vocab}",
+      [sys.executable, "-m", "data_pipeline.vocab_cli", f"--vocab_file={uncased_vocab}",
        f"--input_file={source}", f"--output_file={out}", "--do_lower_case", "--batch_size=2"],
       cwd=REPO, capture_output=True, text=True, check=True)
   got = out.read_text().split("\n")
@@ -340,12 +340,13 @@ def test_cli_tokenize(tmp_path, uncased, uncased_vocab):
 def test_cli_training_modes(tmp_path, small_corpus):
   """The training modes' flag plumbing, run in-process on private FlagValues."""
   from absl import flags
+  from data_pipeline import vocab_cli
   for mode, target in (("train_spm", f"--spm_model_prefix={tmp_path / 'sp'}"),
                        ("train_wordpiece", f"--vocab_file={tmp_path / 'vocab.txt'}")):
-    fv = tokenizers.define_flags(flags.FlagValues())
-    fv(["tokenizers", f"--mode={mode}", f"--input_file={small_corpus}", target,
+    fv = vocab_cli.define_flags(flags.FlagValues())
+    fv(["vocab_cli", f"--mode={mode}", f"--input_file={small_corpus}", target,
         "--vocab_size=1000", "--nodo_lower_case", "--max_lines=2000"])
-    tokenizers.run(fv)
+    vocab_cli.run(fv)
   assert tokenizers.SentencePieceTokenizer(str(tmp_path / "sp.model")).vocab_size == 1000
   cased = tokenizers.WordPieceTokenizer(str(tmp_path / "vocab.txt"), do_lower_case=False)
   assert len(cased.vocab) <= 1000 and "[MASK]" in cased.vocab
