@@ -46,6 +46,8 @@ class Entry:
     source_shape: the external format's shape (PyTorch Linear weights are [out, in],
       attention kernels are 2-D there).
     transpose: the stored matrix is [out, in] and must be transposed into our [in, out].
+    pad_rows: vocabulary padding (BertConfig.vocab_multiple): rows our array has beyond
+      the stored tensor's; zero on import, dropped on export.
   """
   path: tuple[str, ...]
   group: str
@@ -53,17 +55,24 @@ class Entry:
   shape: tuple[int, ...]
   source_shape: tuple[int, ...]
   transpose: bool = False
+  pad_rows: int = 0
 
   def to_ours(self, array: np.ndarray) -> np.ndarray:
     """Stored tensor -> our float32 array (shape already checked against source_shape)."""
     array = np.asarray(array, dtype=np.float32)
     if self.transpose:
       array = array.T
-    return np.ascontiguousarray(array.reshape(self.shape))
+    stored = (self.shape[0] - self.pad_rows,) + self.shape[1:]
+    array = array.reshape(stored)
+    if self.pad_rows:  # no token has these ids: their logits are masked, their rows unused
+      array = np.concatenate([array, np.zeros((self.pad_rows,) + stored[1:], np.float32)])
+    return np.ascontiguousarray(array)
 
   def from_ours(self, array: np.ndarray) -> np.ndarray:
     """Our array -> the external format's float32 tensor."""
     array = np.asarray(array, dtype=np.float32)
+    if self.pad_rows:
+      array = array[:self.shape[0] - self.pad_rows]
     if self.transpose:
       return np.ascontiguousarray(array.reshape(self.source_shape[::-1]).T)
     return np.ascontiguousarray(array.reshape(self.source_shape))
@@ -102,9 +111,11 @@ def layout(config, fmt: str) -> list[Entry]:
   e = config.embedding_size or h
   entries = []
 
-  def add(path, group, shape, *, hf, tf, kernel_in_ndim=0, tf_transposed=False, table=False):
+  def add(path, group, shape, *, hf, tf, kernel_in_ndim=0, tf_transposed=False, table=False,
+          pad_rows=0):
     """Adds one tensor. Kernels (kernel_in_ndim > 0) are 2-D [in, out] in TF, [out, in] in HF;
-    embedding tables are stored as they are; everything else is a flat vector there."""
+    embedding tables are stored as they are; everything else is a flat vector there. Our
+    own format keeps `pad_rows` (vocabulary padding); the others store vocab_size rows."""
     shape = tuple(shape)
     if fmt == "own":
       entries.append(Entry(path, group, "/".join(path), shape, shape))
@@ -116,8 +127,10 @@ def layout(config, fmt: str) -> list[Entry]:
       source_shape = (n_out, n_in) if transpose else (n_in, n_out)
     else:
       transpose = False
-      source_shape = shape if table else (math.prod(shape),)
-    entries.append(Entry(path, group, hf if fmt == "hf" else tf, shape, source_shape, transpose))
+      stored = (shape[0] - pad_rows,) + shape[1:]
+      source_shape = stored if table else (math.prod(stored),)
+    entries.append(Entry(path, group, hf if fmt == "hf" else tf, shape, source_shape, transpose,
+                         pad_rows))
 
   def dense(path, group, shape, hf, tf, in_ndim=1):
     """A kernel/bias pair: HF `<hf>.weight/.bias`, TF `<tf>/kernel`, `<tf>/bias`."""
@@ -131,11 +144,12 @@ def layout(config, fmt: str) -> list[Entry]:
     add(path + ("bias",), group, (size,), hf=f"{hf}.bias", tf=f"{tf}/beta")
 
   # Embeddings.
-  for ours, rows in (("word_embeddings", config.vocab_size),
-                     ("position_embeddings", config.max_position_embeddings),
-                     ("token_type_embeddings", config.type_vocab_size)):
+  vocab_pad = config.padded_vocab_size - config.vocab_size
+  for ours, rows, pad in (("word_embeddings", config.padded_vocab_size, vocab_pad),
+                          ("position_embeddings", config.max_position_embeddings, 0),
+                          ("token_type_embeddings", config.type_vocab_size, 0)):
     add(("embeddings", ours, "embedding"), ENCODER, (rows, e),
-        hf=f"embeddings.{ours}.weight", tf=f"bert/embeddings/{ours}", table=True)
+        hf=f"embeddings.{ours}.weight", tf=f"bert/embeddings/{ours}", table=True, pad_rows=pad)
   layer_norm(("embeddings", "layer_norm"), ENCODER, e, "embeddings.LayerNorm",
              "bert/embeddings/LayerNorm")
   if e != h:  # ALBERT projection E -> H; only the own format reaches here (checked above).
@@ -169,8 +183,8 @@ def layout(config, fmt: str) -> list[Entry]:
         "cls/predictions/transform/dense")
   layer_norm((MLM_HEAD, "layer_norm"), MLM_HEAD, e, "cls.predictions.transform.LayerNorm",
              "cls/predictions/transform/LayerNorm")
-  add((MLM_HEAD, "output_bias"), MLM_HEAD, (config.vocab_size,), hf="cls.predictions.bias",
-      tf="cls/predictions/output_bias")
+  add((MLM_HEAD, "output_bias"), MLM_HEAD, (config.padded_vocab_size,), hf="cls.predictions.bias",
+      tf="cls/predictions/output_bias", pad_rows=vocab_pad)
   # google-research/bert stores the NSP matrix as output_weights [2, H], i.e. [out, in].
   add((NSP_HEAD, "kernel"), NSP_HEAD, (h, 2), hf="cls.seq_relationship.weight",
       tf="cls/seq_relationship/output_weights", kernel_in_ndim=1, tf_transposed=True)
@@ -208,6 +222,28 @@ def flatten(tree: Mapping, prefix: str = "") -> dict[str, np.ndarray]:
     else:
       flat[name] = value
   return flat
+
+
+# Tensors with one row per vocabulary id (own-format names, as flatten() writes them).
+_VOCAB_ROWS = ("embeddings/word_embeddings/embedding", f"{MLM_HEAD}/output_bias")
+
+
+def pad_vocab(params: Mapping, config, vocab_multiple: int) -> tuple[dict, object]:
+  """(params, config) with the vocabulary rows padded to a multiple of `vocab_multiple`.
+
+  The word table and the MLM output bias keep their config.vocab_size real rows and
+  get zero rows up to the new padded size (any padding they had is dropped first);
+  works on the pretraining tree and on the encoder tree.
+  """
+  new = config.replace(vocab_multiple=vocab_multiple)
+  pad = new.padded_vocab_size - config.vocab_size
+  out = {}
+  for name, value in flatten(params).items():
+    if name.endswith(_VOCAB_ROWS):
+      value = np.asarray(value)[:config.vocab_size]
+      value = np.concatenate([value, np.zeros((pad,) + value.shape[1:], value.dtype)])
+    set_path(out, tuple(name.split("/")), value)
+  return out, new
 
 
 def assemble(tensors: Mapping[str, np.ndarray], config, fmt: str, *, target: str,

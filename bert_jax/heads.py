@@ -32,14 +32,22 @@ class MaskedLMHead(nn.Module):
 
   @nn.compact
   def __call__(self, sequence, positions, embedding_table) -> jax.Array:
-    """sequence [B,T,H], positions [B,P] (None: every position), table [V,E] -> [B,P,V] float32."""
+    """sequence [B,T,H], positions [B,P] (None: every position), table [V',E] -> [B,P,V'] float32.
+
+    V' is config.padded_vocab_size; the logits of the padding ids (>= vocab_size) are the
+    float32 minimum, so they take no probability, no gradient and never win an argmax.
+    """
     cfg = self.config
     # Gather first: the transform and the V-wide decoder then cost B*P rows, not B*T.
     x = sequence if positions is None else gather_positions(sequence, positions)
     x = model_lib.dense(cfg, cfg.embed_size, ("embed", None), "transform")(x)
     x = model_lib.layer_norm(cfg, "layer_norm")(model_lib.gelu(x))
     bias = self.param("output_bias", nn.with_logical_partitioning(
-        nn.initializers.zeros_init(), ("vocab",)), (cfg.vocab_size,), jnp.float32)
+        nn.initializers.zeros_init(), ("vocab",)), (cfg.padded_vocab_size,), jnp.float32)
+    if cfg.padded_vocab_size != cfg.vocab_size:
+      # Masked through the [V] bias, not the [B,P,V] logits: no logits-sized temporary.
+      real = jnp.arange(cfg.padded_vocab_size) < cfg.vocab_size
+      bias = jnp.where(real, bias, jnp.finfo(jnp.float32).min)
     table = embedding_table.astype(cfg.compute_dtype)
     # Products in the compute dtype, accumulation and logits in float32.
     logits = jnp.einsum("bpe,ve->bpv", x.astype(cfg.compute_dtype), table,

@@ -42,7 +42,8 @@ _ATTENTION_IMPLS = (None, "xla", "cudnn")
 class BertConfig:
   """Hyper-parameters of a BERT-family encoder; defaults are BERT-Base (paper values)."""
 
-  vocab_size: int = 30522  # WordPiece vocabulary of bert-base-uncased
+  vocab_size: int = 30522  # true vocabulary (bert-base-uncased WordPiece), as HF/TF configs hold it
+  vocab_multiple: int = 1  # word table and MLM logits padded to a multiple of this (e.g. 128)
   hidden_size: int = 768  # H
   num_hidden_layers: int = 12  # L
   num_attention_heads: int = 12  # A; head size is H / A
@@ -61,8 +62,9 @@ class BertConfig:
   scan_layers: bool = False  # nn.scan over layers: params get a leading [L] axis
 
   def __post_init__(self):
-    positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "intermediate_size", "max_position_embeddings", "type_vocab_size")
+    positive = ("vocab_size", "vocab_multiple", "hidden_size", "num_hidden_layers",
+                "num_attention_heads", "intermediate_size", "max_position_embeddings",
+                "type_vocab_size")
     for name in positive:
       _check_positive_int(name, getattr(self, name))
     if self.embedding_size is not None:
@@ -96,6 +98,16 @@ class BertConfig:
   def head_size(self) -> int:
     """Per-head width D = H / A."""
     return self.hidden_size // self.num_attention_heads
+
+  @property
+  def padded_vocab_size(self) -> int:
+    """Rows of the word table and width of the MLM logits: vocab_size rounded up to vocab_multiple.
+
+    The padding rows are never looked up and their logits are masked out, so a padded
+    model computes what the unpadded one does; checkpoints in HF/TF formats hold
+    vocab_size rows (bert_jax.convert strips and restores the padding).
+    """
+    return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
   @property
   def embed_size(self) -> int:
@@ -188,20 +200,50 @@ def param_init(config: BertConfig, axes: tuple) -> Callable:
       jax.nn.initializers.truncated_normal(config.initializer_range), axes)
 
 
+class Dense(nn.Module):
+  """y = x . kernel + bias: x's last `num_contracted` axes against a full-shape kernel.
+
+  What nn.DenseGeneral computes, with the same parameters ("kernel" [*in, *features],
+  "bias" [*features]); it exists because DenseGeneral initialises its kernel flat 2-D
+  and reshapes it, and under a mesh the logical box then constrains the flat value
+  with every axis name and fails. Here every parameter is created in its own shape,
+  so the trainers can run under a mesh and the activation constraints hold.
+  """
+
+  features: tuple[int, ...]  # output dimensions
+  num_contracted: int  # trailing input axes contracted with the kernel's leading ones
+  axes: tuple  # logical names of every kernel dimension; the bias takes the output names
+  dtype: Any  # compute dtype; params are float32
+  kernel_init: Callable
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[..., *in] -> [..., *features] in the compute dtype."""
+    n = self.num_contracted
+    kernel = self.param("kernel", self.kernel_init, x.shape[-n:] + self.features, jnp.float32)
+    bias = self.param("bias", nn.with_logical_partitioning(
+        nn.initializers.zeros_init(), self.axes[n:]), self.features, jnp.float32)
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
+    contract = (tuple(range(x.ndim - n, x.ndim)), tuple(range(n)))
+    return jax.lax.dot_general(x, kernel, (contract, ((), ()))) + bias
+
+
 def dense(config: BertConfig, features, axes: tuple, name: str, *, axis=-1,
           dtype=None) -> nn.Module:
-  """A DenseGeneral with BERT init, fp32 params, compute dtype and named kernel/bias axes.
+  """A Dense with BERT init, fp32 params, compute dtype and named kernel/bias axes.
 
   `axes` names every kernel dimension (inputs then outputs); the bias takes the output
-  names. `dtype` overrides the compute dtype (the small output heads run in float32).
+  names. `axis` is -1 or (-2, -1): the trailing input axes contracted. `dtype`
+  overrides the compute dtype (the small output heads run in float32).
   """
-  n_out = 1 if isinstance(features, int) else len(features)
-  return nn.DenseGeneral(
-      features=features, axis=axis, dtype=dtype or config.compute_dtype,
-      param_dtype=jnp.float32,
-      kernel_init=param_init(config, axes),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[-n_out:]),
-      name=name)
+  features = (features,) if isinstance(features, int) else tuple(features)
+  num_contracted = 1 if isinstance(axis, int) else len(axis)
+  if len(axes) != num_contracted + len(features):
+    raise ValueError(f"{name}: {len(axes)} axis names for a kernel of "
+                     f"{num_contracted + len(features)} dimensions")
+  return Dense(features=features, num_contracted=num_contracted, axes=tuple(axes),
+               dtype=dtype or config.compute_dtype, kernel_init=param_init(config, axes),
+               name=name)
 
 
 def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
@@ -219,8 +261,22 @@ def gelu(x: jax.Array) -> jax.Array:
 
 
 def _constrain(x: jax.Array, *axes) -> jax.Array:
-  # A no-op without a mesh and rules; under the trainer's mesh it pins the activation layout.
+  # A no-op without a mesh and rules; under bert_jax.sharding.activate (the trainers)
+  # it pins the activation layout, so GSPMD need not guess it from the parameters.
   return nn.with_logical_constraint(x, axes)
+
+
+def _lookup(embed: nn.Embed, ids: jax.Array) -> jax.Array:
+  """[B,T] ids -> [B,T,E] rows of an embedding table, E still split as in the table.
+
+  The rules give "table_embed" the table's mesh axes for E and the batch what is left
+  (e.g. "data"); the constraint after the embeddings' sum then moves the rows to the
+  batch layout with an all-to-all. Asked to go from the lookup straight to the batch
+  layout, GSPMD replicates the global-batch [B,T,E] rows on every device (an
+  "involuntary full rematerialization") wherever data and fsdp both split the batch.
+  """
+  rows = jnp.take(embed.embedding, ids, axis=0)  # what nn.Embed computes for float32 tables
+  return _constrain(rows, "batch", "length", "table_embed")
 
 
 # ----------------------------------------------------------------------------- modules
@@ -237,7 +293,7 @@ class BertEmbeddings(nn.Module):
     embed = lambda n, axes, name: nn.Embed(
         n, cfg.embed_size, dtype=jnp.float32, param_dtype=jnp.float32,
         embedding_init=param_init(cfg, axes), name=name)
-    self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")
+    self.word_embeddings = embed(cfg.padded_vocab_size, ("vocab", "embed"), "word_embeddings")
     self.position_embeddings = embed(cfg.max_position_embeddings, ("pos", "embed"),
                                      "position_embeddings")
     self.token_type_embeddings = embed(cfg.type_vocab_size, ("type", "embed"),
@@ -254,17 +310,17 @@ class BertEmbeddings(nn.Module):
     if seq_len > self.config.max_position_embeddings:
       raise ValueError(f"sequence length {seq_len} exceeds max_position_embeddings "
                        f"({self.config.max_position_embeddings})")
-    x = (self.word_embeddings(input_ids)
+    x = (_lookup(self.word_embeddings, input_ids)
          + self.position_embeddings(jnp.arange(seq_len))[None]
-         + self.token_type_embeddings(segment_ids))
-    x = self.layer_norm(x)
+         + _lookup(self.token_type_embeddings, segment_ids))
+    x = self.layer_norm(_constrain(x, "batch", "length", "embed"))
     x = self.dropout(x, deterministic=deterministic)
     if self.config.embed_size != self.config.hidden_size:
       x = self.projection(x)
     return _constrain(x, "batch", "length", "embed")
 
   def word_embedding_table(self) -> jax.Array:
-    """The [V,E] word embedding matrix (the MLM decoder is tied to it)."""
+    """The [padded V,E] word embedding matrix (the MLM decoder is tied to it)."""
     return self.word_embeddings.embedding
 
 
@@ -383,7 +439,7 @@ class BertModel(nn.Module):
     return x, self.pooler(x)
 
   def word_embedding_table(self) -> jax.Array:
-    """The [V,E] float32 word embedding matrix, for heads tied to it."""
+    """The [padded V,E] float32 word embedding matrix, for heads tied to it."""
     return self.embeddings.word_embedding_table()
 
 

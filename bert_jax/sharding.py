@@ -6,7 +6,8 @@ config's rules table maps those names onto the mesh axes ('data', 'fsdp',
 mesh sizes in the config change.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+import contextlib
 import math
 from typing import Any
 
@@ -54,6 +55,18 @@ def make_mesh(mesh_config: Mapping[str, int], devices: Sequence[Any] | None = No
   # and the model's logical constraints.
   return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
                        devices=devices)
+
+
+@contextlib.contextmanager
+def activate(mesh: Mesh, rules: Sequence[tuple[str, Any]]) -> Iterator[None]:
+  """Mesh and logical-axis rules in scope: what both trainers trace and run their steps under.
+
+  The model's activation constraints (nn.with_logical_constraint) need both; without
+  the mesh they are silently dropped and GSPMD guesses activation layouts from the
+  parameters, e.g. keeping the whole global batch on every device under FSDP.
+  """
+  with jax.set_mesh(mesh), nn.logical_axis_rules([tuple(r) for r in rules]):
+    yield
 
 
 def data_parallel_size(mesh: Mesh) -> int:

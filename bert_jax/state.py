@@ -75,11 +75,10 @@ def make_layout(model: nn.Module, init_params: Callable[[jax.Array], Any],
                 rules: list[tuple[str, Any]], rng: jax.Array) -> StateLayout:
   """Shardings from the logical axis names on `init_params(rng)`'s boxed parameters.
 
-  No global mesh (jax.set_mesh) is installed: flax 0.12's DenseGeneral re-runs
-  its kernel init (flat 2-D) inside every apply for a shape check, and under a
-  global mesh the logical box then constrains that flat value with 3 axis
-  names and fails. So the model's activation constraints are inactive and
-  GSPMD propagates layouts from the explicit parameter and batch shardings.
+  Parameters, optimizer state and batches get explicit shardings here; the
+  activations get theirs from the model's logical constraints, which hold only
+  where the step is traced under sharding.activate(mesh, rules), as both
+  trainers do. `init` (random initialisation) needs no mesh in scope.
   """
   with nn.logical_axis_rules(rules):
     boxed = jax.eval_shape(init_params, rng)

@@ -188,6 +188,46 @@ def test_hf_export_loads_in_reference(hf_dir, reference, batch, tmp_path):
     np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
 
 
+def test_padded_vocab_exports_the_true_vocab_and_imports_padded(hf_dir, reference, batch,
+                                                                 tmp_path):
+  """vocab_multiple pads our tables only: HF export strips the padding, imports restore it."""
+  config, params, vocab = convert.load_pretrained(hf_dir, vocab_multiple=8)
+  assert (config.vocab_size, config.vocab_multiple, config.padded_vocab_size) == (99, 8, 104)
+  words = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  bias = params["mlm_head"]["output_bias"]
+  assert words.shape == (104, 32) and bias.shape == (104,)
+  assert not words[99:].any() and not bias[99:].any()
+  # The reference's logits on the real ids; the padding ids never win.
+  mlm, nsp = _our_logits(config, params, batch)
+  ref_mlm, ref_nsp = _reference_logits(reference, batch)
+  np.testing.assert_allclose(mlm[..., :99], ref_mlm, atol=ATOL, rtol=0)
+  np.testing.assert_allclose(nsp, ref_nsp, atol=ATOL, rtol=0)
+  assert (mlm[..., 99:] == np.finfo(np.float32).min).all()
+
+  # Export: the true vocabulary in the shapes transformers expects, whatever the padding holds.
+  words[99:] = 1.0
+  out = convert.export_hf(params, config, tmp_path / "hf", vocab)
+  assert json.loads((out / "config.json").read_text())["vocab_size"] == 99
+  tensors = safetensors.numpy.load_file(str(out / "model.safetensors"))
+  assert tensors["bert.embeddings.word_embeddings.weight"].shape == (99, 32)
+  assert tensors["cls.predictions.bias"].shape == (99,)
+  reloaded = transformers.FlaxBertForPreTraining.from_pretrained(out, from_pt=True)
+  want, got = flatten_dict(reference.params), flatten_dict(reloaded.params)
+  assert set(got) == set(want)
+  for key in want:
+    np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]), err_msg=str(key))
+
+  # Our own format keeps the padding (and says so); re-padding keeps the real rows.
+  own = convert.export_own(params, config, tmp_path / "own", vocab)
+  config2, params2, _ = convert.load_pretrained(own)
+  assert config2 == config
+  jax.tree.map(np.testing.assert_array_equal, params2, params)
+  config3, params3, _ = convert.load_pretrained(own, target="encoder", vocab_multiple=1)
+  assert config3.padded_vocab_size == 99
+  np.testing.assert_array_equal(params3["embeddings"]["word_embeddings"]["embedding"],
+                                words[:99])
+
+
 def test_hf_key_variants(tmp_path, reference, batch):
   """No "bert." prefix, gamma/beta LayerNorm names, tied decoder copies stored, float16."""
   state = {}

@@ -32,14 +32,19 @@ def add_sharding(config: ml_collections.ConfigDict) -> None:
   config.mesh.data = -1  # data-parallel axis; -1 takes the devices left over
   config.mesh.fsdp = 1  # parameter/optimizer-state sharding axis (also splits the batch)
   config.mesh.tensor = 1  # tensor-parallel axis (heads, mlp, vocab)
-  # Logical axis name -> mesh axes. A mesh axis is used once per array, so
-  # "embed" activations fall back to replicated when "batch" already took fsdp.
+  # Logical axis name -> mesh axes, in order of precedence: a mesh axis is used once
+  # per array, so "embed" activations fall back to replicated when "batch" took fsdp.
   config.logical_axis_rules = [
+      # Rows just looked up in an embedding table keep its split of E (as "embed")
+      # with the batch over "data", then move to the batch layout; straight from the
+      # lookup to it, GSPMD replicates the global batch when data and fsdp split it.
+      ("table_embed", "fsdp"),
       ("batch", ("data", "fsdp")),
+      ("batch", "data"),  # where table_embed took fsdp
       ("embed", "fsdp"),
       ("heads", "tensor"),
       ("mlp", "tensor"),
-      ("vocab", "tensor"),
+      ("vocab", "tensor"),  # the padded vocabulary (config.model.vocab_multiple) splits evenly
       ("kv", None),
       ("length", None),
       ("layers", None),

@@ -45,6 +45,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   config.model_size = "base"  # row of bert_jax.model.SIZES giving (L, H, A)
   config.model = ml_collections.ConfigDict()  # BertConfig fields overriding the size row
   config.model.vocab_size = 0  # 0 -> the size of the vocabulary the pipeline tokenizes with
+  # Word table and MLM logits padded to a multiple of this (30,522 -> 30,592): splits
+  # evenly over config.mesh.tensor and fills matrix units; losses are unchanged.
+  config.model.vocab_multiple = 128
   config.model.dtype = "bfloat16"  # compute dtype; params and optimizer state stay float32
   config.model.embedding_size = ml_collections.FieldReference(None, field_type=int)  # ALBERT E; None -> H
   config.model.share_layers = False  # ALBERT cross-layer parameter sharing
@@ -94,6 +97,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
 
   if arg == "tiny":
     config.model_size = "tiny"
+    config.model.vocab_multiple = 1  # a CPU run: padding buys nothing
     config.model.dtype = "float32"  # bfloat16 matmuls are emulated, i.e. slow, on CPU
     config.data.max_seq_length = 64  # the embedded corpus has short documents
     # A small vocab learnt from part of the corpus: the learner is pure Python, so this

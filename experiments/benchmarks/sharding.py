@@ -1,0 +1,337 @@
+r"""Per-device memory and collective traffic of the REAL pretraining step on simulated meshes.
+
+Usage (the figures below: BERT-mini, global batch 64 x 128, bfloat16, 8 simulated CPUs):
+
+  python -m experiments.benchmarks.sharding --size=mini --batch=64 --seq_len=128 \
+      --mesh=1,8,1 --mesh=1,4,2 --mesh=2,2,2 --mesh=8,1,1
+
+Nothing runs: for each (data, fsdp, tensor) mesh the script lowers and compiles
+bert_jax.train.train_step exactly as the trainer jits it (the optimizer of
+bert_jax.optim, the parameter/optimizer/batch shardings of
+bert_jax.state.make_layout, the logical axis rules of experiments/configs, under
+bert_jax.sharding.activate), then reads
+
+  args / temp   compiled.memory_analysis(): argument and temporary bytes per device;
+  collectives   bytes per device by kind, parsed from the compiled HLO: for each op
+                the larger of its operand and its result (the whole buffer the op
+                exchanges, e.g. the gathered value of an all-gather); ops inside
+                loops count once;
+  BTH           all-reduces of a global-batch activation ([B, T, >= H] or
+                [B*T, >= H]): partial sums of the whole batch, which a working
+                activation layout never needs (the batch is split, not summed);
+  remat         XLA's "involuntary full rematerialization" warnings while compiling:
+                a tensor GSPMD could only re-lay out by replicating it;
+  constr        sharding constraints in the lowered (pre-compilation) module.
+
+Measured on this project's 2-core CPU machine (jax 0.10.2), 8 simulated devices.
+
+Before (the trainers entered the rules but no mesh, so every activation constraint was
+dropped; embedding rows looked up straight into the batch layout):
+
+  mesh (d,f,t)  args   temp   coll  all-red all-gath red-scat all2all permute BTH remat constr
+  1,8,1         16.5  537.8  657.7    416.1    190.5      0.0    51.0     0.0  16     0      0
+  1,4,2         16.7  394.5  476.6    259.5    115.0      0.0   102.0     0.0   8     0      0
+  2,2,2         33.2  255.8  140.3     89.6     46.1      0.0     4.0     0.6   0     4      0
+  8,1,1        129.0  255.4   72.4     72.4      0.0      0.0     0.0     0.0   0     0      0
+
+After (bert_jax.sharding.activate puts mesh and rules in scope; embedding rows go through
+the "table_embed" layout; vocabulary padded to 30,592 by the base config's vocab_multiple):
+
+  mesh (d,f,t)  args   temp   coll  all-red all-gath red-scat all2all permute BTH remat constr
+  1,8,1         16.5  231.9  116.9     42.4     72.4      0.0     2.0     0.0   0     0     64
+  1,4,2         16.7  248.4  114.4     71.7     38.6      0.0     4.1     0.0   0     0     64
+  2,2,2         33.2  256.0  136.5     89.7     38.2      0.0     8.0     0.6   0     0     64
+  8,1,1        129.2  255.7   72.6     72.6      0.0      0.0     0.0     0.0   0     0     64
+
+Pure FSDP no longer keeps the global batch on every device (temp 538 -> 232 MiB,
+collectives 658 -> 117 MiB). With constraints alone (embedding rows looked up
+straight into the batch layout) the figures are within 1% of these except
+(2,2,2): 148.5 MiB of collectives and 4-6 full rematerializations, as on every
+mesh where data and fsdp both split the batch (e.g. (2,4,1)). CPU collectives
+have no reduce-scatter: gradient reductions show as all-reduces.
+
+The script sets XLA_FLAGS for 8 host devices (and JAX_PLATFORMS=cpu) before
+jax is imported unless they are set. It imports bert_jax.train, which imports
+TensorFlow through the data pipeline; transformers is never imported.
+"""
+
+import os
+
+if __name__ == "__main__":  # as a program; importers (tests) keep their own environment
+  if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=8").strip()
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  # Warnings must reach the log: XLA names each involuntary full rematerialization there.
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import argparse
+import contextlib
+import functools
+import json
+import math
+import re
+import sys
+import tempfile
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import sharding
+from bert_jax import state as state_lib
+from bert_jax import train
+from experiments.configs import pretrain
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+# "bf16[64,128,256]{2,1,0}" -> dtype and dims; layouts and tuples around it are skipped.
+_SHAPE = re.compile(r"\b(pred|[su](?:8|16|32|64)|bf16|f16|f32|f64)\[([0-9,]*)\]")
+# An HLO instruction: "%name = <result type> <opcode>(<operand names>), attributes"; the
+# compiled module's text names operands without their types.
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?(%[\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
+_ASYNC_SUFFIX = "-start"
+
+
+def parse_meshes(values: list[str]) -> list[tuple[int, int, int]]:
+  """'1,8,1' '1,4,2;2,2,2' '1,8,1,8,1,1' -> [(1, 8, 1), (1, 4, 2), ...] (triples of ints)."""
+  meshes = []
+  for value in values:
+    for piece in re.split(r"[;\s]+", value.strip()):
+      if not piece:
+        continue
+      sizes = [int(s) for s in piece.split(",") if s]
+      if len(sizes) % 3:
+        raise ValueError(f"--mesh={value!r}: sizes come in (data, fsdp, tensor) triples")
+      meshes.extend(tuple(sizes[i:i + 3]) for i in range(0, len(sizes), 3))
+  return meshes
+
+
+def _shapes(text: str) -> list[tuple[tuple[int, ...], int]]:
+  """[(dims, bytes)] of every array type written in `text`."""
+  out = []
+  for dtype, dims in _SHAPE.findall(text):
+    dims = tuple(int(d) for d in dims.split(",") if d)
+    out.append((dims, math.prod(dims) * _BYTES[dtype]))
+  return out
+
+
+def is_batch_activation(dims: tuple[int, ...], batch: int, seq_len: int, hidden: int) -> bool:
+  """A [batch, T, >= hidden] (or flattened [batch * T, >= hidden]) array of the global batch."""
+  if dims[:2] == (batch, seq_len):
+    rest = dims[2:]
+  elif dims[:1] == (batch * seq_len,):
+    rest = dims[1:]
+  else:
+    return False
+  return math.prod(rest) >= hidden
+
+
+def collective_stats(hlo_text: str, batch: int, seq_len: int, hidden: int) -> dict[str, Any]:
+  """Bytes per collective kind in a compiled HLO module, and the whole-batch all-reduces.
+
+  An op counts the larger of its result and its operands (tuples summed); the
+  asynchronous "-start" form counts once, its "-done" not at all.
+  """
+  results = {}  # instruction name -> [(elements, bytes)] of its result
+  ops = []
+  for line in hlo_text.splitlines():
+    match = _INSTRUCTION.match(line)
+    if not match:
+      continue
+    name, result, opcode, rest = match.groups()
+    results[name] = _shapes(result)
+    is_async = opcode.endswith(_ASYNC_SUFFIX)
+    kind = opcode[:-len(_ASYNC_SUFFIX)] if is_async else opcode
+    if kind in COLLECTIVES:
+      operands = re.findall(r"%[\w.\-]+", rest.split(")", 1)[0])
+      ops.append((kind, is_async, results[name], operands))
+  totals = {kind: 0 for kind in COLLECTIVES}
+  counts = {kind: 0 for kind in COLLECTIVES}
+  batch_all_reduces = []
+  for kind, is_async, result_shapes, operand_names in ops:
+    operand_shapes = [s for n in operand_names for s in results.get(n, [])]
+    result_bytes = sum(b for _, b in result_shapes)
+    operand_bytes = sum(b for _, b in operand_shapes)
+    if is_async and kind != "all-reduce":  # the start's result tuple holds the operand too
+      result_bytes -= operand_bytes
+    totals[kind] += max(result_bytes, operand_bytes)
+    counts[kind] += 1
+    batch_operands = [d for d, _ in operand_shapes
+                      if is_batch_activation(d, batch, seq_len, hidden)]
+    if kind == "all-reduce" and batch_operands:
+      batch_all_reduces.append(batch_operands)
+  return {"bytes": totals, "counts": counts, "batch_all_reduces": batch_all_reduces}
+
+
+@contextlib.contextmanager
+def captured_stderr(lines: list[str]):
+  """Appends what the process writes to file descriptor 2 (XLA's C++ log) to `lines`."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as f:
+    os.dup2(f.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      f.seek(0)
+      text = f.read().decode(errors="replace")
+      lines.extend(text.splitlines())
+      sys.stderr.write(text)
+
+
+def count_constraints(lowered_text: str) -> int:
+  """Sharding constraints in a lowered module (Shardy or GSPMD spelling)."""
+  return (lowered_text.count("sdy.sharding_constraint")
+          + lowered_text.count("@Sharding"))
+
+
+def abstract_batch(batch: int, seq_len: int, predictions: int,
+                   batch_sharding: jax.sharding.NamedSharding) -> dict[str, jax.ShapeDtypeStruct]:
+  """The pretraining batch's shapes and dtypes (as data_pipeline.pretraining feeds them)."""
+  def spec(shape, dtype):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
+  return {
+      "input_ids": spec((batch, seq_len), jnp.int32),
+      "input_mask": spec((batch, seq_len), jnp.int32),
+      "segment_ids": spec((batch, seq_len), jnp.int32),
+      "masked_lm_positions": spec((batch, predictions), jnp.int32),
+      "masked_lm_ids": spec((batch, predictions), jnp.int32),
+      "masked_lm_weights": spec((batch, predictions), jnp.float32),
+      "next_sentence_labels": spec((batch,), jnp.int32),
+  }
+
+
+def bench_config(mesh_sizes: tuple[int, int, int], *, size: str, batch: int, seq_len: int,
+                 predictions: int, vocab_size: int, variant: str = "base",
+                 grad_accum_steps: int = 1, vocab_multiple: int | None = None):
+  """The pretraining config `variant` with this model size, batch and mesh."""
+  config = pretrain.get_config(variant)
+  config.model_size = size
+  config.model.vocab_size = vocab_size
+  if vocab_multiple is not None:
+    config.model.vocab_multiple = vocab_multiple
+  config.batch_size = batch
+  config.grad_accum_steps = grad_accum_steps
+  config.data.max_seq_length = seq_len
+  config.data.masking.max_predictions_per_seq = predictions
+  config.mesh.update(data=mesh_sizes[0], fsdp=mesh_sizes[1], tensor=mesh_sizes[2])
+  return config
+
+
+def lower_train_step(config) -> tuple[Any, model_lib.BertConfig]:
+  """(jax.stages.Lowered, BertConfig): bert_jax.train.train_step lowered as the trainer jits it.
+
+  The trainer's sections "mesh", "model and optimizer", "shardings" and "step",
+  on abstract arrays (nothing is allocated), over the first devices of this process.
+  """
+  bert_config = model_lib.BertConfig.from_size(config.model_size, **config.model.to_dict())
+  num_devices = math.prod(config.mesh[a] for a in sharding.MESH_AXES)
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:num_devices])
+  rules = [(name, tuple(axes) if isinstance(axes, list) else axes)
+           for name, axes in config.logical_axis_rules]
+  model = model_lib.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
+  tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
+  seq_len = config.data.max_seq_length
+  predictions = config.data.masking.max_predictions_per_seq
+
+  def init_params(rng):
+    ids = jnp.zeros((1, seq_len), jnp.int32)
+    return model.init({"params": rng}, ids, ids, ids, jnp.zeros((1, predictions), jnp.int32),
+                      deterministic=True)["params"]
+
+  layout = state_lib.make_layout(model, init_params, tx, mesh, rules, jax.random.key(0))
+  state = state_lib.TrainState(
+      step=layout.abstract["step"], apply_fn=model.apply, params=layout.abstract["params"],
+      tx=tx, opt_state=layout.abstract["opt_state"])
+  batch = abstract_batch(config.batch_size, seq_len, predictions, layout.batch)
+  rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=layout.replicated)  # PRNGKey(seed)
+  with sharding.activate(mesh, rules):
+    p_train_step = jax.jit(
+        functools.partial(train.train_step, grad_accum_steps=config.grad_accum_steps,
+                          skip_nonfinite=config.skip_nonfinite_steps),
+        in_shardings=(layout.state, layout.batch, layout.replicated),
+        out_shardings=(layout.state, layout.replicated), donate_argnums=(0,))
+    return p_train_step.lower(state, batch, rng), bert_config
+
+
+def measure(config) -> dict[str, Any]:
+  """Lowers and compiles the real train step for `config` (see bench_config); its figures."""
+  lowered, bert_config = lower_train_step(config)
+  log = []
+  with captured_stderr(log):
+    compiled = lowered.compile()
+  memory = compiled.memory_analysis()
+  batch, seq_len = config.batch_size, config.data.max_seq_length
+  stats = collective_stats(compiled.as_text(), batch, seq_len, bert_config.hidden_size)
+  mib = lambda n: round(n / 2**20, 1)
+  return {
+      "mesh": [config.mesh[a] for a in sharding.MESH_AXES], "size": config.model_size,
+      "batch": batch, "seq_len": seq_len, "grad_accum_steps": config.grad_accum_steps,
+      "vocab_size": bert_config.vocab_size, "padded_vocab_size": bert_config.padded_vocab_size,
+      "dtype": bert_config.dtype,
+      "argument_mib": mib(memory.argument_size_in_bytes),
+      "temp_mib": mib(memory.temp_size_in_bytes),
+      "collective_mib": mib(sum(stats["bytes"].values())),
+      "collective_mib_by_kind": {k: mib(v) for k, v in stats["bytes"].items()},
+      "collective_counts": stats["counts"],
+      "batch_activation_all_reduces": len(stats["batch_all_reduces"]),
+      "full_rematerializations": sum("Involuntary full rematerialization" in l for l in log),
+      "constraints": count_constraints(lowered.as_text()),
+  }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+  """The figures as a fixed-width table, one line per mesh (MiB per device)."""
+  lines = ["mesh (d,f,t)  args   temp   coll  all-red all-gath red-scat all2all permute "
+           "BTH remat constr"]
+  for r in rows:
+    k = r["collective_mib_by_kind"]
+    lines.append(
+        f"{','.join(map(str, r['mesh'])):12} {r['argument_mib']:5.1f} {r['temp_mib']:6.1f} "
+        f"{r['collective_mib']:6.1f} {k['all-reduce']:8.1f} {k['all-gather']:8.1f} "
+        f"{k['reduce-scatter']:8.1f} {k['all-to-all']:7.1f} {k['collective-permute']:7.1f} "
+        f"{r['batch_activation_all_reduces']:3d} {r['full_rematerializations']:5d} "
+        f"{r['constraints']:6d}")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict[str, Any]]:
+  """Parses flags, measures every mesh, prints the table and one JSON line per mesh."""
+  parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+  parser.add_argument("--size", default="mini", choices=sorted(model_lib.SIZES))
+  parser.add_argument("--mesh", action="append", default=None,
+                      help="data,fsdp,tensor; repeat, or separate meshes by ';'")
+  parser.add_argument("--batch", type=int, default=64, help="global batch")
+  parser.add_argument("--seq_len", type=int, default=128)
+  parser.add_argument("--predictions", type=int, default=20, help="masked positions per sequence")
+  parser.add_argument("--vocab_size", type=int, default=30522, help="true (unpadded) vocabulary")
+  parser.add_argument("--vocab_multiple", type=int, default=None,
+                      help="pad the vocabulary to a multiple of this (default: the variant's)")
+  parser.add_argument("--grad_accum_steps", type=int, default=1)
+  parser.add_argument("--variant", default="base", choices=pretrain.VARIANTS,
+                      help="pretrain config variant giving dtype, optimizer and rules")
+  args = parser.parse_args(argv)
+  # A persistent-cache hit skips the compiler, and with it the warnings counted here.
+  jax.config.update("jax_enable_compilation_cache", False)
+  meshes = parse_meshes(args.mesh or ["1,8,1"])
+  rows = []
+  for mesh_sizes in meshes:
+    rows.append(measure(bench_config(
+        mesh_sizes, size=args.size, batch=args.batch, seq_len=args.seq_len,
+        predictions=args.predictions, vocab_size=args.vocab_size, variant=args.variant,
+        grad_accum_steps=args.grad_accum_steps, vocab_multiple=args.vocab_multiple)))
+    print(json.dumps(rows[-1]), flush=True)
+  print(table(rows))
+  return rows
+
+
+if __name__ == "__main__":
+  main()
