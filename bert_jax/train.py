@@ -17,12 +17,12 @@ import functools
 from typing import Any
 
 from absl import logging
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from bert_jax import batch_log
 from bert_jax import checkpoint
 from bert_jax import losses
 from bert_jax import metrics_io
@@ -43,7 +43,8 @@ def build_bert_config(config: ml_collections.ConfigDict) -> model_lib.BertConfig
   """The BertConfig of a run: the size-table row plus config.model overrides.
 
   vocab_size 0 takes the pipeline's vocabulary size; an explicit one must be
-  at least that (larger, e.g. padded to a multiple of 128, is allowed).
+  at least that. It stays the true vocabulary (what HF/TF exports hold):
+  config.model.vocab_multiple pads the word table and MLM logits beyond it.
   """
   overrides = config.model.to_dict()
   vocab_size = len(pretraining.make_tokenizer(config.data).vocab)
@@ -219,17 +220,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     def make_input(step: int, data_state: dict[str, Any] | None):
       phase, data_config = phase_data_config(config, step)
+      # A masking schedule runs over the whole run; phase 2's stream starts mid-schedule.
       data = pretraining.PretrainingInput(
           data_config, batch_size=host_batch, process_index=jax.process_index(),
-          process_count=jax.process_count(), split="train")
+          process_count=jax.process_count(), split="train",
+          first_step=0 if phase == 1 else phase2_start(config), schedule_steps=config.total_steps)
       if data_state is not None and data_state.get("phase") == phase:
         data.set_state(data_state["input"])
       return phase, data
 
-    def make_eval_set(phase_config):
+    def make_eval_set(phase_config, own_masking: bool):
       return list(pretraining.make_eval_batches(
           phase_config, batch_size=host_eval_batch, process_index=jax.process_index(),
-          process_count=jax.process_count()))
+          process_count=jax.process_count(), own_masking=own_masking))
 
     # --------------------------------------------------- model and optimizer
     model = model_lib.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
@@ -245,7 +248,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     # ----------------------------------------------------------- shardings
     layout = state_lib.make_layout(model, init_params, tx, mesh, rules, init_rng)
-    cleanup.enter_context(nn.logical_axis_rules(rules))
+    cleanup.enter_context(sharding.activate(mesh, rules))
 
     # ---------------------------------------------------------------- step
     p_train_step = jax.jit(
@@ -269,31 +272,39 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     step = int(state.step)
     writer = metrics_io.MetricWriter(workdir, start_step=step)
     cleanup.callback(writer.close)
+    # What each step read (unmasked-batch fingerprints): ablations check runs against it.
+    batches = batch_log.BatchLog(workdir, step, process_index=jax.process_index(),
+                                 process_count=jax.process_count())
+    cleanup.callback(batches.close)
 
     # ---------------------------------------------------------------- eval
-    eval_sets: dict[int, list[dict[str, np.ndarray]]] = {}
+    eval_sets: dict[tuple[int, str], list[dict[str, np.ndarray]]] = {}
+    # eval/*: the fixed 15% held-out masks; eval_own/*: the same pairs masked like training.
+    eval_kinds = ("eval", "eval_own") if config.data.eval.own_masking else ("eval",)
 
     def evaluate(at_step: int) -> dict[str, float]:
       """Held-out metrics at `at_step`; a step metrics.jsonl already has is not redone."""
       done = writer.recorded(at_step)
       if "eval/mlm_loss" in done:
-        return {k: v for k, v in done.items() if k.startswith("eval/")}
+        return {k: v for k, v in done.items() if k.split("/")[0] in eval_kinds}
       phase, data_config = phase_data_config(config, min(at_step, config.total_steps - 1))
-      if phase not in eval_sets:
-        eval_sets[phase] = make_eval_set(data_config)
-      totals: dict[str, float] = {}
-      for local in eval_sets[phase]:
-        sums = jax.device_get(p_eval_step(state.params, sharding.global_batch(local, mesh)))
-        for k, v in sums.items():
-          totals[k] = totals.get(k, 0.0) + float(v)
-      n = max(totals["predictions"], 1.0)
-      result = {"eval/mlm_loss": totals["mlm_loss"] / n,
-                "eval/mlm_accuracy": totals["mlm_correct"] / n}
-      if "examples" in totals:
-        result["eval/nsp_accuracy"] = totals["nsp_correct"] / max(totals["examples"], 1.0)
+      result = {}
+      for kind in eval_kinds:
+        if (phase, kind) not in eval_sets:
+          eval_sets[phase, kind] = make_eval_set(data_config, own_masking=kind == "eval_own")
+        totals: dict[str, float] = {}
+        for local in eval_sets[phase, kind]:
+          sums = jax.device_get(p_eval_step(state.params, sharding.global_batch(local, mesh)))
+          for k, v in sums.items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+        n = max(totals["predictions"], 1.0)
+        result[f"{kind}/mlm_loss"] = totals["mlm_loss"] / n
+        result[f"{kind}/mlm_accuracy"] = totals["mlm_correct"] / n
+        if "examples" in totals:
+          result[f"{kind}/nsp_accuracy"] = totals["nsp_correct"] / max(totals["examples"], 1.0)
       writer.write(at_step, result)
       logging.info("held-out at step %d: %s", at_step,
-                   " ".join(f"{k[5:]} {v:.4f}" for k, v in result.items()))
+                   " ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in result.items()))
       return result
 
     # ---------------------------------------------------------------- loop
@@ -331,6 +342,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if pending is not None:
         check(pending)
       step += 1
+      batches.add(step, data.last_fingerprint, local)
       pending = (step, metrics)
       stop = stop_request.reached(step)
       log_now = step % config.log_every_steps == 0 or step == config.total_steps
@@ -351,11 +363,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         logging.info("%s", metrics_io.progress_line(step, config.total_steps, scalars))
         history.clear()
       if save_now:
+        # Logs first: a step that is saved always has its rows (a resumed run never redoes it).
+        batches.flush()
+        writer.flush()
         checkpoint.save(manager, step,
                         {"params": state.params, "opt_state": state.opt_state,
                          "step": state.step},
                         {"phase": phase, "input": data.get_state()}, force=True)
-        writer.flush()
       if stop:
         logging.warning("preempted (SIGTERM): saved step %d; the same command resumes", step)
         break
@@ -372,8 +386,10 @@ def _load_init_checkpoint(config: ml_collections.ConfigDict, bert_config: model_
                           fresh: Any) -> Any:
   """`fresh` params with everything config.init_checkpoint holds loaded over them."""
   from bert_jax import convert  # pylint: disable=g-import-not-at-top  # only needed here
+  # Padded like this model's table (an HF or TF checkpoint holds the true vocabulary).
   loaded_config, loaded, _ = convert.load_pretrained(
-      config.init_checkpoint, target="pretraining", allow_missing_heads=True)
+      config.init_checkpoint, target="pretraining", allow_missing_heads=True,
+      vocab_multiple=bert_config.vocab_multiple)
   state_lib.check_architecture(loaded_config, bert_config,
                                f"config.init_checkpoint={config.init_checkpoint!r}")
   loaded = dict(loaded, bert=state_lib.stack_if_scanned(loaded["bert"], bert_config))

@@ -57,11 +57,13 @@ STALE_AFTER_S = 600.0  # a lock not refreshed for this long is free (its holder 
 # Config fields a resumed run may change: none of them changes what the checkpoints
 # mean. A prefix ending in "." covers a whole block. Everything else must match.
 RESUMABLE = (
-    "total_steps", "num_epochs",  # train longer or shorter (the schedule follows the new end)
+    # Train longer or shorter: the learning-rate, phase-2 and masking schedules follow the new end.
+    "total_steps", "num_epochs",
     "learning_rates", "seeds",  # which runs a fine-tuning sweep holds, not what one run is
     "eval_every_steps", "log_every_steps", "eval_at_start",  # cadence of reports
     "checkpoint.",  # save period, retention, async writes
-    "mesh.", "distributed.",  # placement and launch: restore reshards onto any mesh
+    "mesh.", "distributed.", "logical_axis_rules",  # placement and launch: restore
+                                                    # reshards onto any mesh
     "grad_accum_steps",  # the same update in more micro-batches (fits memory)
     "peak_tflops_per_device",  # only the MFU report
     "model.remat",  # recomputation: the same numbers, less memory

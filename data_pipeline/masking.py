@@ -6,6 +6,13 @@ identical results for the same seed. The knobs (ratio, fixed vs Bernoulli
 count, mask/random/keep split, whole-word and span masking) are independent so
 that objective ablations change exactly one thing.
 
+Ratio schedules: `MaskingSpec.schedule` "linear" or "cosine" moves the ratio
+from `ratio` at step 0 to `final_ratio` at the run's last step (Yang et al.
+2023, "Learning Better Masking for Better Language Model Pre-training": masking
+ratio decay). `ratio_at(step, total_steps)` is the one definition; the
+pipeline passes each example's ratio to `mask_tokens`, and the static number of
+predictions covers the schedule's largest ratio.
+
 Seeds: derive one per example with `example_seed(base_seed, epoch, index)`.
 Every random draw inside `mask_tokens` is a function of that seed only, and the
 selection scores do not depend on the ratio, so for token-level masking the
@@ -42,6 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 _STRATEGIES = ("fixed", "bernoulli")
+SCHEDULES = ("constant", "linear", "cosine")
 # An explicit max_predictions_per_seq with the bernoulli strategy may be smaller
 # than max_seq_length only if a sequence needs more predictions with at most
 # this probability: < 1 expected overflow over BERT's 256 x 1M training sequences.
@@ -70,6 +78,10 @@ class MaskingSpec:
     max_span_length: longest span, in words.
     max_predictions_per_seq: static size P of masked_lm_*; 0 derives it
       (see `max_predictions`).
+    schedule: "constant" (always `ratio`), or "linear" / "cosine" from `ratio`
+      at step 0 to `final_ratio` at the last step (see `ratio_at`).
+    final_ratio: the ratio a schedule ends at, in (0, 1); must be 0 for
+      "constant" (it would mean nothing there).
   """
   ratio: float
   mask_prob: float = 0.8
@@ -81,6 +93,8 @@ class MaskingSpec:
   span_geometric_p: float = 0.2
   max_span_length: int = 10
   max_predictions_per_seq: int = 0
+  schedule: str = "constant"
+  final_ratio: float = 0.0
 
   def __post_init__(self):
     def number(name, low, high, low_open, high_open):
@@ -111,6 +125,15 @@ class MaskingSpec:
         raise ValueError(
             f"masking.{name} must be a bool, got {getattr(self, name)!r}")
     number("span_geometric_p", 0.0, 1.0, True, False)
+    if self.schedule not in SCHEDULES:
+      raise ValueError(f"masking.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+    if self.schedule == "constant":
+      if self.final_ratio != 0.0:
+        raise ValueError(
+            f"masking.final_ratio={self.final_ratio!r} is used only by a 'linear' or 'cosine' "
+            "masking.schedule; with 'constant' leave it 0")
+    else:
+      number("final_ratio", 0.0, 1.0, True, True)
     for name, low in (("max_span_length", 1), ("max_predictions_per_seq", 0)):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -136,8 +159,46 @@ class MaskingSpec:
     spec.max_predictions(max_seq_length)
     return spec
 
+  @property
+  def max_ratio(self) -> float:
+    """The largest ratio the schedule reaches (static shapes are sized for it)."""
+    return self.ratio if self.schedule == "constant" else max(self.ratio, self.final_ratio)
+
+  @property
+  def end_ratio(self) -> float:
+    """The ratio in force at the end of training."""
+    return self.ratio if self.schedule == "constant" else self.final_ratio
+
+  def ratio_at(self, step: int, total_steps: int) -> float:
+    """The masking ratio of the batch of training step `step` (0-based) of `total_steps`.
+
+    progress = min(step / total_steps, 1); "linear": ratio + (final - ratio) *
+    progress; "cosine": final + (ratio - final) * (1 + cos(pi * progress)) / 2
+    (Yang et al. 2023's linear and cosine decay). A pure function of the step,
+    so a resumed run masks exactly as the uninterrupted one.
+    """
+    if self.schedule == "constant":
+      return self.ratio
+    if isinstance(total_steps, bool) or not isinstance(total_steps, numbers.Integral) \
+        or total_steps < 1:
+      raise ValueError(f"masking.schedule={self.schedule!r} needs the run's total_steps "
+                       f"(a positive int), got {total_steps!r}")
+    progress = min(max(step, 0) / total_steps, 1.0)
+    if self.schedule == "linear":
+      weight = 1.0 - progress
+    else:
+      weight = 0.5 * (1.0 + math.cos(math.pi * progress))
+    # A weighted sum, so both ends are exactly `ratio` and `final_ratio`.
+    return weight * self.ratio + (1.0 - weight) * self.final_ratio
+
+  def at_ratio(self, ratio: float) -> "MaskingSpec":
+    """This spec with a constant `ratio` (the other knobs and P kept)."""
+    return dataclasses.replace(self, ratio=ratio, schedule="constant", final_ratio=0.0)
+
   def max_predictions(self, max_seq_length: int) -> int:
     """The static number P of masked_lm_* slots for sequences of this length.
+
+    Sized for `max_ratio`, the largest ratio a schedule reaches.
 
     Derived (max_predictions_per_seq == 0): "fixed" -> ceil(ratio * L), which
     no sequence can exceed because at most L tokens are maskable (BERT's 20 at
@@ -159,21 +220,21 @@ class MaskingSpec:
     if self.strategy == "fixed":
       if not explicit:
         # The epsilon keeps float noise (0.1 * 30 = 3.0000000000000004) from adding a slot.
-        return max(1, math.ceil(self.ratio * max_seq_length - 1e-9))
-      needed = max(1, round(self.ratio * max_seq_length))
+        return max(1, math.ceil(self.max_ratio * max_seq_length - 1e-9))
+      needed = max(1, round(self.max_ratio * max_seq_length))
       if explicit < needed:
         raise ValueError(
             f"masking.max_predictions_per_seq={explicit} is too small: "
-            f"ratio {self.ratio} at max_seq_length {max_seq_length} needs up to "
+            f"ratio {self.max_ratio} at max_seq_length {max_seq_length} needs up to "
             f"{needed} predictions (set 0 to derive it)")
       return explicit
     if not explicit:
       return max_seq_length
-    tail = _binomial_tail(max_seq_length, self.ratio, explicit)
+    tail = _binomial_tail(max_seq_length, self.max_ratio, explicit)
     if tail > _BERNOULLI_OVERFLOW_PROB:
       raise ValueError(
           f"masking.max_predictions_per_seq={explicit} is too small for "
-          f"strategy 'bernoulli' with ratio {self.ratio} at max_seq_length "
+          f"strategy 'bernoulli' with ratio {self.max_ratio} at max_seq_length "
           f"{max_seq_length}: P(more than {explicit} masked) = {tail:.2e} > "
           f"{_BERNOULLI_OVERFLOW_PROB} (set 0 to derive it)")
     return explicit
@@ -296,7 +357,7 @@ def _span_fill(lengths, eligible, scores, span_lengths, budget):
 
 def mask_tokens(input_ids, maskable, word_starts, seed, spec: MaskingSpec, *,
                 mask_id: int, vocab_size: int, special_ids: Sequence[int],
-                max_predictions: int) -> dict:
+                max_predictions: int, ratio=None) -> dict:
   """Masks one example for masked-LM training (graph-compatible, stateless).
 
   Args:
@@ -316,6 +377,9 @@ def mask_tokens(input_ids, maskable, word_starts, seed, spec: MaskingSpec, *,
     special_ids: ids never used as random replacements ([PAD], [UNK], [CLS],
       [SEP], [MASK], ...).
     max_predictions: static P; pass `spec.max_predictions(max_seq_length)`.
+    ratio: this example's ratio (a float64 scalar, may be a tensor), e.g.
+      `spec.ratio_at(step, total_steps)` under a schedule; None -> spec.ratio
+      (a constant schedule). P must hold it: it is at most spec.max_ratio.
 
   Returns:
     dict with input_ids [T] int32 (masked), masked_lm_positions [P] int32
@@ -349,13 +413,17 @@ def mask_tokens(input_ids, maskable, word_starts, seed, spec: MaskingSpec, *,
   maskable = tf.cast(maskable, tf.bool)
   length = tf.shape(input_ids)[0]
   seeds = tf.random.experimental.stateless_split(seed, 6)
+  # float64 for the count (exactly Python's round(ratio * n)); the per-token draws
+  # are float32, and float32(ratio) is what comparing them with a Python float gives.
+  ratio = tf.constant(spec.ratio, tf.float64) if ratio is None else tf.cast(ratio, tf.float64)
+  ratio32 = tf.cast(ratio, tf.float32)
 
   # Independent of the ratio, so token-level masks at different ratios are nested.
   scores = tf.random.stateless_uniform([length], seeds[0])
   num_maskable = tf.reduce_sum(tf.cast(maskable, tf.int32))
   if spec.strategy == "fixed":
     # float64 and half-to-even rounding, exactly Python's round(ratio * n).
-    budget = tf.cast(tf.math.round(tf.cast(num_maskable, tf.float64) * spec.ratio), tf.int32)
+    budget = tf.cast(tf.math.round(tf.cast(num_maskable, tf.float64) * ratio), tf.int32)
     budget = tf.where(num_maskable > 0, tf.maximum(budget, 1), 0)
     if static_length is None:
       # A dynamic T longer than the one P was derived for: fail, never truncate.
@@ -367,7 +435,7 @@ def mask_tokens(input_ids, maskable, word_starts, seed, spec: MaskingSpec, *,
   elif spec.span:
     # A Binomial(num_maskable, ratio) token budget, filled with spans.
     token_draws = tf.random.stateless_uniform([length], seeds[5])
-    budget = tf.reduce_sum(tf.cast(maskable & (token_draws < spec.ratio), tf.int32))
+    budget = tf.reduce_sum(tf.cast(maskable & (token_draws < ratio32), tf.int32))
     budget = tf.minimum(budget, max_predictions)
   else:
     budget = tf.constant(max_predictions, tf.int32)
@@ -376,7 +444,7 @@ def mask_tokens(input_ids, maskable, word_starts, seed, spec: MaskingSpec, *,
     # Token level (the hot path): the `budget` lowest-scoring candidates, no loop.
     candidates = maskable
     if spec.strategy == "bernoulli":
-      candidates &= scores < spec.ratio
+      candidates &= scores < ratio32
     rank = tf.math.invert_permutation(
         tf.argsort(tf.where(candidates, scores, 2.0), stable=True))
     selected = candidates & (rank < budget)
@@ -398,7 +466,7 @@ def mask_tokens(input_ids, maskable, word_starts, seed, spec: MaskingSpec, *,
     else:
       candidates = unit_eligible
       if spec.strategy == "bernoulli":
-        candidates &= scores < spec.ratio
+        candidates &= scores < ratio32
       chosen_units = _greedy_fill(unit_length, candidates, scores, budget)
       decision_group = unit_id
     selected = tf.gather(chosen_units, unit_id) & maskable

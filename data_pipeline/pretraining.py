@@ -18,6 +18,17 @@ Stages, and where each runs:
    ``example_seed(seed, epoch, index in epoch)``.
 4. Batch per host (``batch_size`` = global batch / process count), prefetch.
 
+Masking-ratio schedules (masking.py ``MaskingSpec.ratio_at``): every example
+carries the ratio of the training step its batch belongs to, step =
+``first_step`` + (examples the stream produced before it) // ``batch_size``,
+so the ratio is a pure function of the position like everything else.
+
+What a step read, independently of its masks: each batch's unmasked ids,
+segment ids and NSP labels are hashed before masking (``batch_fingerprint``);
+``PretrainingInput.last_fingerprint`` is that of the batch last returned. The
+trainer logs it per step, and experiments/ablation.py refuses to compare runs
+whose fingerprints differ.
+
 Order and randomness: epoch e visits this process's documents in the order
 ``permutation(rng(seed, e))``, cut into blocks of ``shuffle_buffer``
 documents; a block's examples are shuffled by ``rng(seed, e, block)``; the
@@ -64,7 +75,9 @@ from data_pipeline import pairs
 from data_pipeline import tokenizers
 
 OBJECTIVES = ("nsp", "sop", "none")
-_POSITION = "position"  # per-example (epoch, block, offset, index); stripped from batches
+_POSITION = "position"  # per-example (epoch, block, offset, index, example); stripped from batches
+_RATIO = "mask_ratio"  # per-example masking ratio (float64), consumed by the masking map
+_UNMASKED = "unmasked_ids"  # input ids before masking; hashed into last_fingerprint, then dropped
 
 
 def default_data_config() -> ml_collections.ConfigDict:
@@ -98,12 +111,15 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.masking.span = False  # SpanBERT geometric span masking
   c.masking.span_geometric_p = 0.2  # span-length geometric p (SpanBERT)
   c.masking.max_span_length = 10  # longest span in words (SpanBERT)
-  c.masking.max_predictions_per_seq = 0  # 0 -> derived from the ratio (20 at 128 / 0.15)
+  c.masking.max_predictions_per_seq = 0  # 0 -> derived from the ratio (20 at 128 / 0.15; a schedule's largest)
+  c.masking.schedule = "constant"  # "constant" | "linear" | "cosine": ratio -> final_ratio over the run's steps
+  c.masking.final_ratio = 0.0  # where a "linear"/"cosine" schedule ends (0 with "constant")
   c.eval = ml_collections.ConfigDict()
   c.eval.num_examples = 1024  # size of the fixed held-out set (rounded down to whole global batches)
   c.eval.masking_ratio = 0.15  # eval masks: BERT's default masking at this ratio, whatever training uses
   c.eval.seed = 12345  # pairs and masks of the eval set
   c.eval.max_documents = 4096  # held-out documents read (first in corpus order), bounds eval set-up
+  c.eval.own_masking = False  # also evaluate on the held-out pairs masked like training (eval_own/*)
   c.prefetch_batches = 2  # batches prepared ahead of the training step
   return c
 
@@ -118,6 +134,23 @@ def eval_masking_spec(data_config) -> masking.MaskingSpec:
   config = default_data_config().masking
   config.ratio = data_config.eval.masking_ratio
   return masking.MaskingSpec.from_config(config, data_config.max_seq_length)
+
+
+def own_eval_masking_spec(data_config) -> masking.MaskingSpec:
+  """The run's own masking for eval_own/*: the training knobs at the ratio training ends at."""
+  spec = masking_spec(data_config)
+  return spec.at_ratio(spec.end_ratio)
+
+
+def batch_fingerprint(input_ids: np.ndarray, segment_ids: np.ndarray,
+                      next_sentence_labels: np.ndarray) -> str:
+  """16 hex digits identifying a batch's unmasked content (ids, segments, NSP labels, order)."""
+  digest = hashlib.blake2b(digest_size=8)
+  for array in (input_ids, segment_ids, next_sentence_labels):
+    array = np.ascontiguousarray(array, np.int32)
+    digest.update(repr(array.shape).encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()
 
 
 def max_predictions(data_config) -> int:
@@ -324,8 +357,12 @@ class ExampleStream:
     shuffle = pairs.rng_for(self.seed, epoch, 2, block).permutation(len(instances))
     return [instances[i] for i in shuffle]
 
-  def blocks(self, epoch=0, block=0, offset=0, index=0) -> Iterator[dict]:
-    """Padded example arrays per block, starting at a position; endless (epoch after epoch)."""
+  def blocks(self, epoch=0, block=0, offset=0, index=0, example=0) -> Iterator[dict]:
+    """Padded example arrays per block, starting at a position; endless (epoch after epoch).
+
+    `example` counts the examples produced before the position since the stream's
+    start, across epochs (masking schedules derive the training step from it).
+    """
     while True:
       produced = 0
       for b in range(block, self.num_blocks()):
@@ -336,8 +373,10 @@ class ExampleStream:
                                   pad_id=self.special_ids["pad"])
           n = len(instances)
           arrays[_POSITION] = np.stack([np.full([n], epoch), np.full([n], b),
-                                        offset + np.arange(n), index + np.arange(n)], 1)
+                                        offset + np.arange(n), index + np.arange(n),
+                                        example + np.arange(n)], 1)
           index += n
+          example += n
           produced += n
           yield arrays
         offset = 0
@@ -353,21 +392,31 @@ class ExampleStream:
 
 def _masked_dataset(stream: ExampleStream, start: dict, spec: masking.MaskingSpec, *,
                     tokenizer, seed: int, batch_size: int, prefetch: int,
-                    stop: threading.Event | None = None) -> tf.data.Dataset:
+                    stop: threading.Event | None = None, first_step: int = 0,
+                    schedule_steps: int = 0) -> tf.data.Dataset:
   """from_generator(stream) -> per-example in-graph masking -> batches (with positions).
 
-  Setting `stop` ends the generator at its next block, so the dataset runs out
-  (see PretrainingInput.close for why that matters).
+  Examples are masked at the ratio of their batch's training step (first_step +
+  example count // batch_size) of `schedule_steps`. Batches keep the unmasked
+  ids under _UNMASKED. Setting `stop` ends the generator at its next block, so
+  the dataset runs out (see PretrainingInput.close for why that matters).
   """
   t = stream.max_seq_length
   signature = {"input_ids": tf.TensorSpec([None, t], tf.int32),
                "segment_ids": tf.TensorSpec([None, t], tf.int32),
                "next_sentence_labels": tf.TensorSpec([None], tf.int32),
-               _POSITION: tf.TensorSpec([None, 4], tf.int64)}
+               _POSITION: tf.TensorSpec([None, 5], tf.int64),
+               _RATIO: tf.TensorSpec([None], tf.float64)}
+
   def blocks():
     for block in stream.blocks(**start):
       if stop is not None and stop.is_set():
         return
+      steps = first_step + block[_POSITION][:, 4] // batch_size
+      # ratio_at itself (Python floats) once per step of the block: the one definition.
+      unique, inverse = np.unique(steps, return_inverse=True)
+      block[_RATIO] = np.array([spec.ratio_at(int(s), schedule_steps) for s in unique],
+                               np.float64)[inverse.reshape(-1)]
       yield block
 
   ds = tf.data.Dataset.from_generator(blocks, output_signature=signature)
@@ -384,13 +433,15 @@ def _masked_dataset(stream: ExampleStream, start: dict, spec: masking.MaskingSpe
     masked = masking.mask_tokens(
         ids, maskable, tf.gather(starts, ids), masking.example_seed(seed, position[0], position[3]),
         spec, mask_id=specials["mask"], vocab_size=tokenizer.vocab_size,
-        special_ids=list(specials.values()), max_predictions=num_predictions)
+        special_ids=list(specials.values()), max_predictions=num_predictions,
+        ratio=example[_RATIO])
     return {"input_ids": masked["input_ids"], "input_mask": tf.cast(input_mask, tf.int32),
             "segment_ids": example["segment_ids"],
             "masked_lm_positions": masked["masked_lm_positions"],
             "masked_lm_ids": masked["masked_lm_ids"],
             "masked_lm_weights": masked["masked_lm_weights"],
-            "next_sentence_labels": example["next_sentence_labels"], _POSITION: position}
+            "next_sentence_labels": example["next_sentence_labels"], _POSITION: position,
+            _UNMASKED: ids}
 
   ds = ds.map(mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return ds.batch(batch_size, drop_remainder=True).prefetch(prefetch)
@@ -401,16 +452,25 @@ class PretrainingInput:
 
   Yields dicts with input_ids, input_mask, segment_ids [B, T] int32,
   masked_lm_positions, masked_lm_ids [B, P] int32, masked_lm_weights [B, P]
-  float32 and next_sentence_labels [B] int32, B = ``batch_size`` (per host).
+  float32 and next_sentence_labels [B] int32, B = ``batch_size`` (per host);
+  ``last_fingerprint`` identifies the unmasked content of the last one.
+
+  A masking schedule runs over ``schedule_steps`` (the run's total_steps); the
+  stream's first batch is training step ``first_step`` (phase 2 starts a new
+  stream mid-run).
   """
 
   def __init__(self, data_config, *, batch_size: int, process_index: int = 0,
-               process_count: int = 1, split: str = "train"):
+               process_count: int = 1, split: str = "train", first_step: int = 0,
+               schedule_steps: int = 0):
     _validate(data_config)
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     self.config, self.batch_size = data_config, batch_size
     self.spec = masking_spec(data_config)
+    self.spec.ratio_at(first_step, schedule_steps)  # a schedule without its length fails now
+    self.first_step, self.schedule_steps = first_step, schedule_steps
+    self.last_fingerprint = ""  # batch_fingerprint of the batch last returned
     self.tokenizer = make_tokenizer(data_config)
     corpus = load_tokenized_corpus(data_config, self.tokenizer, split=split,
                                    process_index=process_index, process_count=process_count)
@@ -422,7 +482,7 @@ class PretrainingInput:
               corpus.num_tokens, data_config.objective, data_config.max_seq_length,
               data_config.short_seq_prob, data_config.seed, data_config.shuffle_buffer]
     self._fingerprint = hashlib.md5(json.dumps(fields).encode()).hexdigest()[:16]
-    self._position = {"epoch": 0, "block": 0, "offset": 0, "index": 0}
+    self._position = {"epoch": 0, "block": 0, "offset": 0, "index": 0, "example": 0}
     self._iterator = None
     self._stop = threading.Event()
     _LIVE_INPUTS.add(self)
@@ -436,10 +496,14 @@ class PretrainingInput:
       self._iterator = _masked_dataset(
           self.stream, dict(self._position), self.spec, tokenizer=self.tokenizer,
           seed=self.config.seed, batch_size=self.batch_size,
-          prefetch=self.config.prefetch_batches, stop=self._stop).as_numpy_iterator()
+          prefetch=self.config.prefetch_batches, stop=self._stop, first_step=self.first_step,
+          schedule_steps=self.schedule_steps).as_numpy_iterator()
     batch = next(self._iterator)
-    epoch, block, offset, index = (int(v) for v in batch.pop(_POSITION)[-1])
-    self._position = {"epoch": epoch, "block": block, "offset": offset + 1, "index": index + 1}
+    epoch, block, offset, index, example = (int(v) for v in batch.pop(_POSITION)[-1])
+    self._position = {"epoch": epoch, "block": block, "offset": offset + 1, "index": index + 1,
+                      "example": example + 1}
+    self.last_fingerprint = batch_fingerprint(batch.pop(_UNMASKED), batch["segment_ids"],
+                                              batch["next_sentence_labels"])
     return batch
 
   def get_state(self) -> dict:
@@ -455,6 +519,9 @@ class PretrainingInput:
     """
     try:
       position = {k: int(state[k]) for k in ("epoch", "block", "offset", "index")}
+      # States saved before schedules existed lack the count; only a schedule needs it.
+      position["example"] = int(state["example"] if "example" in state or
+                                self.spec.schedule != "constant" else 0)
     except (KeyError, TypeError, ValueError) as e:
       raise ValueError(f"malformed pipeline state {state!r}: {e!r}") from None
     if state.get("fingerprint") != self._fingerprint:
@@ -488,7 +555,7 @@ atexit.register(lambda: [source.close() for source in list(_LIVE_INPUTS)])
 
 
 def make_eval_batches(data_config, *, batch_size: int, process_index: int = 0,
-                      process_count: int = 1) -> list[dict]:
+                      process_count: int = 1, own_masking: bool = False) -> list[dict]:
   """The fixed held-out eval set: this host's numpy batches, deterministic masks.
 
   The set is built identically on every host (the first eval.max_documents
@@ -496,7 +563,8 @@ def make_eval_batches(data_config, *, batch_size: int, process_index: int = 0,
   at eval.masking_ratio with default knobs), cut into global batches of
   ``batch_size * process_count`` examples; this host gets its slice of each.
   It therefore depends neither on the training masking config nor on the
-  process count.
+  process count. `own_masking`: the same pairs masked with the training masking
+  knobs at the ratio training ends at (own_eval_masking_spec), for eval_own/*.
   """
   _validate(data_config)
   global_batch = batch_size * process_count
@@ -511,11 +579,13 @@ def make_eval_batches(data_config, *, batch_size: int, process_index: int = 0,
       corpus, objective=data_config.objective, max_seq_length=data_config.max_seq_length,
       short_seq_prob=data_config.short_seq_prob, seed=data_config.eval.seed,
       shuffle_buffer=data_config.shuffle_buffer, special_ids=tokenizer.special_ids)
-  ds = _masked_dataset(stream, {}, eval_masking_spec(data_config), tokenizer=tokenizer,
-                       seed=data_config.eval.seed, batch_size=global_batch, prefetch=1)
+  spec = own_eval_masking_spec(data_config) if own_masking else eval_masking_spec(data_config)
+  ds = _masked_dataset(stream, {}, spec, tokenizer=tokenizer, seed=data_config.eval.seed,
+                       batch_size=global_batch, prefetch=1)
   batches = []
   for batch in ds.take(num_batches).as_numpy_iterator():
     batch.pop(_POSITION)
+    batch.pop(_UNMASKED)
     lo = process_index * batch_size
     batches.append({k: v[lo:lo + batch_size] for k, v in batch.items()})
   return batches

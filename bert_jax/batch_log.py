@@ -1,0 +1,97 @@
+"""What every pretraining step read, one JSON line per step: workdir/batch_log.jsonl.
+
+  {"step": 17, "batch": "3f9c0a...", "tokens": 3921, "predictions": 598}
+
+`batch` is data_pipeline.pretraining.batch_fingerprint of the batch of update
+`step` (1-based, as in metrics.jsonl): a hash of its unmasked ids, segment ids
+and NSP labels, taken before masking, so two runs that differ only in their
+masks log the same fingerprints and any other difference (pairs, order,
+corpus, seed) shows at the first step it touches. `tokens` and `predictions`
+are the batch's real (non-padding) tokens and real MLM predictions, so what a
+run saw is summed exactly, per step, from the run itself.
+
+Each process logs its own part of the global batch: one process writes
+batch_log.jsonl, process i of n writes batch_log.<i>-of-<n>.jsonl.
+
+Resume follows metrics.jsonl's rule: rows after the step a run starts from are
+dropped when it starts (their attempt was killed), so every step appears once.
+Locally rows are appended and made durable at `flush()` (the trainer flushes
+when it saves a checkpoint); on gs://, where nothing can be appended, the rows
+are kept in memory and the file is uploaded whole at each flush.
+"""
+
+import json
+from typing import Any
+
+import numpy as np
+
+from bert_jax import paths
+
+FILE_NAME = "batch_log.jsonl"
+
+
+def file_name(process_index: int, process_count: int) -> str:
+  """The log file of one process of a run of `process_count` processes."""
+  if process_count == 1:
+    return FILE_NAME
+  return f"batch_log.{process_index}-of-{process_count}.jsonl"
+
+
+def _parse(text: str) -> list[dict[str, Any]]:
+  """Rows of a log; a torn last line (a kill mid-write) is skipped."""
+  rows = []
+  for line in text.splitlines():
+    try:
+      rows.append(json.loads(line))
+    except ValueError:
+      continue
+  return rows
+
+
+class BatchLog:
+  """Appends one row per training step to this process's batch log."""
+
+  def __init__(self, workdir: str, start_step: int, *, process_index: int, process_count: int):
+    self._path = paths.join(workdir, file_name(process_index, process_count))
+    self._remote = paths.is_remote(workdir)
+    text = paths.read_text(self._path) if paths.exists(self._path) else ""
+    kept = [r for r in _parse(text) if r["step"] <= start_step]
+    self._lines = [json.dumps(r) + "\n" for r in kept]
+    if "".join(self._lines) != text:  # later steps (or a torn line) from a killed attempt
+      paths.write_atomic(self._path, "".join(self._lines))
+    self._file = None if self._remote else paths.open_text(self._path, "a")
+    if not self._remote:
+      self._lines = []  # the file holds them
+
+  def add(self, step: int, fingerprint: str, batch: dict[str, np.ndarray]) -> None:
+    """Records update `step`'s batch (this process's part of it)."""
+    line = json.dumps({"step": step, "batch": fingerprint,
+                       "tokens": int(np.sum(batch["input_mask"])),
+                       "predictions": int(np.sum(batch["masked_lm_weights"]))}) + "\n"
+    if self._file is not None:
+      self._file.write(line)
+    else:
+      self._lines.append(line)
+
+  def flush(self) -> None:
+    """Makes every row added so far durable."""
+    if self._file is not None:
+      self._file.flush()
+    else:
+      paths.write_atomic(self._path, "".join(self._lines))
+
+  def close(self) -> None:
+    """Flushes and closes the file."""
+    self.flush()
+    if self._file is not None:
+      self._file.close()
+      self._file = None
+
+
+def read(workdir: str) -> dict[str, list[dict[str, Any]]]:
+  """Every batch log of a workdir: {file name: rows in step order}; {} when there is none."""
+  logs = {}
+  for file in paths.glob(paths.join(workdir, "batch_log*.jsonl")):
+    name = paths.path(file).name
+    logs[name] = sorted(_parse(paths.read_text(file)), key=lambda r: r["step"])
+  return logs

@@ -1,0 +1,482 @@
+r"""The masking ablation as one command: plan, pretrain, check, fine-tune, report.
+
+  python -m experiments.ablation --config=experiments/configs/ablation.py:zh_tiny --workdir=DIR
+  ... --dry_run          the runs, their FLOPs and expected times (nothing is written)
+  ... --print_commands   one `python -m bert_jax.main` command per run, to run them in parallel
+  python -m experiments.ablation --workdir=DIR --stage=report    (from DIR alone)
+
+Stages (--stage=all runs them in order; every one resumes):
+  prepare   the corpus (config.prepare_corpus) and DIR/plan.json, the list of runs
+  pretrain  each run in DIR/pretrain/<setting>_seed<k>/ through bert_jax.train, one
+            after another: a finished run is skipped, an unfinished one resumes
+            from its checkpoint (kill -9 at any moment loses at most the steps
+            since the last checkpoint)
+  check     runs of one pretraining seed must have the same config outside
+            data.masking and must have read identical unmasked batches, step by
+            step (their batch_log.jsonl); otherwise nothing is reported and the
+            error names the two runs and the first step (or field) that differs
+  finetune  every downstream task from every run's final checkpoint, in
+            DIR/finetune/<run>/<task>/ (bert_jax.finetune.trainer: summary.json
+            with median and spread over seeds at the best learning rate)
+  report    DIR/report.md, DIR/results.csv and DIR/plots/*.png (ablation_report.py)
+
+Exit codes as bert_jax.main: 0 done, 143 preempted (SIGTERM; re-run to resume),
+1 refused (a workdir of another run, or runs that differ in more than masks).
+"""
+
+import copy
+import dataclasses
+import json
+import re
+import shlex
+import sys
+from typing import Any
+
+from absl import app
+from absl import flags
+from absl import logging
+import ml_collections
+from ml_collections import config_flags
+
+from bert_jax import batch_log
+from bert_jax import metrics_io
+from bert_jax import paths
+from bert_jax import preemption
+from bert_jax import workdir as workdir_lib
+from data_pipeline import pretraining
+from experiments import ablation_report
+from experiments import chinese_data
+from experiments.configs import ablation as ablation_configs
+from experiments.configs import finetune as finetune_configs
+from experiments.configs import pretrain as pretrain_configs
+
+STAGES = ("all", "prepare", "pretrain", "check", "finetune", "report")
+PLAN_FILE = "plan.json"
+PRETRAIN_DIR = "pretrain"
+FINETUNE_DIR = "finetune"
+# Fields runs of one seed may differ in besides data.masking: placement, cadence and
+# storage, never what a step computes (a prefix ending in "." covers a block).
+_RUNTIME_FIELDS = ("checkpoint.", "mesh.", "distributed.", "log_every_steps", "eval_every_steps",
+                   "peak_tflops_per_device", "grad_accum_steps", "model.remat",
+                   "data.prefetch_batches", "data.embedded_cache_dir")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class AblationError(ValueError):
+  """A grid that must not be run or reported (bad settings, runs that differ in more than masks)."""
+
+
+@dataclasses.dataclass
+class Run:
+  """One pretraining run of the grid and where its outputs go (paths relative to DIR)."""
+  name: str  # "<setting>_seed<k>"
+  setting: str
+  seed: int
+  config: ml_collections.ConfigDict  # its complete pretraining config
+  pretrain_dir: str
+  finetune_dirs: dict[str, str]  # downstream task -> fine-tuning sweep workdir
+
+
+# --------------------------------------------------------------------------
+# The plan: configs of every run.
+# --------------------------------------------------------------------------
+
+
+def _fill_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Replaces the {workdir} placeholder in every string field (corpus paths) with `workdir`."""
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      _fill_workdir(value, workdir)
+    elif isinstance(value, str) and ablation_configs.WORKDIR in value:
+      config[key] = value.replace(ablation_configs.WORKDIR, workdir)
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Refuses, before anything is written, settings that are not masking fields or not valid."""
+  if config.family != "ablation":
+    raise AblationError(f"config.family={config.family!r}: experiments.ablation runs "
+                        "experiments/configs/ablation.py configs")
+  if not config.settings or not config.pretrain_seeds:
+    raise AblationError("config.settings and config.pretrain_seeds must not be empty")
+  fields = set(config.pretrain.data.masking.keys())
+  for name, setting in config.settings.items():
+    if not _NAME.match(name):
+      raise AblationError(f"setting name {name!r}: use letters, digits, '_', '-', '.' "
+                          "(it names a workdir)")
+    unknown = sorted(set(setting.keys()) - fields)
+    if unknown:
+      raise AblationError(f"config.settings.{name} sets {unknown}, which are not fields of "
+                          "pretrain.data.masking: a setting may change the masks and nothing else")
+  for task, task_config in config.downstream.items():
+    if task_config.family != "finetune" or task_config.init_checkpoint:
+      raise AblationError(f"config.downstream.{task} must be a finetune.py config without "
+                          "init_checkpoint (each run's checkpoint is filled in)")
+
+
+def pretrain_config(config: ml_collections.ConfigDict, setting: str, seed: int,
+                    workdir: str) -> ml_collections.ConfigDict:
+  """The complete pretraining config of (setting, seed): the base with only masks and seeds set."""
+  run = copy.deepcopy(config.pretrain)
+  _fill_workdir(run, workdir)
+  with run.unlocked():
+    for key, value in config.settings[setting].items():
+      run.data.masking[key] = value
+    run.seed = seed  # initial parameters and dropout
+    run.data.seed = seed  # pairs, their order and the masks' random draws
+  try:
+    pretraining.check_data_config(run.data)
+  except ValueError as e:
+    raise AblationError(f"config.settings.{setting}: {e}") from None
+  return run
+
+
+def plan(config: ml_collections.ConfigDict, workdir: str) -> list[Run]:
+  """Every run of the grid, seed-major (all settings of seed 0 first)."""
+  check_config(config)
+  runs = []
+  for seed in config.pretrain_seeds:
+    for setting in config.settings:
+      name = f"{setting}_seed{seed}"
+      runs.append(Run(name=name, setting=setting, seed=int(seed),
+                      config=pretrain_config(config, setting, int(seed), workdir),
+                      pretrain_dir=f"{PRETRAIN_DIR}/{name}",
+                      finetune_dirs={task: f"{FINETUNE_DIR}/{name}/{task}"
+                                     for task in config.downstream}))
+  return runs
+
+
+def finetune_config(config: ml_collections.ConfigDict, task: str, run: Run,
+                    workdir: str) -> ml_collections.ConfigDict:
+  """Downstream `task`'s config fine-tuning from `run`'s final checkpoint."""
+  task_config = copy.deepcopy(config.downstream[task])
+  _fill_workdir(task_config, workdir)
+  with task_config.unlocked():
+    task_config.init_checkpoint = paths.join(workdir, run.pretrain_dir)
+  return task_config
+
+
+def write_plan(config: ml_collections.ConfigDict, workdir: str, runs: list[Run]) -> None:
+  """DIR/plan.json: what the report needs besides the workdirs (rewritten for the current grid)."""
+  content = {
+      "variant": config.variant,
+      "settings": {name: s.to_dict() for name, s in config.settings.items()},
+      "pretrain_seeds": list(config.pretrain_seeds),
+      "tasks": {task: {"name": c.task.name, "learning_rates": list(c.learning_rates),
+                       "seeds": list(c.seeds)} for task, c in config.downstream.items()},
+      "runs": [{"name": r.name, "setting": r.setting, "seed": r.seed,
+                "pretrain": r.pretrain_dir, "finetune": r.finetune_dirs} for r in runs],
+      "report": config.report.to_dict(),
+  }
+  paths.write_atomic(paths.join(workdir, PLAN_FILE), json.dumps(content, indent=2) + "\n")
+
+
+def read_plan(workdir: str) -> dict[str, Any]:
+  """DIR/plan.json (written by the prepare stage)."""
+  path = paths.join(workdir, PLAN_FILE)
+  if not paths.exists(path):
+    raise AblationError(f"{path} is missing: run the prepare stage (or the whole ablation) first")
+  return json.loads(paths.read_text(path))
+
+
+# --------------------------------------------------------------------------
+# Stages.
+# --------------------------------------------------------------------------
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str, runs: list[Run]) -> None:
+  """Writes the corpus (when the config makes one) and plan.json."""
+  paths.makedirs(workdir)
+  if config.prepare_corpus == "zh_sentiment":
+    counts = chinese_data.write_corpus(paths.join(workdir, "corpus.txt"))
+    if counts:
+      logging.info("corpus: %s", counts)
+  elif config.prepare_corpus:
+    raise AblationError(f"config.prepare_corpus={config.prepare_corpus!r}: expected "
+                        "'zh_sentiment' or ''")
+  write_plan(config, workdir, runs)
+
+
+def pretraining_done(run: Run, workdir: str) -> bool:
+  """Whether the run reached total_steps and evaluated there (its last act)."""
+  path = paths.join(workdir, run.pretrain_dir, metrics_io.METRICS_FILE)
+  if not paths.exists(path):
+    return False
+  return any(r["step"] == run.config.total_steps and "eval/mlm_loss" in r
+             for r in metrics_io.read_metrics(path))
+
+
+def pretrain(runs: list[Run], workdir: str) -> bool:
+  """Trains every unfinished run in turn; False when SIGTERM stopped one (it saved)."""
+  from bert_jax import train  # pylint: disable=g-import-not-at-top  # jax/tf only when training
+  for i, run in enumerate(runs, 1):
+    if pretraining_done(run, workdir):
+      logging.info("run %d/%d %s: done", i, len(runs), run.name)
+      continue
+    logging.info("run %d/%d %s: pretraining %s", i, len(runs), run.name,
+                 json.dumps(run.config.data.masking.to_dict()))
+    train.train_and_evaluate(run.config, paths.join(workdir, run.pretrain_dir))
+    if preemption.was_preempted():
+      return False
+  return True
+
+
+def finetune(config: ml_collections.ConfigDict, runs: list[Run], workdir: str) -> bool:
+  """Fine-tunes every downstream task from every run; False when SIGTERM stopped one."""
+  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  for run in runs:
+    if not pretraining_done(run, workdir):
+      raise AblationError(f"run {run.name} has not finished pretraining; run the pretrain "
+                          "stage first")
+    for task, task_dir in run.finetune_dirs.items():
+      target = paths.join(workdir, task_dir)
+      if paths.exists(paths.join(target, trainer.SUMMARY_FILE)):
+        continue
+      logging.info("%s: fine-tuning %s", run.name, task)
+      summary = trainer.finetune(finetune_config(config, task, run, workdir), target)
+      if summary.get("preempted"):
+        return False
+  return True
+
+
+# --------------------------------------------------------------------------
+# The check: runs of one seed differ only in their masks.
+# --------------------------------------------------------------------------
+
+
+def _runtime_field(key: str) -> bool:
+  return any(key == f or (f.endswith(".") and key.startswith(f)) for f in _RUNTIME_FIELDS)
+
+
+def _record(workdir: str, run_dir: str) -> dict | None:
+  """A run's record.json, None before the run has started."""
+  path = paths.join(workdir, run_dir, workdir_lib.RECORD_FILE)
+  return json.loads(paths.read_text(path)) if paths.exists(path) else None
+
+
+def check_identical_data(workdir: str, runs: list[dict[str, Any]]) -> None:
+  """Refuses runs of one seed that differ in more than data.masking (config or batches).
+
+  `runs` are plan.json's entries. For every seed, each run is compared with the
+  seed's first run: the recorded configs outside data.masking and runtime
+  fields, network, vocabulary and corpus; then the batch logs step by step over
+  the steps both have logged. Raises AblationError naming both runs and the
+  first differing field or step. Runs that have not started are left out.
+  """
+  by_seed: dict[int, list[tuple[dict, dict]]] = {}
+  for run in runs:
+    record = _record(workdir, run["pretrain"])
+    if record is not None:
+      by_seed.setdefault(run["seed"], []).append((run, record))
+  for seed, group in by_seed.items():
+    first, first_record = group[0]
+    first_logs = batch_log.read(paths.join(workdir, first["pretrain"]))
+    for other, record in group[1:]:
+      where = f"runs {first['name']} and {other['name']} (pretraining seed {seed})"
+      a, b = first_record["config"], record["config"]
+      for key in sorted(set(a) | set(b)):
+        if key.startswith("data.masking.") or _runtime_field(key) or a.get(key) == b.get(key):
+          continue
+        raise AblationError(f"{where} differ in config.{key}: {a.get(key)!r} vs "
+                            f"{b.get(key)!r}; an ablation's runs may differ only in "
+                            "data.masking, so nothing is reported")
+      for field in ("bert_config", "vocab_sha256", "spm_sha256", "data"):
+        if first_record.get(field) != record.get(field):
+          raise AblationError(f"{where} differ in their {field} ({first_record.get(field)!r} vs "
+                              f"{record.get(field)!r}), so nothing is reported")
+      _compare_batches(where, first_logs, batch_log.read(paths.join(workdir, other["pretrain"])),
+                       paths.join(workdir, first["pretrain"]),
+                       paths.join(workdir, other["pretrain"]))
+
+
+def _compare_batches(where: str, logs_a: dict, logs_b: dict, dir_a: str, dir_b: str) -> None:
+  """Raises at the first step whose unmasked-batch fingerprints differ."""
+  if not logs_a or not logs_b:
+    missing = dir_a if not logs_a else dir_b
+    raise AblationError(f"{where}: {missing} has no {batch_log.FILE_NAME} (trained by a "
+                        "trainer without batch logs?), so identical data cannot be checked")
+  if sorted(logs_a) != sorted(logs_b):
+    raise AblationError(f"{where} ran with different process counts ({sorted(logs_a)} vs "
+                        f"{sorted(logs_b)}): each process reads other documents")
+  for file in sorted(logs_a):
+    rows_b = {r["step"]: r["batch"] for r in logs_b[file]}
+    for row in logs_a[file]:
+      other = rows_b.get(row["step"])
+      if other is not None and other != row["batch"]:
+        raise AblationError(
+            f"{where} read different data: their unmasked batches first differ at step "
+            f"{row['step']} ({paths.join(dir_a, file)}: {row['batch']}, "
+            f"{paths.join(dir_b, file)}: {other}); they differ in more than the masks, "
+            "so nothing is reported")
+
+
+# --------------------------------------------------------------------------
+# --print_commands and --dry_run.
+# --------------------------------------------------------------------------
+
+
+def _flag_value(value: Any) -> str:
+  """A config value as ml_collections' --config.X flag parser reads it back."""
+  if isinstance(value, (list, tuple)):
+    return "(" + "".join(f"{v!r}," for v in value) + ")"  # a tuple literal
+  return value if isinstance(value, str) else repr(value)
+
+
+def _overrides(config: ml_collections.ConfigDict, base: ml_collections.ConfigDict) -> list[str]:
+  """--config.X=V flags turning `base` into `config` (fields whose values differ)."""
+  want, have = workdir_lib.flatten(config), workdir_lib.flatten(base)
+  flags_ = []
+  for key in sorted(want):
+    if key not in have:
+      raise AblationError(f"config field {key} does not exist in the base config file; "
+                          "it cannot be set by flag")
+    if want[key] != have[key]:
+      flags_.append(shlex.quote(f"--config.{key}={_flag_value(want[key])}"))
+  return flags_
+
+
+def commands(config: ml_collections.ConfigDict, workdir: str, runs: list[Run],
+             ablation_flags: list[str]) -> list[str]:
+  """Shell commands that do what this ablation does, one per run, in dependency order.
+
+  `ablation_flags`: this ablation's own --config and --config.X flags (as given).
+  """
+  this = " ".join(["python -m experiments.ablation"] + [shlex.quote(f) for f in ablation_flags]
+                  + [f"--workdir={shlex.quote(workdir)}"])
+  lines = ["# 1. once: the corpus and plan.json", f"{this} --stage=prepare",
+           "# 2. pretraining: independent runs, one per machine if you like"]
+  for run in runs:
+    base = pretrain_configs.get_config(run.config.variant)
+    lines.append(" ".join(
+        ["python -m bert_jax.main", f"--config=experiments/configs/pretrain.py:{run.config.variant}",
+         f"--workdir={shlex.quote(paths.join(workdir, run.pretrain_dir))}"]
+        + _overrides(run.config, base)))
+  lines.append("# 3. fine-tuning, each after its pretraining run")
+  for run in runs:
+    for task, task_dir in run.finetune_dirs.items():
+      task_config = finetune_config(config, task, run, workdir)
+      base = finetune_configs.get_config(task_config.task.name)
+      lines.append(" ".join(
+          ["python -m bert_jax.main",
+           f"--config=experiments/configs/finetune.py:{task_config.task.name}",
+           f"--workdir={shlex.quote(paths.join(workdir, task_dir))}"]
+          + _overrides(task_config, base)))
+  lines += ["# 4. the identical-data check and the report, once all are done",
+            f"{this} --stage=check", f"python -m experiments.ablation "
+            f"--workdir={shlex.quote(workdir)} --stage=report"]
+  return lines
+
+
+def dry_run(config: ml_collections.ConfigDict, runs: list[Run]) -> str:
+  """The runs with model FLOPs and expected times here and on the config's target devices."""
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  kind, count = jax.devices()[0].device_kind, jax.device_count()
+  here_tflops = metrics_io.PEAK_TFLOPS.get(kind)
+  if here_tflops:
+    here_rate, here = here_tflops * 1e12 * count * config.report.mfu, \
+        f"{count} x {kind} at MFU {config.report.mfu:.0%}"
+  else:
+    here_rate = config.report.fallback_gflops * 1e9
+    here = f"{count} x {kind} at {config.report.fallback_gflops:g} model GFLOP/s " \
+           "(config.report.fallback_gflops)"
+  targets = []
+  for target in config.report.targets:
+    target_kind, n = target.rsplit(":", 1)
+    targets.append((f"{n} x {target_kind}",
+                    metrics_io.PEAK_TFLOPS[target_kind] * 1e12 * int(n) * config.report.mfu))
+  header = ["run", "P", "GFLOP/step", "total PFLOP", f"here ({here})"] + \
+      [f"{name} at MFU {config.report.mfu:.0%}" for name, _ in targets]
+  rows, total = [], 0.0
+  for run in runs:
+    bert_config = train.build_bert_config(run.config)
+    phases = ablation_report.phase_flops(run.config, bert_config)
+    flops = sum(steps * per_step for steps, per_step, _ in phases)
+    total += flops
+    rows.append([run.name, "/".join(str(p) for _, _, p in phases),
+                 "/".join(f"{per_step / 1e9:.1f}" for _, per_step, _ in phases),
+                 f"{flops / 1e15:.3f}", ablation_report.duration(flops / here_rate)]
+                + [ablation_report.duration(flops / rate) for _, rate in targets])
+  rows.append(["all", "", "", f"{total / 1e15:.3f}", ablation_report.duration(total / here_rate)]
+              + [ablation_report.duration(total / rate) for _, rate in targets])
+  tasks = sum(len(c.learning_rates or [0]) * len(c.seeds) for c in config.downstream.values())
+  return (ablation_report.markdown_table(header, rows)
+          + f"\n\n{len(runs)} pretraining runs; then {tasks} fine-tuning runs per pretraining run "
+          f"({len(runs) * tasks} in all), not counted above.")
+
+
+# --------------------------------------------------------------------------
+# Entry.
+# --------------------------------------------------------------------------
+
+
+def run_ablation(config: ml_collections.ConfigDict | None, workdir: str,
+                 stage: str = "all") -> int:
+  """Runs `stage` of the ablation in `workdir`; returns the exit code (module docstring)."""
+  if stage not in STAGES:
+    raise AblationError(f"--stage={stage!r}: expected one of {STAGES}")
+  try:
+    runs = None
+    if stage != "report" or config is not None:
+      if config is None:
+        raise AblationError(f"--stage={stage} needs --config")
+      runs = plan(config, workdir)
+    if stage in ("all", "prepare"):
+      prepare(config, workdir, runs)
+    if stage in ("all", "pretrain"):
+      if not pretrain(runs, workdir):
+        return preemption.PREEMPTED_EXIT_CODE
+    planned = read_plan(workdir)["runs"]
+    if stage in ("all", "pretrain", "check", "finetune", "report"):
+      check_identical_data(workdir, planned)
+    if stage in ("all", "finetune"):
+      if not finetune(config, runs, workdir):
+        return preemption.PREEMPTED_EXIT_CODE
+    if stage in ("all", "report"):
+      written = ablation_report.write_report(workdir, read_plan(workdir))
+      logging.info("report: %s", ", ".join(written))
+  except (AblationError, workdir_lib.WorkdirError) as e:
+    logging.error("%s", e)
+    return 1
+  return 0
+
+
+def _define_flags() -> None:
+  # Only when run as a program: tests and other tools import this module, and two
+  # modules defining a global --config in one process clash.
+  config_flags.DEFINE_config_file(
+      "config", None, "experiments/configs/ablation.py:VARIANT (not needed for --stage=report).")
+  flags.DEFINE_string("workdir", None, "The ablation's directory (local or gs://).")
+  flags.DEFINE_enum("stage", "all", STAGES, "What to run (each stage resumes).")
+  flags.DEFINE_bool("print_commands", False,
+                    "Print one bert_jax.main command per run instead of running.")
+  flags.DEFINE_bool("dry_run", False, "List the runs, FLOPs and expected times.")
+  flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+  """Parses the flags and runs the ablation (or prints its commands / dry run)."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from bert_jax import jobs  # pylint: disable=g-import-not-at-top  # jax/tf only when running
+  jobs.configure_logging()  # the trainers' terminal: progress and evaluation, orbax quiet
+  fv = flags.FLAGS
+  config, workdir = fv.config, fv.workdir
+  if fv.print_commands or fv.dry_run:
+    if config is None:
+      raise app.UsageError("--print_commands and --dry_run need --config")
+    runs = plan(config, workdir)
+    if fv.print_commands:
+      # The --config flags exactly as given, so the printed stages plan the same grid.
+      args = sys.argv[1:]
+      own = [a if "=" in a else f"{a}={args[i + 1]}" for i, a in enumerate(args)
+             if a.split("=")[0] == "--config" or a.startswith("--config.")]
+      print("\n".join(commands(config, workdir, runs, own)))
+    if fv.dry_run:
+      print(dry_run(config, runs))
+    return
+  sys.exit(run_ablation(config, workdir, fv.stage))
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)

