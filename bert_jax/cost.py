@@ -48,13 +48,13 @@ def device_set(name: str) -> tuple[str, int]:
 
 def phases(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
   """[{"phase", "steps", "seq_len", "predictions"}] of a pretraining config."""
-  from bert_jax import train  # pylint: disable=g-import-not-at-top  # the phase rules live there
+  from bert_jax import pretrain as pretrain_lib  # pylint: disable=g-import-not-at-top  # the phase rules live there
   from data_pipeline import pretraining  # pylint: disable=g-import-not-at-top
-  start2 = train.phase2_start(config)
+  start2 = pretrain_lib.phase2_start(config)
   out = []
   for phase, first, last in ((1, 0, start2), (2, start2, config.total_steps)):
     if last > first:
-      data = train.phase_data_config(config, first)[1]
+      data = pretrain_lib.phase_data_config(config, first)[1]
       out.append({"phase": phase, "steps": last - first, "seq_len": data.max_seq_length,
                   "predictions": pretraining.max_predictions(data)})
   return out
@@ -105,11 +105,12 @@ def _duration(h: float) -> str:
 
 def abstract_model(config: ml_collections.ConfigDict, vocab_size: int):
   """(BertConfig, abstract params) of a pretraining config without reading any data."""
+  from bert_jax import heads
   from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
   overrides = dict(config.model.to_dict(), vocab_size=config.model.vocab_size or vocab_size)
   overrides.pop("vocab_multiple", None)
   bert_config = model_lib.BertConfig.from_size(config.model_size, **overrides)
-  module = model_lib.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
+  module = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
   ids = jax.ShapeDtypeStruct((1, 8), np.int32)
   shapes = jax.eval_shape(lambda i: module.init(jax.random.key(0), i, i, i, i[:, :2]), ids)
   import flax.linen as nn  # pylint: disable=g-import-not-at-top

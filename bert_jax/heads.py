@@ -7,7 +7,7 @@ on the pooled output); sequence classification/regression; token classification;
 span QA. Every head returns float32 logits whatever the compute dtype.
 
 The task models wrap the encoder as submodule "bert"; their parameter names are a
-contract with bert_jax/convert.py and the trainer.
+contract with bert_jax/convert/__init__.py and the trainer.
 """
 
 from __future__ import annotations

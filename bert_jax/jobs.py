@@ -18,11 +18,11 @@ from absl import logging
 
 from bert_jax import checkpoint
 from bert_jax import preemption
-from bert_jax import train
+from bert_jax import pretrain as pretrain_lib
 from bert_jax import workdir
 from bert_jax.finetune import trainer as finetune_trainer
 
-TRAINERS = {"pretrain": train.train_and_evaluate, "finetune": finetune_trainer.finetune}
+TRAINERS = {"pretrain": pretrain_lib.train_and_evaluate, "finetune": finetune_trainer.finetune}
 
 
 def _quiet_orbax(record: std_logging.LogRecord) -> bool:

@@ -5,10 +5,10 @@ E -> H projection, cross-layer parameter sharing) and the scaling switches
 (per-layer rematerialisation, `nn.scan` over layers). Parameters are float32 and
 carry logical axis names; compute runs in `config.dtype`.
 
-The parameter tree is a contract with bert_jax/convert.py and the trainer (see
-/tmp/bert_contracts.md): change names here only together with them. The task
-models with heads (BertForPreTraining, ...) live in bert_jax/heads.py and are
-re-exported from here for convenience.
+The parameter tree is a contract with bert_jax/convert (its layout module maps
+every name to Hugging Face and TF names) and with saved checkpoints: change names
+here only together with it. The task models with heads (BertForPreTraining, ...)
+live in bert_jax/heads.py, which builds on this module.
 """
 
 from __future__ import annotations
@@ -498,16 +498,3 @@ def count_params(module: nn.Module, seq_len: int = 8) -> int:
 
 def _call_params(module: nn.Module):
   return inspect.signature(type(module).__call__).parameters
-
-
-_TASK_MODELS = ("BertForPreTraining", "BertForSequenceClassification",
-                "BertForTokenClassification", "BertForQuestionAnswering")
-
-
-def __getattr__(name):
-  # Task models live in heads.py (which imports this module); a lazy re-export lets
-  # callers write `from bert_jax.model import BertForPreTraining` without a cycle.
-  if name in _TASK_MODELS:
-    from bert_jax import heads
-    return getattr(heads, name)
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -207,14 +207,14 @@ def pretraining_done(run: Run, workdir: str) -> bool:
 
 def pretrain(runs: list[Run], workdir: str) -> bool:
   """Trains every unfinished run in turn; False when SIGTERM stopped one (it saved)."""
-  from bert_jax import train  # pylint: disable=g-import-not-at-top  # jax/tf only when training
+  from bert_jax import pretrain as pretrain_lib  # pylint: disable=g-import-not-at-top  # jax/tf only when training
   for i, run in enumerate(runs, 1):
     if pretraining_done(run, workdir):
       logging.info("run %d/%d %s: done", i, len(runs), run.name)
       continue
     logging.info("run %d/%d %s: pretraining %s", i, len(runs), run.name,
                  json.dumps(run.config.data.masking.to_dict()))
-    train.train_and_evaluate(run.config, paths.join(workdir, run.pretrain_dir))
+    pretrain_lib.train_and_evaluate(run.config, paths.join(workdir, run.pretrain_dir))
     if preemption.was_preempted():
       return False
   return True
@@ -368,7 +368,7 @@ def commands(config: ml_collections.ConfigDict, workdir: str, runs: list[Run],
 
 def dry_run(config: ml_collections.ConfigDict, runs: list[Run]) -> str:
   """The runs with model FLOPs and expected times here and on the config's target devices."""
-  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  from bert_jax import pretrain as pretrain_lib  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   kind, count = jax.devices()[0].device_kind, jax.device_count()
   here_tflops = metrics_io.PEAK_TFLOPS.get(kind)
@@ -388,7 +388,7 @@ def dry_run(config: ml_collections.ConfigDict, runs: list[Run]) -> str:
       [f"{name} at MFU {config.report.mfu:.0%}" for name, _ in targets]
   rows, total = [], 0.0
   for run in runs:
-    bert_config = train.build_bert_config(run.config)
+    bert_config = pretrain_lib.build_bert_config(run.config)
     phases = ablation_report.phase_flops(run.config, bert_config)
     flops = sum(steps * per_step for steps, per_step, _ in phases)
     total += flops

@@ -41,21 +41,22 @@ def phase_flops(config: Any, bert_config: Any) -> list[tuple[int, float, int]]:
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
+  from bert_jax import heads
   from bert_jax import model as model_lib
-  from bert_jax import train
+  from bert_jax import pretrain as pretrain_lib
   from data_pipeline import pretraining
-  model = model_lib.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
+  model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
   ids = jnp.zeros((1, 8), jnp.int32)
   params = nn.unbox(jax.eval_shape(
       lambda rng: model.init({"params": rng}, ids, ids, ids, ids[:, :1], deterministic=True),
       jax.random.PRNGKey(0))["params"])
-  boundary = train.phase2_start(config)
+  boundary = pretrain_lib.phase2_start(config)
   phases = [(0, boundary), (boundary, config.total_steps)]
   out = []
   for start, end in phases:
     if end <= start:
       continue
-    data_config = train.phase_data_config(config, start)[1]
+    data_config = pretrain_lib.phase_data_config(config, start)[1]
     p = pretraining.max_predictions(data_config)
     out.append((end - start, metrics_io.flops_per_step(
         bert_config, params, config.batch_size, data_config.max_seq_length, p), p))

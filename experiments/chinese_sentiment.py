@@ -34,7 +34,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from bert_jax import train
+from bert_jax import pretrain as pretrain_lib
 from experiments import chinese_data
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where corpus, checkpoints and results go.")
@@ -71,7 +71,7 @@ def main(argv):
   if counts:
     logging.info("corpus: %s", counts)
   if "pretrain" in _STAGES.value:
-    result = train.train_and_evaluate(pretrain_config(workdir), str(workdir / "pretrain"))
+    result = pretrain_lib.train_and_evaluate(pretrain_config(workdir), str(workdir / "pretrain"))
     (workdir / "pretrain_result.json").write_text(json.dumps(result, indent=2))
   if "finetune" in _STAGES.value:
     run_finetuning(workdir)

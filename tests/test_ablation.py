@@ -23,7 +23,7 @@ from absl import flags
 import numpy as np
 import pytest
 
-from bert_jax import train
+from bert_jax import pretrain as pretrain_lib
 from data_pipeline import pretraining
 from experiments import ablation
 from experiments import ablation_report
@@ -198,7 +198,7 @@ def test_printed_commands_rebuild_every_run_config(tmp_path):
 def _train(pretrain_test_config, workdir, **overrides):
   config = pretrain_test_config(**{"total_steps": 2, "checkpoint.every_steps": 2,
                                    "data.masking.max_predictions_per_seq": 0, **overrides})
-  train.train_and_evaluate(config, str(workdir))
+  pretrain_lib.train_and_evaluate(config, str(workdir))
   return {"name": workdir.name, "seed": 0, "pretrain": workdir.name}
 
 

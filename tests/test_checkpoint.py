@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint
+from bert_jax import heads
 from bert_jax import model as model_lib
 
 
@@ -53,7 +54,7 @@ def test_load_params_from_workdir(pretrain_reference_run):
   bert_config, params = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
   assert (bert_config.hidden_size, bert_config.num_hidden_layers, bert_config.vocab_size) == (
       64, 2, 96)
-  module = model_lib.BertForPreTraining(bert_config)
+  module = heads.BertForPreTraining(bert_config)
   ids = jnp.zeros((1, 8), jnp.int32)
   expected = jax.eval_shape(lambda: module.init(jax.random.key(0), ids, ids, ids, ids[:, :2]))
   expected = jax.tree.map(lambda x: (x.shape, x.dtype), nn.unbox(expected["params"]))
@@ -106,10 +107,10 @@ def test_init_checkpoint_then_resume_takes_precedence(pretrain_reference_run, pr
   The init checkpoint is another run's workdir, read through bert_jax.convert
   (which calls load_params_from_workdir); HF and TF checkpoints take the same path.
   """
-  from bert_jax import train
+  from bert_jax import pretrain as pretrain_lib
   config = pretrain_test_config(**{"init_checkpoint": str(pretrain_reference_run),
                                    "total_steps": 1, "checkpoint.every_steps": 1})
-  train.train_and_evaluate(config, str(tmp_path))
+  pretrain_lib.train_and_evaluate(config, str(tmp_path))
   # Step 1 trains at learning rate 0 (warmup starts there): the parameters are the
   # init checkpoint's, exactly, heads included.
   _, expected = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
@@ -117,7 +118,7 @@ def test_init_checkpoint_then_resume_takes_precedence(pretrain_reference_run, pr
   jax.tree.map(np.testing.assert_array_equal, params, expected)
   # A second start resumes from the workdir (nothing left to train) although
   # init_checkpoint is still set: no training step is logged again.
-  train.train_and_evaluate(config, str(tmp_path))
+  pretrain_lib.train_and_evaluate(config, str(tmp_path))
   records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records if "loss" in r] == [1]
 

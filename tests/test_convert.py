@@ -25,7 +25,8 @@ import safetensors.numpy
 import transformers
 
 from bert_jax import convert
-from bert_jax import convert_hf
+from bert_jax.convert import hf as convert_hf
+from bert_jax import heads
 from bert_jax import model as model_lib
 
 ATOL = 1e-5
@@ -83,7 +84,7 @@ def _reference_logits(ref, batch):
 @functools.cache
 def _jitted_apply(config):
   # One compilation per config for the whole file: compiling dominates these tiny models.
-  return jax.jit(model_lib.BertForPreTraining(config).apply)
+  return jax.jit(heads.BertForPreTraining(config).apply)
 
 
 def _our_logits(config, params, batch):
@@ -165,7 +166,7 @@ def test_hf_import_matches_reference_logits(hf_dir, reference, batch):
   _assert_same_logits(config, params, reference, batch)
   # The converted tree is exactly the one our model initialises.
   ids, mask, segments, positions = batch
-  shapes = jax.eval_shape(lambda: model_lib.BertForPreTraining(config).init(
+  shapes = jax.eval_shape(lambda: heads.BertForPreTraining(config).init(
       jax.random.PRNGKey(0), ids, mask, segments, positions))
   expected = jax.tree.map(lambda x: x.shape, nn.unbox(shapes["params"]))
   assert jax.tree.map(np.shape, params) == expected
@@ -439,7 +440,7 @@ def test_albert_switches_round_trip_own_format_only(tmp_path):
                                 num_attention_heads=4, intermediate_size=64,
                                 embedding_size=16, share_layers=True)
   ids = jnp.ones((1, 8), jnp.int32)
-  shapes = jax.eval_shape(lambda: model_lib.BertForPreTraining(config).init(
+  shapes = jax.eval_shape(lambda: heads.BertForPreTraining(config).init(
       jax.random.PRNGKey(0), ids, ids, ids, ids[:, :2]))["params"]
   params = _random_like(nn.unbox(shapes), np.random.default_rng(0))
   convert.export_own(params, config, tmp_path / "albert", None)

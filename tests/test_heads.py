@@ -3,7 +3,7 @@ task heads) on a small random config, MLM gathering, and the task models' output
 
 The reference oracle is transformers 4.x's FlaxBert* classes. Random weights are drawn
 once in our tree and mapped into the reference's layout by the small mapping below (the
-real checkpoint converter is bert_jax/convert.py and has its own tests).
+real checkpoint converter is bert_jax/convert/__init__.py and has its own tests).
 """
 
 import flax.linen as nn

@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint
-from bert_jax import convert_layout
+from bert_jax.convert import layout as convert_layout
 from bert_jax import losses
+from bert_jax import heads
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding
-from bert_jax import state as state_lib
-from bert_jax import train
+from bert_jax import train_state as state_lib
+from bert_jax import pretrain as pretrain_lib
 from experiments.benchmarks import sharding as bench
 from experiments.configs import pretrain
 
@@ -59,7 +60,7 @@ def test_parameters_follow_the_logical_rules():
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
   rules = pretrain.get_config("tiny").logical_axis_rules
-  module = model_lib.BertForPreTraining(model_lib.BertConfig.from_size("tiny", vocab_size=96))
+  module = heads.BertForPreTraining(model_lib.BertConfig.from_size("tiny", vocab_size=96))
   ids = jnp.zeros((1, 8), jnp.int32)
   boxed = jax.eval_shape(lambda: module.init(jax.random.key(0), ids, ids, ids, ids[:, :2]))
   shardings = sharding.logical_shardings(boxed["params"], mesh, rules)
@@ -92,7 +93,7 @@ def test_meshes_follow_the_single_device_run(mesh, pretrain_reference_run, pretr
                                               tmp_path):
   data, fsdp, tensor = mesh
   config = pretrain_test_config(**{"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor})
-  train.train_and_evaluate(config, str(tmp_path))
+  pretrain_lib.train_and_evaluate(config, str(tmp_path))
   reference, ours = _losses(pretrain_reference_run), _losses(tmp_path)
   assert sorted(ours) == list(range(1, 21))
   np.testing.assert_allclose([ours[s] for s in sorted(ours)],
@@ -137,7 +138,7 @@ def test_model_under_a_mesh_computes_what_it_computes_without():
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   rules = pretrain.get_config("tiny").logical_axis_rules
   config = model_lib.BertConfig.from_size("tiny", vocab_size=96, scan_layers=True)
-  module = model_lib.BertForPreTraining(config)
+  module = heads.BertForPreTraining(config)
   rng = np.random.default_rng(0)
   ids = rng.integers(0, 96, (8, 16)).astype(np.int32)
   args = (ids, np.ones_like(ids), (np.arange(16) >= 8).astype(np.int32)[None].repeat(8, 0),
@@ -232,7 +233,7 @@ def test_padded_vocabulary_gives_the_unpadded_losses():
       "masked_lm_weights": (rng.random((b, p)) < 0.8).astype(np.float32),
       "next_sentence_labels": rng.integers(0, 2, (b,)).astype(np.int32),
   }
-  model = model_lib.BertForPreTraining(config)
+  model = heads.BertForPreTraining(config)
   params = jax.tree.map(np.asarray, nn.unbox(model.init(
       jax.random.key(0), batch["input_ids"], batch["input_mask"], batch["segment_ids"],
       batch["masked_lm_positions"])["params"]))
@@ -241,10 +242,10 @@ def test_padded_vocabulary_gives_the_unpadded_losses():
   padded_params["bert"]["embeddings"]["word_embeddings"]["embedding"][1000:] = 3.0
   padded_params["mlm_head"]["output_bias"][1000:] = 50.0
   tx, _ = optim.make_optimizer(pretrain.get_config("tiny").optimizer, 100)
-  step = jax.jit(functools.partial(train.train_step, grad_accum_steps=1, skip_nonfinite=False))
+  step = jax.jit(functools.partial(pretrain_lib.train_step, grad_accum_steps=1, skip_nonfinite=False))
 
   def run(bert_config, params):
-    module = model_lib.BertForPreTraining(bert_config)
+    module = heads.BertForPreTraining(bert_config)
     state = state_lib.TrainState.create(apply_fn=module.apply, params=params, tx=tx)
     metrics = []
     for _ in range(3):
@@ -265,7 +266,7 @@ def test_padded_vocabulary_gives_the_unpadded_losses():
 
   # The padding rows get no gradient (only weight decay moves them).
   def mlm_loss(params):
-    out = model_lib.BertForPreTraining(padded).apply(
+    out = heads.BertForPreTraining(padded).apply(
         {"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
         batch["masked_lm_positions"])
     return losses.masked_lm_loss(out["mlm_logits"], batch["masked_lm_ids"],

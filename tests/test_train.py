@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint
+from bert_jax import heads
 from bert_jax import model as model_lib
 from bert_jax import optim
-from bert_jax import train
+from bert_jax import pretrain as pretrain_lib
 from data_pipeline import pretraining
 from experiments.configs import pretrain
 
@@ -58,7 +59,7 @@ def test_gradient_accumulation_matches_the_large_batch():
   bert_config = model_lib.BertConfig.from_size(
       "tiny", vocab_size=96, hidden_size=64, num_attention_heads=2, intermediate_size=128,
       max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-  module = model_lib.BertForPreTraining(bert_config)
+  module = heads.BertForPreTraining(bert_config)
   batch = _random_batch(np.random.default_rng(0), batch=8)
   params = nn.unbox(module.init(jax.random.key(0), batch["input_ids"], batch["input_mask"],
                                 batch["segment_ids"], batch["masked_lm_positions"])["params"])
@@ -70,7 +71,7 @@ def test_gradient_accumulation_matches_the_large_batch():
   assert len(set(counts)) > 1, counts
   results = {}
   for k in (1, 4):
-    step = jax.jit(functools.partial(train.train_step, grad_accum_steps=k, skip_nonfinite=False))
+    step = jax.jit(functools.partial(pretrain_lib.train_step, grad_accum_steps=k, skip_nonfinite=False))
     results[k] = step(state, batch, jax.random.key(1))
   (full, full_metrics), (new, metrics) = results[1], results[4]
   assert not np.allclose(full.params["mlm_head"]["output_bias"], params["mlm_head"]["output_bias"])
@@ -96,14 +97,14 @@ def test_bad_configs_are_refused_before_compiling(pretrain_test_config, tmp_path
   for i, (overrides, message) in enumerate(cases):
     workdir = tmp_path / str(i)
     with pytest.raises(ValueError, match=re.escape(message)):
-      train.train_and_evaluate(pretrain_test_config(**overrides), str(workdir))
+      pretrain_lib.train_and_evaluate(pretrain_test_config(**overrides), str(workdir))
     assert not (workdir / "checkpoints").exists(), overrides
 
 
 def test_unwritable_workdir_fails_before_training(pretrain_test_config, tmp_path):
   (tmp_path / "file").write_text("")
   with pytest.raises(ValueError, match="is not writable"):
-    train.train_and_evaluate(pretrain_test_config(), str(tmp_path / "file" / "workdir"))
+    pretrain_lib.train_and_evaluate(pretrain_test_config(), str(tmp_path / "file" / "workdir"))
 
 
 @pytest.mark.slow
@@ -113,7 +114,7 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(
   config = pretrain_test_config(**{"optimizer.learning_rate": 1e38, "total_steps": 8,
                                    "checkpoint.every_steps": 1, "optimizer.warmup_steps": 1})
   with pytest.raises(FloatingPointError, match=r"at step (\d+)") as error:
-    train.train_and_evaluate(config, str(tmp_path / "stop"))
+    pretrain_lib.train_and_evaluate(config, str(tmp_path / "stop"))
   bad_step = int(re.search(r"at step (\d+)", str(error.value)).group(1))
   assert f"last good checkpoint: step {bad_step - 1}" in str(error.value)
   _, params = checkpoint.load_params_from_workdir(str(tmp_path / "stop"))
@@ -136,7 +137,7 @@ def test_sigterm_saves_and_returns(pretrain_test_config, tmp_path):
   handler_before = signal.getsignal(signal.SIGTERM)
   thread = threading.Thread(target=preempt, daemon=True)
   thread.start()
-  train.train_and_evaluate(config, str(workdir))
+  pretrain_lib.train_and_evaluate(config, str(workdir))
   thread.join()
   last = max(r["step"] for r in _records(workdir) if "loss" in r)
   assert 3 <= last < 100_000
@@ -150,12 +151,12 @@ def test_phase_two_switches_to_long_sequences_and_continues(pretrain_test_config
   config = pretrain_test_config(**{
       "total_steps": 4, "phase2.start_fraction": 0.5, "phase2.max_seq_length": 48,
       "phase2.max_predictions_per_seq": 8, "checkpoint.every_steps": 2})
-  assert train.phase2_start(config) == 2
-  phase, data_config = train.phase_data_config(config, 2)
+  assert pretrain_lib.phase2_start(config) == 2
+  phase, data_config = pretrain_lib.phase_data_config(config, 2)
   assert (phase, data_config.max_seq_length, data_config.masking.max_predictions_per_seq) == (
       2, 48, 8)
-  assert train.phase_data_config(config, 1)[1].max_seq_length == 32
-  train.train_and_evaluate(config, str(tmp_path))
+  assert pretrain_lib.phase_data_config(config, 1)[1].max_seq_length == 32
+  pretrain_lib.train_and_evaluate(config, str(tmp_path))
   records = [r for r in _records(tmp_path) if "loss" in r]
   assert [r["step"] for r in records] == [1, 2, 3, 4]
   # The learning rate schedule runs on across the switch (warmup 5 steps: still rising).
@@ -169,16 +170,16 @@ def test_every_variant_builds_a_consistent_run(variant):
   config = pretrain.get_config(variant)
   overrides = dict(config.model.to_dict(), vocab_size=30522)  # the vocab size is the pipeline's
   bert_config = model_lib.BertConfig.from_size(config.model_size, **overrides)
-  for step in (0, train.phase2_start(config) % config.total_steps):
-    _, data_config = train.phase_data_config(config, step)
+  for step in (0, pretrain_lib.phase2_start(config) % config.total_steps):
+    _, data_config = pretrain_lib.phase_data_config(config, step)
     assert data_config.max_seq_length <= bert_config.max_position_embeddings
     assert 0 < pretraining.max_predictions(data_config) <= data_config.max_seq_length
   optim.make_optimizer(config.optimizer, config.total_steps)
   assert config.batch_size % 8 == 0 and config.eval_batch_size % 8 == 0
   if variant in ("base", "large"):  # the paper's two phases
-    assert train.phase2_start(config) == 900_000
-    assert pretraining.max_predictions(train.phase_data_config(config, 0)[1]) == 20
-    assert pretraining.max_predictions(train.phase_data_config(config, 900_000)[1]) == 77
+    assert pretrain_lib.phase2_start(config) == 900_000
+    assert pretraining.max_predictions(pretrain_lib.phase_data_config(config, 0)[1]) == 20
+    assert pretraining.max_predictions(pretrain_lib.phase_data_config(config, 900_000)[1]) == 77
   if variant == "albert":
     assert (bert_config.embedding_size, bert_config.share_layers) == (128, True)
 
@@ -188,13 +189,13 @@ def test_bfloat16_step_keeps_float32_state_and_skips_nonfinite_updates():
   bert_config = model_lib.BertConfig.from_size(
       "tiny", vocab_size=96, hidden_size=64, num_attention_heads=2, intermediate_size=128,
       max_position_embeddings=32, dtype="bfloat16")
-  module = model_lib.BertForPreTraining(bert_config)
+  module = heads.BertForPreTraining(bert_config)
   batch = _random_batch(np.random.default_rng(0), batch=4)
   params = nn.unbox(jax.jit(module.init)(jax.random.key(0), batch["input_ids"],
                                          batch["input_mask"], batch["segment_ids"],
                                          batch["masked_lm_positions"])["params"])
   state = train_state.TrainState.create(apply_fn=module.apply, params=params, tx=_adamw())
-  step = jax.jit(functools.partial(train.train_step, grad_accum_steps=2, skip_nonfinite=True))
+  step = jax.jit(functools.partial(pretrain_lib.train_step, grad_accum_steps=2, skip_nonfinite=True))
   same = lambda a, b: bool(jnp.array_equal(a, b, equal_nan=True))
 
   new, metrics = step(state, batch, jax.random.key(1))

@@ -18,7 +18,7 @@ from bert_jax import jobs
 from bert_jax import model as model_lib
 from bert_jax import preemption
 from bert_jax import sharding
-from bert_jax import train
+from bert_jax import pretrain as pretrain_lib
 from bert_jax import workdir
 from experiments.configs import pretrain
 
@@ -53,12 +53,12 @@ def test_a_ratio_ablation_of_the_paper_variants_is_validated_for_both_phases():
     config = pretrain.get_config(variant)
     bert_config = model_lib.BertConfig.from_size(config.model_size, vocab_size=30522)
     config.data.masking.ratio = 0.40  # the README's ablation line: nothing else changes
-    train.check_config(config, bert_config, mesh)
+    pretrain_lib.check_config(config, bert_config, mesh)
     config.phase2.max_predictions_per_seq = 80  # pinned at the paper's value: too small for 0.4
     with pytest.raises(ValueError, match=r"phase 2 \(from step 900000\): .*"
                                          r"max_predictions_per_seq=80 is too small.*needs up to "
                                          r"205.*config\.phase2\.max_predictions_per_seq"):
-      train.check_config(config, bert_config, mesh)
+      pretrain_lib.check_config(config, bert_config, mesh)
 
 
 @pytest.mark.slow
@@ -78,10 +78,10 @@ def test_refused_reruns_change_nothing_and_say_what_the_workdir_is(
            ({"data.masking.ratio": 0.1}, r"config\.data\.masking\.ratio=0\.15; this run has 0\.1")]
   for overrides, message in cases:
     with pytest.raises(workdir.WorkdirError, match=r"was created as 'tiny' with " + message):
-      train.train_and_evaluate(pretrain_test_config(**overrides), str(run))
+      pretrain_lib.train_and_evaluate(pretrain_test_config(**overrides), str(run))
     assert _snapshot(run) == before, overrides
   # What may change on resume does: a longer run goes on from the workdir's last step.
-  train.train_and_evaluate(pretrain_test_config(total_steps=22, log_every_steps=2), str(run))
+  pretrain_lib.train_and_evaluate(pretrain_test_config(total_steps=22, log_every_steps=2), str(run))
   assert max(_losses(run)) == 22
 
 
@@ -159,7 +159,7 @@ def test_when_no_checkpoint_restores_nothing_is_moved_and_the_run_says_so(
   with pytest.raises(checkpoint.CheckpointError,
                      match=r"no checkpoint in \S+ restores \(step 20: .*step 5: .*\)\. Nothing "
                            r"was moved or deleted"):
-    train.train_and_evaluate(pretrain_test_config(), str(run))
+    pretrain_lib.train_and_evaluate(pretrain_test_config(), str(run))
   assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
   assert not (run / checkpoint.CORRUPT_DIR).exists()
 

@@ -9,7 +9,7 @@ every dev metric, and the learning rate with the best median main metric.
 checkpoint and tokenizer, task data, model and optimizer, shardings, step,
 restore, eval, loop. Mesh set-up, parameter/optimizer sharding, gradient
 accumulation, the update and where a run starts (resume > init_checkpoint >
-random) are bert_jax.state's, shared with pretraining; checkpoints are
+random) are bert_jax.train_state's, shared with pretraining; checkpoints are
 bert_jax.checkpoint's; metrics.jsonl and TensorBoard are bert_jax.metrics_io's.
 
 A run's workdir holds, beside pretraining's layout (config.json,
@@ -42,7 +42,7 @@ from bert_jax import optim
 from bert_jax import paths
 from bert_jax import preemption
 from bert_jax import sharding
-from bert_jax import state as state_lib
+from bert_jax import train_state as state_lib
 from bert_jax import workdir as workdir_lib
 from bert_jax.finetune import tasks as tasks_lib
 from bert_jax.finetune import tokenization

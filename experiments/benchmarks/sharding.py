@@ -6,9 +6,9 @@ Usage (the figures below: BERT-mini, global batch 64 x 128, bfloat16, 8 simulate
       --mesh=1,8,1 --mesh=1,4,2 --mesh=2,2,2 --mesh=8,1,1
 
 Nothing runs: for each (data, fsdp, tensor) mesh the script lowers and compiles
-bert_jax.train.train_step exactly as the trainer jits it (the optimizer of
+bert_jax.pretrain.train_step exactly as the trainer jits it (the optimizer of
 bert_jax.optim, the parameter/optimizer/batch shardings of
-bert_jax.state.make_layout, the logical axis rules of experiments/configs, under
+bert_jax.train_state.make_layout, the logical axis rules of experiments/configs, under
 bert_jax.sharding.activate), then reads
 
   args / temp   compiled.memory_analysis(): argument and temporary bytes per device;
@@ -79,11 +79,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from bert_jax import heads
+
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding
-from bert_jax import state as state_lib
-from bert_jax import train
+from bert_jax import train_state as state_lib
+from bert_jax import pretrain as pretrain_lib
 from experiments.configs import pretrain
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -227,7 +229,7 @@ def bench_config(mesh_sizes: tuple[int, int, int], *, size: str, batch: int, seq
 
 
 def lower_train_step(config) -> tuple[Any, model_lib.BertConfig]:
-  """(jax.stages.Lowered, BertConfig): bert_jax.train.train_step lowered as the trainer jits it.
+  """(jax.stages.Lowered, BertConfig): bert_jax.pretrain.train_step lowered as the trainer jits it.
 
   The trainer's sections "mesh", "model and optimizer", "shardings" and "step",
   on abstract arrays (nothing is allocated), over the first devices of this process.
@@ -237,7 +239,7 @@ def lower_train_step(config) -> tuple[Any, model_lib.BertConfig]:
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:num_devices])
   rules = [(name, tuple(axes) if isinstance(axes, list) else axes)
            for name, axes in config.logical_axis_rules]
-  model = model_lib.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
+  model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
   tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
   seq_len = config.data.max_seq_length
   predictions = config.data.masking.max_predictions_per_seq
@@ -255,7 +257,7 @@ def lower_train_step(config) -> tuple[Any, model_lib.BertConfig]:
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=layout.replicated)  # PRNGKey(seed)
   with sharding.activate(mesh, rules):
     p_train_step = jax.jit(
-        functools.partial(train.train_step, grad_accum_steps=config.grad_accum_steps,
+        functools.partial(pretrain_lib.train_step, grad_accum_steps=config.grad_accum_steps,
                           skip_nonfinite=config.skip_nonfinite_steps),
         in_shardings=(layout.state, layout.batch, layout.replicated),
         out_shardings=(layout.state, layout.replicated), donate_argnums=(0,))

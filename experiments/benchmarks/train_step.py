@@ -6,7 +6,7 @@ Usage (the issue's figures: tiny and base at sequence length 128, this machine):
 
 Two rows per size, identical BertConfig, batch, dtype, optimizer and dropout:
 
-  ours       bert_jax.train.train_step (BertForPreTraining, MLM head on the masked
+  ours       bert_jax.pretrain.train_step (BertForPreTraining, MLM head on the masked
              positions only, AdamW chain of bert_jax.optim), jitted with donation.
   reference  transformers' FlaxBertForPreTraining (MLM logits on every position,
              gathered at the masked ones for the same loss), value_and_grad and the
@@ -33,9 +33,10 @@ import optax
 
 from bert_jax import losses
 from bert_jax import metrics_io
+from bert_jax import heads
 from bert_jax import model as model_lib
 from bert_jax import optim
-from bert_jax import train
+from bert_jax import pretrain as pretrain_lib
 from experiments.configs import pretrain
 
 
@@ -57,13 +58,13 @@ def make_batch(bert_config, batch: int, seq_len: int, predictions: int) -> dict:
 
 
 def ours(bert_config, tx, batch):
-  """(step function, state) for bert_jax.train.train_step."""
-  module = model_lib.BertForPreTraining(bert_config)
+  """(step function, state) for bert_jax.pretrain.train_step."""
+  module = heads.BertForPreTraining(bert_config)
   params = nn.unbox(jax.jit(lambda: module.init(
       jax.random.key(0), batch["input_ids"], batch["input_mask"], batch["segment_ids"],
       batch["masked_lm_positions"]))()["params"])
   state = train_state.TrainState.create(apply_fn=module.apply, params=params, tx=tx)
-  step = jax.jit(functools.partial(train.train_step, grad_accum_steps=1, skip_nonfinite=False),
+  step = jax.jit(functools.partial(pretrain_lib.train_step, grad_accum_steps=1, skip_nonfinite=False),
                  donate_argnums=(0,))
   return (lambda s, b: step(s, b, jax.random.key(1))), state
 

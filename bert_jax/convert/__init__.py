@@ -22,16 +22,14 @@ import dataclasses
 import json
 import sys
 
-from absl import app
-from absl import flags
 from absl import logging
 import jax
 import numpy as np
 
 from bert_jax import checkpoint
-from bert_jax import convert_hf
-from bert_jax import convert_layout
-from bert_jax import convert_tf
+from bert_jax.convert import hf as convert_hf
+from bert_jax.convert import layout as convert_layout
+from bert_jax.convert import tf as convert_tf
 from bert_jax import model as model_lib
 from bert_jax import paths
 
@@ -177,7 +175,7 @@ def load_pretrained(path, *, target: str = "pretraining", allow_missing_heads: b
   if target not in convert_layout.TARGETS:
     raise ValueError(f"target must be one of {convert_layout.TARGETS}, got {target!r}")
   path = paths.path(path)
-  params, config, vocab, _, _ = _load(path, target, allow_missing_heads, vocab_file,
+  params, config, vocab, _, _ = load_checkpoint(path, target, allow_missing_heads, vocab_file,
                                       vocab_multiple)
   return config, params, vocab
 
@@ -230,7 +228,8 @@ def load_for_finetuning(path, *, task_heads: tuple[str, ...], vocab_file=None,
   return _per_layer_config(config), params, heads, vocab
 
 
-def _load(path, target, allow_missing_heads, vocab_file, vocab_multiple=None):
+def load_checkpoint(path, target, allow_missing_heads, vocab_file, vocab_multiple=None):
+  """load_pretrained's work, also returning what was read: (params, config, vocab, kind, target)."""
   kind, fmt, config, tensors, display, ignored, vocab = _read(path)
   params, target = convert_layout.assemble(
       tensors, config, fmt, target=target, allow_missing_heads=allow_missing_heads,
@@ -273,55 +272,3 @@ def export_own(params, config, out_dir, vocab_file=None) -> paths.Path:
                      json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True))
   convert_hf.copy_vocab(vocab_file, out_dir)
   return out_dir
-
-
-# ----------------------------------------------------------------------------- command line
-
-FLAGS = flags.FLAGS
-
-
-def _define_flags() -> None:
-  # Only when run as a program: importing this module (extract_features, the trainer, tests)
-  # must not claim global flag names such as --vocab_file.
-  flags.DEFINE_string("input", None, "Checkpoint to convert: HF directory, TF checkpoint "
-                      "(directory or prefix), bert_jax export or training workdir.")
-  flags.DEFINE_string("output", None, "Output directory.")
-  flags.DEFINE_enum("format", None, ["hf", "own"], "Output format: Hugging Face directory "
-                    "(safetensors) or bert_jax's own orbax checkpoint.")
-  flags.DEFINE_string("vocab_file", None, "Vocabulary to ship with the output; overrides the "
-                      "one found beside the input.")
-  flags.DEFINE_enum("target", "auto", ["auto", "pretraining", "encoder"], "Which tree to "
-                    "convert: auto keeps the pretraining heads when the input has them.")
-  flags.DEFINE_bool("allow_missing_heads", False, "Initialise a pooler/MLM/NSP head the "
-                    "input lacks instead of refusing (only with --target=pretraining).")
-  flags.DEFINE_integer("vocab_multiple", None, "Pad the vocabulary rows to a multiple of this "
-                       "(own format; the hf format always holds the true vocabulary).")
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # orbax reports every save step at INFO.
-  path = paths.path(FLAGS.input)
-  try:
-    params, config, vocab, kind, target = _load(path, FLAGS.target, FLAGS.allow_missing_heads,
-                                                FLAGS.vocab_file, FLAGS.vocab_multiple)
-    if FLAGS.format == "hf":
-      out = export_hf(params, config, FLAGS.output, vocab)
-    else:
-      out = export_own(params, config, FLAGS.output, vocab)
-  except ValueError as e:  # bad input: the message names the problem; no traceback needed.
-    sys.exit(f"error: {e}")
-  leaves = jax.tree.leaves(params)
-  print(f"converted {kind} {path} -> {FLAGS.format} {out}\n"
-        f"  model: {target} (L={config.num_hidden_layers}, H={config.hidden_size}, "
-        f"A={config.num_attention_heads}, V={config.vocab_size}), {len(leaves)} tensors, "
-        f"{sum(x.size for x in leaves):,} parameters\n"
-        f"  vocab: {vocab if vocab else 'none (warning: the output has no vocab.txt)'}")
-
-
-if __name__ == "__main__":
-  _define_flags()
-  flags.mark_flags_as_required(["input", "output", "format"])
-  app.run(main)

@@ -26,12 +26,13 @@ from bert_jax import batch_log
 from bert_jax import checkpoint
 from bert_jax import losses
 from bert_jax import metrics_io
+from bert_jax import heads
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import paths
 from bert_jax import preemption
 from bert_jax import sharding
-from bert_jax import state as state_lib
+from bert_jax import train_state as state_lib
 from bert_jax import workdir as workdir_lib
 from data_pipeline import corpora
 from data_pipeline import pretraining
@@ -235,7 +236,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           process_count=jax.process_count(), own_masking=own_masking))
 
     # --------------------------------------------------- model and optimizer
-    model = model_lib.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
+    model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
     tx, lr_schedule = optim.make_optimizer(config.optimizer, config.total_steps)
     init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
 

@@ -11,9 +11,9 @@ import re
 
 import numpy as np
 
-from bert_jax import convert_hf
-from bert_jax import paths
 from bert_jax import model as model_lib
+from bert_jax import paths
+import bert_jax.convert.hf as convert_hf  # (not via the package: its __init__ imports this)
 
 CONFIG_NAME = "bert_config.json"
 VOCAB_NAME = "vocab.txt"
