@@ -4,6 +4,12 @@ Kept apart from the network (bert_jax/model.py, bert_jax/heads.py) so objectives
 change without touching modules. Everything is computed in float32. Feature names
 follow google-research/bert: masked_lm_ids, masked_lm_weights (1.0 real prediction,
 0.0 padding), next_sentence_labels.
+
+The objective the trainer optimises and evaluates is pretraining_sums (additive
+over micro-batches and eval batches) turned into a loss by pretraining_objective
+and into metrics by pretraining_metrics; the per-objective functions above it
+(masked_lm_loss, nsp_loss, ...) are the same cross-entropies as means, for heads
+used on their own and for tests.
 """
 
 from __future__ import annotations
@@ -61,29 +67,64 @@ def nsp_accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32).mean()
 
 
+def pretraining_sums(outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]
+                     ) -> dict[str, jax.Array]:
+  """The pretraining objective of one (micro-)batch as sums, which add up across batches.
+
+  Training (one global batch in micro-batches) and evaluation (many batches)
+  both reduce these, so the objective is written once:
+    mlm_loss     sum over real predictions of the MLM cross-entropy
+    mlm_correct  number of real predictions whose argmax is the target
+    predictions  number of real predictions (sum of masked_lm_weights)
+  and, when the model predicts NSP/SOP (outputs has "nsp_logits"):
+    nsp_loss, nsp_correct, examples   the same over the batch's examples.
+  """
+  logits = outputs["mlm_logits"].astype(jnp.float32)
+  ids, weights = batch["masked_lm_ids"], batch["masked_lm_weights"].astype(jnp.float32)
+  xent = optax.softmax_cross_entropy_with_integer_labels(logits, ids)
+  correct = (jnp.argmax(logits, axis=-1) == ids).astype(jnp.float32)
+  sums = {"mlm_loss": (xent * weights).sum(), "mlm_correct": (correct * weights).sum(),
+          "predictions": weights.sum()}
+  if "nsp_logits" in outputs:
+    nsp_logits = outputs["nsp_logits"].astype(jnp.float32)
+    labels = batch["next_sentence_labels"].reshape(-1)  # [B] or google-research's [B,1]
+    sums["nsp_loss"] = optax.softmax_cross_entropy_with_integer_labels(nsp_logits, labels).sum()
+    sums["nsp_correct"] = (jnp.argmax(nsp_logits, axis=-1) == labels).astype(jnp.float32).sum()
+    sums["examples"] = jnp.asarray(labels.shape[0], jnp.float32)
+  return sums
+
+
+def pretraining_objective(sums: Mapping[str, jax.Array], predictions: jax.Array,
+                          examples: jax.Array) -> jax.Array:
+  """BERT's loss from sums: MLM cross-entropy averaged over `predictions` plus NSP/SOP
+  cross-entropy averaged over `examples` (the whole batch's counts, so the objectives
+  of micro-batches add up to the full batch's exactly)."""
+  loss = sums["mlm_loss"] / jnp.maximum(predictions, 1.0)
+  if "nsp_loss" in sums:
+    loss = loss + sums["nsp_loss"] / jnp.maximum(examples, 1.0)
+  return loss
+
+
+def pretraining_metrics(sums: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+  """Means from sums: mlm_loss, mlm_accuracy (per prediction), nsp_loss, nsp_accuracy."""
+  predictions = jnp.maximum(sums["predictions"], 1.0)
+  metrics = {"mlm_loss": sums["mlm_loss"] / predictions,
+             "mlm_accuracy": sums["mlm_correct"] / predictions}
+  if "nsp_loss" in sums:
+    examples = jnp.maximum(sums["examples"], 1.0)
+    metrics["nsp_loss"] = sums["nsp_loss"] / examples
+    metrics["nsp_accuracy"] = sums["nsp_correct"] / examples
+  return metrics
+
+
 def pretraining_loss(outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]
                      ) -> tuple[jax.Array, dict]:
-  """BERT's pretraining loss: MLM cross-entropy + NSP cross-entropy (when predicted).
+  """BERT's pretraining loss of one batch, normalised by its own counts: (loss, metrics).
 
-  Args:
-    outputs: BertForPreTraining's dict: "mlm_logits" [B,P,V], optional "nsp_logits" [B,2].
-    batch: features masked_lm_ids, masked_lm_weights and (with nsp_logits)
-      next_sentence_labels.
-
-  Returns:
-    (total loss, metrics): loss, mlm_loss, mlm_accuracy, num_predictions and, with an
-    NSP head, nsp_loss and nsp_accuracy.
+  The same sums as the trainers reduce (pretraining_sums); for a whole batch
+  this is MLM cross-entropy per prediction plus NSP cross-entropy per example.
   """
-  logits = outputs["mlm_logits"]
-  ids, weights = batch["masked_lm_ids"], batch["masked_lm_weights"]
-  mlm, num_predictions = masked_lm_loss(logits, ids, weights)
-  metrics = {"mlm_loss": mlm, "mlm_accuracy": masked_lm_accuracy(logits, ids, weights),
-             "num_predictions": num_predictions}
-  loss = mlm
-  if "nsp_logits" in outputs:
-    labels = batch["next_sentence_labels"].reshape(-1)  # [B] or google-research's [B,1]
-    metrics["nsp_loss"] = nsp_loss(outputs["nsp_logits"], labels)
-    metrics["nsp_accuracy"] = nsp_accuracy(outputs["nsp_logits"], labels)
-    loss = loss + metrics["nsp_loss"]
-  metrics["loss"] = loss
-  return loss, metrics
+  sums = pretraining_sums(outputs, batch)
+  loss = pretraining_objective(sums, sums["predictions"], sums.get("examples", 1.0))
+  return loss, {**pretraining_metrics(sums), "num_predictions": sums["predictions"],
+                "loss": loss}

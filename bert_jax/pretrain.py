@@ -24,20 +24,20 @@ import numpy as np
 
 from bert_jax import batch_log
 from bert_jax import checkpoint
+from bert_jax import heads
 from bert_jax import losses
 from bert_jax import metrics_io
-from bert_jax import heads
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import paths
 from bert_jax import preemption
+from bert_jax import pretrain_step
 from bert_jax import sharding
 from bert_jax import train_state as state_lib
 from bert_jax import workdir as workdir_lib
 from data_pipeline import corpora
 from data_pipeline import pretraining
 
-TrainState = state_lib.TrainState
 
 
 def build_bert_config(config: ml_collections.ConfigDict) -> model_lib.BertConfig:
@@ -128,69 +128,6 @@ def check_config(config: ml_collections.ConfigDict, bert_config: model_lib.BertC
     raise ValueError(f"config.init_checkpoint={config.init_checkpoint!r} does not exist")
 
 
-def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *,
-               grad_accum_steps: int, skip_nonfinite: bool) -> tuple[TrainState, dict[str, Any]]:
-  """One optimizer update on the global `batch`, optionally in micro-batches.
-
-  The loss is MLM cross-entropy averaged over all masked predictions of the
-  batch plus NSP/SOP cross-entropy averaged over its examples. Each
-  micro-batch's mean is re-weighted by its share of predictions (examples), so
-  the summed gradients equal the full-batch gradient exactly, whatever the
-  number of predictions per micro-batch.
-  """
-  step_rng = jax.random.fold_in(rng, state.step)
-  total_predictions = jnp.maximum(jnp.sum(batch["masked_lm_weights"]), 1.0)
-  total_examples = batch["input_ids"].shape[0]
-
-  def loss_fn(params, micro, micro_rng):
-    out = state.apply_fn({"params": params}, micro["input_ids"], micro["input_mask"],
-                         micro["segment_ids"], micro["masked_lm_positions"],
-                         deterministic=False, rngs={"dropout": micro_rng})
-    mlm, n = losses.masked_lm_loss(out["mlm_logits"], micro["masked_lm_ids"],
-                                   micro["masked_lm_weights"])
-    acc = losses.masked_lm_accuracy(out["mlm_logits"], micro["masked_lm_ids"],
-                                    micro["masked_lm_weights"])
-    examples = micro["input_ids"].shape[0]
-    loss = mlm * (n / total_predictions)
-    sums = {"mlm_loss": mlm * n, "mlm_correct": acc * n, "predictions": n}
-    if "nsp_logits" in out:
-      nsp = losses.nsp_loss(out["nsp_logits"], micro["next_sentence_labels"])
-      loss = loss + nsp * (examples / total_examples)
-      sums["nsp_loss"] = nsp * examples
-      sums["nsp_correct"] = losses.nsp_accuracy(
-          out["nsp_logits"], micro["next_sentence_labels"]) * examples
-    return loss, sums
-
-  (loss, sums), grads = state_lib.accumulated_grads(loss_fn, state.params, batch, step_rng,
-                                                    grad_accum_steps)
-  new_state, grad_norm, finite = state_lib.apply_update(state, grads, loss, skip_nonfinite)
-  predictions = jnp.maximum(sums["predictions"], 1.0)
-  metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite,
-             "mlm_loss": sums["mlm_loss"] / predictions,
-             "mlm_accuracy": sums["mlm_correct"] / predictions}
-  if "nsp_loss" in sums:
-    metrics["nsp_loss"] = sums["nsp_loss"] / total_examples
-    metrics["nsp_accuracy"] = sums["nsp_correct"] / total_examples
-  return new_state, metrics
-
-
-def eval_step(params: Any, batch: dict[str, jax.Array], *, apply_fn: Any) -> dict[str, jax.Array]:
-  """Sums of held-out MLM loss/correct predictions and NSP/SOP correct examples."""
-  out = apply_fn({"params": params}, batch["input_ids"], batch["input_mask"],
-                 batch["segment_ids"], batch["masked_lm_positions"], deterministic=True)
-  mlm, n = losses.masked_lm_loss(out["mlm_logits"], batch["masked_lm_ids"],
-                                 batch["masked_lm_weights"])
-  acc = losses.masked_lm_accuracy(out["mlm_logits"], batch["masked_lm_ids"],
-                                  batch["masked_lm_weights"])
-  sums = {"mlm_loss": mlm * n, "mlm_correct": acc * n, "predictions": n}
-  if "nsp_logits" in out:
-    examples = batch["input_ids"].shape[0]
-    sums["nsp_correct"] = losses.nsp_accuracy(out["nsp_logits"],
-                                              batch["next_sentence_labels"]) * examples
-    sums["examples"] = jnp.asarray(examples, jnp.float32)
-  return sums
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains (resuming when the workdir has checkpoints) and returns the final eval metrics.
 
@@ -253,11 +190,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     # ---------------------------------------------------------------- step
     p_train_step = jax.jit(
-        functools.partial(train_step, grad_accum_steps=config.grad_accum_steps,
+        functools.partial(pretrain_step.train_step, grad_accum_steps=config.grad_accum_steps,
                           skip_nonfinite=config.skip_nonfinite_steps),
         in_shardings=(layout.state, layout.batch, layout.replicated),
         out_shardings=(layout.state, layout.replicated), donate_argnums=(0,))
-    p_eval_step = jax.jit(functools.partial(eval_step, apply_fn=model.apply),
+    p_eval_step = jax.jit(functools.partial(pretrain_step.eval_step, apply_fn=model.apply),
                           in_shardings=(layout.params, layout.batch),
                           out_shardings=layout.replicated)
 
@@ -298,11 +235,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           sums = jax.device_get(p_eval_step(state.params, sharding.global_batch(local, mesh)))
           for k, v in sums.items():
             totals[k] = totals.get(k, 0.0) + float(v)
-        n = max(totals["predictions"], 1.0)
-        result[f"{kind}/mlm_loss"] = totals["mlm_loss"] / n
-        result[f"{kind}/mlm_accuracy"] = totals["mlm_correct"] / n
-        if "examples" in totals:
-          result[f"{kind}/nsp_accuracy"] = totals["nsp_correct"] / max(totals["examples"], 1.0)
+        result.update({f"{kind}/{k}": float(v) for k, v in
+                       losses.pretraining_metrics(totals).items() if k != "nsp_loss"})
       writer.write(at_step, result)
       logging.info("held-out at step %d: %s", at_step,
                    " ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in result.items()))

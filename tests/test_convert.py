@@ -25,9 +25,9 @@ import safetensors.numpy
 import transformers
 
 from bert_jax import convert
-from bert_jax.convert import hf as convert_hf
 from bert_jax import heads
 from bert_jax import model as model_lib
+from bert_jax.convert import hf as convert_hf
 
 ATOL = 1e-5
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -19,14 +19,15 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint
-from bert_jax.convert import layout as convert_layout
-from bert_jax import losses
 from bert_jax import heads
+from bert_jax import losses
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import pretrain as pretrain_lib
+from bert_jax import pretrain_step
 from bert_jax import sharding
 from bert_jax import train_state as state_lib
-from bert_jax import pretrain as pretrain_lib
+from bert_jax.convert import layout as convert_layout
 from experiments.benchmarks import sharding as bench
 from experiments.configs import pretrain
 
@@ -242,7 +243,7 @@ def test_padded_vocabulary_gives_the_unpadded_losses():
   padded_params["bert"]["embeddings"]["word_embeddings"]["embedding"][1000:] = 3.0
   padded_params["mlm_head"]["output_bias"][1000:] = 50.0
   tx, _ = optim.make_optimizer(pretrain.get_config("tiny").optimizer, 100)
-  step = jax.jit(functools.partial(pretrain_lib.train_step, grad_accum_steps=1, skip_nonfinite=False))
+  step = jax.jit(functools.partial(pretrain_step.train_step, grad_accum_steps=1, skip_nonfinite=False))
 
   def run(bert_config, params):
     module = heads.BertForPreTraining(bert_config)

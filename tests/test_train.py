@@ -21,6 +21,7 @@ from bert_jax import heads
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import pretrain as pretrain_lib
+from bert_jax import pretrain_step
 from data_pipeline import pretraining
 from experiments.configs import pretrain
 
@@ -71,7 +72,7 @@ def test_gradient_accumulation_matches_the_large_batch():
   assert len(set(counts)) > 1, counts
   results = {}
   for k in (1, 4):
-    step = jax.jit(functools.partial(pretrain_lib.train_step, grad_accum_steps=k, skip_nonfinite=False))
+    step = jax.jit(functools.partial(pretrain_step.train_step, grad_accum_steps=k, skip_nonfinite=False))
     results[k] = step(state, batch, jax.random.key(1))
   (full, full_metrics), (new, metrics) = results[1], results[4]
   assert not np.allclose(full.params["mlm_head"]["output_bias"], params["mlm_head"]["output_bias"])
@@ -195,7 +196,7 @@ def test_bfloat16_step_keeps_float32_state_and_skips_nonfinite_updates():
                                          batch["input_mask"], batch["segment_ids"],
                                          batch["masked_lm_positions"])["params"])
   state = train_state.TrainState.create(apply_fn=module.apply, params=params, tx=_adamw())
-  step = jax.jit(functools.partial(pretrain_lib.train_step, grad_accum_steps=2, skip_nonfinite=True))
+  step = jax.jit(functools.partial(pretrain_step.train_step, grad_accum_steps=2, skip_nonfinite=True))
   same = lambda a, b: bool(jnp.array_equal(a, b, equal_nan=True))
 
   new, metrics = step(state, batch, jax.random.key(1))

@@ -17,8 +17,8 @@ from bert_jax import checkpoint
 from bert_jax import jobs
 from bert_jax import model as model_lib
 from bert_jax import preemption
-from bert_jax import sharding
 from bert_jax import pretrain as pretrain_lib
+from bert_jax import sharding
 from bert_jax import workdir
 from experiments.configs import pretrain
 

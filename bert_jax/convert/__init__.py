@@ -27,11 +27,11 @@ import jax
 import numpy as np
 
 from bert_jax import checkpoint
+from bert_jax import model as model_lib
+from bert_jax import paths
 from bert_jax.convert import hf as convert_hf
 from bert_jax.convert import layout as convert_layout
 from bert_jax.convert import tf as convert_tf
-from bert_jax import model as model_lib
-from bert_jax import paths
 
 OWN_PARAMS = "params"
 OWN_CONFIG = "bert_config.json"

@@ -83,9 +83,9 @@ from bert_jax import heads
 
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import pretrain_step
 from bert_jax import sharding
 from bert_jax import train_state as state_lib
-from bert_jax import pretrain as pretrain_lib
 from experiments.configs import pretrain
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -257,7 +257,7 @@ def lower_train_step(config) -> tuple[Any, model_lib.BertConfig]:
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=layout.replicated)  # PRNGKey(seed)
   with sharding.activate(mesh, rules):
     p_train_step = jax.jit(
-        functools.partial(pretrain_lib.train_step, grad_accum_steps=config.grad_accum_steps,
+        functools.partial(pretrain_step.train_step, grad_accum_steps=config.grad_accum_steps,
                           skip_nonfinite=config.skip_nonfinite_steps),
         in_shardings=(layout.state, layout.batch, layout.replicated),
         out_shardings=(layout.state, layout.replicated), donate_argnums=(0,))

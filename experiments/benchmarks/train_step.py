@@ -31,12 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bert_jax import heads
 from bert_jax import losses
 from bert_jax import metrics_io
-from bert_jax import heads
 from bert_jax import model as model_lib
 from bert_jax import optim
-from bert_jax import pretrain as pretrain_lib
+from bert_jax import pretrain_step
 from experiments.configs import pretrain
 
 
@@ -64,7 +64,7 @@ def ours(bert_config, tx, batch):
       jax.random.key(0), batch["input_ids"], batch["input_mask"], batch["segment_ids"],
       batch["masked_lm_positions"]))()["params"])
   state = train_state.TrainState.create(apply_fn=module.apply, params=params, tx=tx)
-  step = jax.jit(functools.partial(pretrain_lib.train_step, grad_accum_steps=1, skip_nonfinite=False),
+  step = jax.jit(functools.partial(pretrain_step.train_step, grad_accum_steps=1, skip_nonfinite=False),
                  donate_argnums=(0,))
   return (lambda s, b: step(s, b, jax.random.key(1))), state
 
