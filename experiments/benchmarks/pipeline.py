@@ -39,6 +39,7 @@ import numpy as np
 
 from data_pipeline import corpora
 from data_pipeline import pretraining
+from experiments.configs import data as data_configs
 
 _SECONDS = flags.DEFINE_float("seconds", 20.0, "timed seconds per steady-state measurement")
 _VOCAB_FILE = flags.DEFINE_string("vocab_file", "", "WordPiece vocab ('' -> bert-base-uncased "
@@ -81,7 +82,7 @@ def _timed(next_batch, seconds):
 
 def bench_ours(vocab_file, length, seconds, batch_size):
   """Steady-state rate of PretrainingInput (corpus tokenized beforehand, memoised)."""
-  config = pretraining.default_data_config()
+  config = data_configs.data_config()
   config.vocab_file = vocab_file
   config.max_seq_length = length
   source = pretraining.PretrainingInput(config, batch_size=batch_size)
@@ -90,7 +91,7 @@ def bench_ours(vocab_file, length, seconds, batch_size):
 
 def tokenize_ours(vocab_file):
   """(tokens, seconds, corpus) of the one-off in-graph tokenization of the training split."""
-  config = pretraining.default_data_config()
+  config = data_configs.data_config()
   config.vocab_file = vocab_file
   tokenizer = pretraining.make_tokenizer(config)
   start = time.perf_counter()
@@ -142,7 +143,7 @@ def bench_hf(vocab_file, lengths, seconds, batch_size):
   """HF path: BertTokenizerFast once, then Python NSP + DataCollatorForLanguageModeling."""
   import transformers  # pylint: disable=g-import-not-at-top
   tokenizer = transformers.BertTokenizerFast(vocab_file, do_lower_case=True)
-  config = pretraining.default_data_config()
+  config = data_configs.data_config()
   documents = list(corpora.read_documents(str(corpora.embedded_corpus_path()), split="train",
                                           heldout_modulus=config.heldout_modulus))
   sentences = [s for d in documents for s in d]

@@ -63,7 +63,7 @@ experiments/results/ (report.md and the PNGs).
 
 import ml_collections
 
-from experiments import chinese_data
+from experiments.configs import chinese as chinese_configs
 
 VARIANTS = ("smoke", "zh_tiny", "zh_full")
 WORKDIR = "{workdir}"  # placeholder in corpus paths, replaced by the ablation's --workdir
@@ -118,7 +118,7 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
 
   # --- the base pretraining run (every field of experiments/configs/pretrain.py) ---
   steps = 20 if smoke else 3000
-  config.pretrain = chinese_data.pretrain_config(
+  config.pretrain = chinese_configs.pretrain_config(
       f"{WORKDIR}/corpus.txt", steps=steps, batch_size=16 if smoke else 64, seq_length=64)
   p = config.pretrain
   p.data.masking.max_predictions_per_seq = 0  # derived per setting: the MLM head grows with the ratio
@@ -136,13 +136,13 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   # --- downstream: fine-tuning from every run's final checkpoint ---
   config.downstream = ml_collections.ConfigDict()  # task name -> experiments/configs/finetune.py config
   if smoke:
-    config.downstream.sentiment = chinese_data.sentiment_config(
+    config.downstream.sentiment = chinese_configs.sentiment_config(
         init_checkpoint="", seq_length=64, epochs=1, learning_rates=(1e-3,), seeds=(0,),
         train_examples=256)
     config.downstream.sentiment.task.max_dev_examples = 256  # a quick dev pass
   else:
     for name, labels in (("sentiment", 0), ("sentiment_2k", 2000)):
-      config.downstream[name] = chinese_data.sentiment_config(
+      config.downstream[name] = chinese_configs.sentiment_config(
           init_checkpoint="", seq_length=64, epochs=2, learning_rates=(3e-4, 1e-3),
           seeds=(0, 1, 2), train_examples=labels)
 

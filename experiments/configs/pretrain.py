@@ -27,7 +27,7 @@ coordinator is discovered from the environment); nothing else changes.
 
 import ml_collections
 
-from data_pipeline import pretraining
+from experiments.configs import data as data_configs
 from experiments.configs import optim_and_mesh
 
 VARIANTS = ("tiny", "base", "large", "roberta", "albert")
@@ -56,8 +56,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   config.model.remat = False  # rematerialise encoder blocks to trade FLOPs for memory
   config.model.scan_layers = False  # nn.scan over layers: faster compiles for deep models
 
-  # --- data (fields and defaults owned by data_pipeline/pretraining.py) ---
-  config.data = pretraining.default_data_config()
+  # --- data (every field and its default: experiments/configs/data.py) ---
+  config.data = data_configs.data_config()
   config.data.max_seq_length = 128  # phase-1 length (paper: 90% of steps at 128)
   # 0 derives the static number of predictions from the masking ratio (20 at length 128 and
   # 15%, the paper's), so an ablation changes the ratio and nothing else. Pin it only to cap.
