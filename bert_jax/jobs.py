@@ -71,6 +71,9 @@ def configure_logging() -> None:
   logging.set_verbosity(logging.INFO)
   # On the logger, not a handler: it holds whether or not absl's handler is installed.
   std_logging.getLogger("absl").addFilter(_quiet_orbax)
+  # JAX logs each backend it probes and does not find ("Unable to initialize backend
+  # 'tpu'...") at INFO; the device line of train_state.setup_mesh says what was found.
+  std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)
   std_logging.getLogger("asyncio").addFilter(_drop_unretrieved_storage_errors)
   previous_hook = sys.unraisablehook
 

@@ -138,8 +138,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   mesh, rules = state_lib.setup_mesh(config)
   bert_config = build_bert_config(config)
   check_config(config, bert_config, mesh)  # the whole run, before anything is written
-  logging.info("mesh %s over %d devices (%d processes)", dict(mesh.shape), jax.device_count(),
-               jax.process_count())
 
   # -------------------------------------------------------------- workdir
   vocab_file, spm_model_file = pretraining.resolve_vocab(config.data)

@@ -53,6 +53,10 @@ def setup_mesh(config: ml_collections.ConfigDict) -> tuple[jax.sharding.Mesh,
   # JSON round trips turn the rules' tuples into lists; flax wants tuples.
   rules = [(name, tuple(axes) if isinstance(axes, list) else axes)
            for name, axes in config.logical_axis_rules]
+  # The one line that says where the run is (the backends' probing is kept off the terminal).
+  kinds = sorted({d.device_kind for d in jax.devices()})
+  logging.info("mesh %s over %d devices (%d processes) of kind %s", dict(mesh.shape),
+               jax.device_count(), jax.process_count(), ", ".join(kinds))
   return mesh, rules
 
 

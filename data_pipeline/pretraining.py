@@ -66,8 +66,9 @@ from typing import Iterator
 import weakref
 
 import numpy as np
-import tensorflow as tf
+from data_pipeline.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 
+from bert_jax import paths
 from data_pipeline import corpora
 from data_pipeline import masking
 from data_pipeline import pairs
@@ -170,9 +171,23 @@ def resolve_vocab(data_config) -> tuple[str, str]:
 
 
 def make_tokenizer(data_config):
-  """The in-graph tokenizer of a data config (WordPiece or SentencePiece)."""
+  """The in-graph tokenizer of a data config (WordPiece or SentencePiece).
+
+  Built once per process and file (the trainer, every input and the eval set
+  share it); a file rewritten in place (another size or time) is read again.
+  """
   vocab_file, spm_model_file = resolve_vocab(data_config)
-  return tokenizers.load_tokenizer(vocab_file, spm_model_file, data_config.do_lower_case)
+  path = vocab_file or spm_model_file
+  stamp = paths.path(path).stat() if path else None
+  key = (vocab_file, spm_model_file, data_config.do_lower_case,
+         (stamp.length, stamp.mtime) if stamp else None)
+  if key not in _TOKENIZERS:
+    _TOKENIZERS[key] = tokenizers.load_tokenizer(vocab_file, spm_model_file,
+                                                 data_config.do_lower_case)
+  return _TOKENIZERS[key]
+
+
+_TOKENIZERS: dict[tuple, object] = {}
 
 
 def word_start_table(tokenizer) -> np.ndarray:
