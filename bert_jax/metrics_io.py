@@ -96,7 +96,7 @@ class MetricWriter:
     if not self._enabled:
       return
     # pylint: disable=g-import-not-at-top  # TF only on the writing host
-    import tensorflow as tf
+    from data_pipeline.tf_cpu import tf  # kept off the accelerators
     from tensorflow.core.framework import summary_pb2
     self._tf = tf
     self._remote = paths.is_remote(workdir)

@@ -46,7 +46,7 @@ import numbers
 from typing import Sequence
 
 import numpy as np
-import tensorflow as tf
+from data_pipeline.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 
 _STRATEGIES = ("fixed", "bernoulli")
 SCHEDULES = ("constant", "linear", "cosine")

@@ -63,7 +63,7 @@ import re
 from typing import Iterable, Sequence
 
 import numpy as np
-import tensorflow as tf
+from data_pipeline.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 import tensorflow_text as tf_text
 
 from bert_jax import paths

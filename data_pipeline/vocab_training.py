@@ -21,7 +21,7 @@ import tempfile
 from typing import Iterator, Sequence
 
 from absl import logging
-import tensorflow as tf
+from data_pipeline.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bert_vocab
 
 from bert_jax import paths
