@@ -26,6 +26,11 @@ Variants:
            tiny model on the Chinese corpus, 256 labelled reviews: checks the
            machinery end to end in minutes (7 min measured on the 2 shared cores
            under a load of 6; tests/test_ablation.py runs it on the test corpus).
+  zh_small zh_tiny cut to fit one working session on 2 CPU cores (the run whose
+           report is in experiments/results/ablation_zh_small/): the same four
+           settings and seed, 1,000 steps instead of 3,000, fine-tuned on the
+           2,000-label sentiment task only (lr {3e-4, 1e-3} x seeds {0, 1, 2});
+           ~70 min on 2 idle cores.
   zh_tiny  the real run: ratios 0.15 / 0.40 / 0.60 and a cosine schedule
            0.40 -> 0.15 (Yang et al. 2023) x pretraining seed 0, 3,000 steps of
            batch 64 x 64 tokens each (tiny, L=2 H=128, bert-base-chinese vocab) on
@@ -65,7 +70,7 @@ import ml_collections
 
 from experiments.configs import chinese as chinese_configs
 
-VARIANTS = ("smoke", "zh_tiny", "zh_full")
+VARIANTS = ("smoke", "zh_small", "zh_tiny", "zh_full")
 WORKDIR = "{workdir}"  # placeholder in corpus paths, replaced by the ablation's --workdir
 
 
@@ -88,7 +93,7 @@ def _settings(arg: str) -> dict[str, ml_collections.ConfigDict]:
   cosine = masking_setting(0.4, schedule="cosine", final_ratio=0.15)
   if arg == "smoke":
     return {"r15": masking_setting(0.15), "cos40to15": cosine}
-  if arg == "zh_tiny":
+  if arg in ("zh_small", "zh_tiny"):
     return {"r15": masking_setting(0.15), "r40": masking_setting(0.4),
             "r60": masking_setting(0.6), "cos40to15": cosine}
   settings = {f"r{round(100 * r):02d}": masking_setting(r)
@@ -117,14 +122,15 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   config.prepare_corpus = "zh_sentiment"
 
   # --- the base pretraining run (every field of experiments/configs/pretrain.py) ---
-  steps = 20 if smoke else 3000
+  small = arg == "zh_small"
+  steps = 20 if smoke else 1000 if small else 3000
   config.pretrain = chinese_configs.pretrain_config(
       f"{WORKDIR}/corpus.txt", steps=steps, batch_size=16 if smoke else 64, seq_length=64)
   p = config.pretrain
   p.data.masking.max_predictions_per_seq = 0  # derived per setting: the MLM head grows with the ratio
   p.data.eval.own_masking = True  # eval_own/*: held-out pairs masked like the run's training
   p.data.eval.num_examples = 64 if smoke else 1024  # held-out examples (both eval sets)
-  p.eval_every_steps = 10 if smoke else 300  # held-out curve points (and the last step)
+  p.eval_every_steps = 10 if smoke else 250 if small else 300  # held-out curve points (and the last step)
   p.log_every_steps = 5 if smoke else 100  # metrics.jsonl rows (wall time, MFU)
   p.checkpoint.every_steps = 10 if smoke else 500  # a multiple of log_every_steps
   p.checkpoint.keep = 2  # only the latest is needed to resume and fine-tune
@@ -141,7 +147,8 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
         train_examples=256)
     config.downstream.sentiment.task.max_dev_examples = 256  # a quick dev pass
   else:
-    for name, labels in (("sentiment", 0), ("sentiment_2k", 2000)):
+    tasks = (("sentiment_2k", 2000),) if small else (("sentiment", 0), ("sentiment_2k", 2000))
+    for name, labels in tasks:
       config.downstream[name] = chinese_configs.sentiment_config(
           init_checkpoint="", seq_length=64, epochs=2, learning_rates=(3e-4, 1e-3),
           seeds=(0, 1, 2), train_examples=labels)
