@@ -1,0 +1,101 @@
+"""What both training loops do around the step: check it, log it, save it, stop.
+
+bert_jax.pretrain and bert_jax.finetune.trainer differ in their data, step and
+evaluation; the bookkeeping between steps is the same and lives here once:
+
+  - `StepMetrics`: the step's device metrics, fetched one step late so the host
+    never waits for the step it just dispatched; a non-finite loss or gradient
+    stops the run before anything is logged, evaluated or saved from it.
+  - `due`: whether a step is logged, saved, or the last one of a preempted run.
+  - `save`: logs flushed first, then the checkpoint, so a saved step always has
+    its rows and a resumed run never writes them twice.
+"""
+
+import dataclasses
+from typing import Any, Callable, Iterable
+
+from absl import logging
+import jax
+import numpy as np
+
+from bert_jax import checkpoint
+
+
+class StepMetrics:
+  """Per-step device metrics ("loss", "grad_norm", "finite", ...) since the last log."""
+
+  def __init__(self, last_good: Callable[[], str], skip_nonfinite: bool):
+    """`last_good()` names the last good checkpoint for the error; skip_nonfinite: the
+    step kept the old state (train_state.apply_update), so the run goes on."""
+    self._last_good = last_good
+    self._skip_nonfinite = skip_nonfinite
+    self._pending: tuple[int, Any] | None = None
+    self._history: list[dict[str, float]] = []
+
+  def add(self, step: int, device_metrics: dict[str, Any]) -> None:
+    """Records step `step`'s metrics and checks the previous step's."""
+    self.settle()
+    self._pending = (step, device_metrics)
+
+  def settle(self) -> None:
+    """Checks every recorded step now: before logging, evaluating or saving."""
+    if self._pending is None:
+      return
+    at, device_metrics = self._pending
+    self._pending = None
+    m = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+    if not m["finite"] and not self._skip_nonfinite:
+      raise FloatingPointError(
+          f"non-finite loss ({m['loss']}) or gradient norm ({m['grad_norm']}) at step {at}; "
+          f"stopped without saving, last good checkpoint: {self._last_good()} "
+          "(config.skip_nonfinite_steps=True skips such steps)")
+    self._history.append(m)
+
+  def means(self) -> dict[str, float]:
+    """Each metric's mean since the last call, and how many steps were skipped."""
+    self.settle()
+    if not self._history:
+      return {}
+    means = {k: float(np.mean([h[k] for h in self._history])) for k in self._history[-1]}
+    means["skipped_steps"] = sum(1.0 - h["finite"] for h in self._history)
+    self._history.clear()
+    return means
+
+
+@dataclasses.dataclass(frozen=True)
+class Due:
+  log: bool   # write a metrics.jsonl row
+  save: bool  # checkpoint this step
+  stop: bool  # preempted: this step is saved and the run ends
+
+
+def due(step: int, total_steps: int, *, log_every: int, save_every: int, stop: bool,
+        also_save: bool = False) -> Due:
+  """What happens after step `step` (1-based count of steps done); the last step
+  is always logged and saved, a preempted step is saved."""
+  last = step == total_steps
+  return Due(log=step % log_every == 0 or last,
+             save=step % save_every == 0 or last or stop or also_save,
+             stop=stop)
+
+
+def save(manager: Any, step: int, state: Any, data_state: dict[str, Any],
+         logs: Iterable[Any]) -> None:
+  """Flushes `logs` (objects with flush()), then checkpoints `state` and `data_state`."""
+  for log in logs:
+    log.flush()  # first: a step that is saved always has its rows
+  checkpoint.save(manager, step, {"params": state.params, "opt_state": state.opt_state,
+                                  "step": state.step}, data_state, force=True)
+
+
+def last_good(manager: Any) -> Callable[[], str]:
+  """For StepMetrics: the newest complete checkpoint of `manager`, once the pending
+  save has finished (it may be the one being written)."""
+  def describe() -> str:
+    manager.wait_until_finished()
+    return f"step {manager.latest_step()} in {manager.directory}"
+  return describe
+
+
+def preempted(step: int) -> None:
+  logging.warning("preempted (SIGTERM): saved step %d; the same command resumes", step)
