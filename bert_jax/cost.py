@@ -25,6 +25,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax import metrics_io
+from bert_jax import phases as phases_lib
 
 # (jax device_kind, JAX devices per unit of the accelerator-type number)
 TPU_TYPES = {"v2": ("TPU v2", 1.0), "v3": ("TPU v3", 1.0), "v4": ("TPU v4", 0.5),
@@ -46,25 +47,14 @@ def device_set(name: str) -> tuple[str, int]:
                    f"v5litepod-16, or NxGPU with GPU one of {sorted(GPUS)}")
 
 
-def phases(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
-  """[{"phase", "steps", "seq_len", "predictions"}] of a pretraining config."""
-  from bert_jax import pretrain as pretrain_lib  # pylint: disable=g-import-not-at-top  # the phase rules live there
-  from data_pipeline import pretraining  # pylint: disable=g-import-not-at-top
-  start2 = pretrain_lib.phase2_start(config)
-  out = []
-  for phase, first, last in ((1, 0, start2), (2, start2, config.total_steps)):
-    if last > first:
-      data = pretrain_lib.phase_data_config(config, first)[1]
-      out.append({"phase": phase, "steps": last - first, "seq_len": data.max_seq_length,
-                  "predictions": pretraining.max_predictions(data)})
-  return out
+phases = phases_lib.phases  # [{"phase", "steps", "seq_len", "predictions"}] of a config
 
 
 def run_flops(config: ml_collections.ConfigDict, bert_config: Any, abstract_params: Any
               ) -> list[dict[str, Any]]:
   """phases() with each phase's model FLOPs per step and in all (config.batch_size examples)."""
   out = []
-  for p in phases(config):
+  for p in phases_lib.phases(config):
     per_step = metrics_io.flops_per_step(bert_config, abstract_params, config.batch_size,
                                          p["seq_len"], p["predictions"])
     out.append({**p, "flops_per_step": per_step, "flops": per_step * p["steps"]})

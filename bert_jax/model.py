@@ -2,8 +2,9 @@
 
 The same modules cover the ALBERT switches (factorised embedding size E with an
 E -> H projection, cross-layer parameter sharing) and the scaling switches
-(per-layer rematerialisation, `nn.scan` over layers). Parameters are float32 and
-carry logical axis names; compute runs in `config.dtype`.
+(per-layer rematerialisation with a named policy, `nn.scan` over layers, the
+attention kernel of bert_jax/attention.py). Parameters are float32 and carry
+logical axis names; compute runs in `config.dtype`.
 
 The parameter tree is a contract with bert_jax/convert (its layout module maps
 every name to Hugging Face and TF names) and with saved checkpoints: change names
@@ -21,8 +22,11 @@ from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
+from jax.ad_checkpoint import checkpoint_name
 import jax.numpy as jnp
 import numpy as np
+
+from bert_jax import attention as attention_lib
 
 # (num_hidden_layers, hidden_size, num_attention_heads); intermediate size is 4H.
 SIZES = {
@@ -35,7 +39,21 @@ SIZES = {
 }
 
 _DTYPES = ("float32", "bfloat16", "float16")
-_ATTENTION_IMPLS = (None, "xla", "cudnn")
+_ATTENTION_IMPLS = attention_lib.IMPLEMENTATIONS + (None,)  # None: older configs, read as auto
+
+# Names the layers give their activations (jax.ad_checkpoint.checkpoint_name), for the
+# remat policy that keeps exactly these: the q/k/v projections and the attention output
+# projection, so the backward pass recomputes the attention core, LayerNorms and FFN.
+PROJECTION_NAMES = ("query_proj", "key_proj", "value_proj", "attention_out")
+# What each layer keeps for the backward pass (jax.checkpoint_policies), by name.
+REMAT_POLICIES = {
+    "none": None,  # no rematerialisation: every residual kept (fastest, most memory)
+    "full": jax.checkpoint_policies.nothing_saveable,  # keep only the layer input
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,  # every matmul output
+    # Matmuls without batch dimensions: the dense projections, not QK^T / PV.
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "save_qkv_out_proj": jax.checkpoint_policies.save_only_these_names(*PROJECTION_NAMES),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +75,9 @@ class BertConfig:
   embedding_size: int | None = None  # ALBERT factorised embedding E; None -> hidden_size
   share_layers: bool = False  # ALBERT cross-layer sharing: one layer applied L times
   dtype: str = "float32"  # compute dtype; params are always float32
-  attention_impl: str | None = None  # jax.nn.dot_product_attention(implementation=...)
-  remat: bool = False  # rematerialise each layer in the backward pass
+  attention_impl: str | None = "auto"  # bert_jax/attention.py: auto|einsum|xla|cudnn|splash
+  remat_policy: str = "none"  # a key of REMAT_POLICIES: what each layer keeps for backward
+  remat: bool = False  # older configs' switch: True reads as remat_policy "full"
   scan_layers: bool = False  # nn.scan over layers: params get a leading [L] axis
 
   def __post_init__(self):
@@ -93,6 +112,17 @@ class BertConfig:
     if self.attention_impl not in _ATTENTION_IMPLS:
       raise ValueError(
           f"attention_impl must be one of {_ATTENTION_IMPLS}, got {self.attention_impl!r}")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(
+          f"remat_policy must be one of {tuple(REMAT_POLICIES)}, got {self.remat_policy!r}")
+    if self.remat and self.remat_policy not in ("none", "full"):
+      raise ValueError(f"remat=True (read as remat_policy 'full') contradicts "
+                       f"remat_policy={self.remat_policy!r}: set remat_policy alone")
+
+  @property
+  def effective_remat_policy(self) -> str:
+    """remat_policy, with the older remat=True read as "full"."""
+    return "full" if self.remat and self.remat_policy == "none" else self.remat_policy
 
   @property
   def head_size(self) -> int:
@@ -335,25 +365,24 @@ class BertSelfAttention(nn.Module):
     cfg = self.config
     heads = (cfg.num_attention_heads, cfg.head_size)
     qkv_axes = ("embed", "heads", "kv")
+    # Named so that remat_policy "save_qkv_out_proj" can keep exactly these.
     q, k, v = (
-        _constrain(dense(cfg, heads, qkv_axes, name)(x), "batch", "length", "heads", "kv")
+        checkpoint_name(_constrain(dense(cfg, heads, qkv_axes, name)(x),
+                                   "batch", "length", "heads", "kv"), f"{name}_proj")
         for name in ("query", "key", "value"))
     rate = cfg.attention_probs_dropout_prob
-    if not deterministic and rate > 0:
-      # jax.nn.dot_product_attention has no dropout on the probabilities, which BERT
-      # trains with; this explicit path keeps training faithful. Evaluation (and
-      # dropout-free training) goes through dot_product_attention so that fused
-      # kernels (cuDNN flash attention on GPUs) serve it.
-      logits = jnp.einsum("btnd,bsnd->bnts", q, k, preferred_element_type=jnp.float32)
-      logits = logits / np.sqrt(cfg.head_size).astype(np.float32)
-      logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-      probs = jax.nn.softmax(logits, axis=-1)  # float32 softmax, also under bfloat16
-      probs = nn.Dropout(rate)(probs, deterministic=False)
-      out = jnp.einsum("bnts,bsnd->btnd", probs.astype(v.dtype), v)
-    else:
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=cfg.attention_impl)
+    # Resolved while tracing: auto takes einsum only where probabilities are dropped
+    # (the paper recipe's training), a fused kernel everywhere else.
+    impl = attention_lib.resolve(cfg.attention_impl, dtype=cfg.compute_dtype,
+                                 head_size=cfg.head_size, dropout_rate=rate,
+                                 training=not deterministic, seq_len=x.shape[1])
+    dropout = None
+    if impl == "einsum" and not deterministic and rate > 0:
+      dropout = lambda probs: nn.Dropout(rate)(probs, deterministic=False)
+    out = attention_lib.attend(impl, q, k, v, mask, dropout)
     out = _constrain(out, "batch", "length", "heads", "kv")
-    return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1))(out)
+    out = dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1))(out)
+    return checkpoint_name(out, "attention_out")
 
 
 class BertLayer(nn.Module):
@@ -385,8 +414,14 @@ class BertEncoder(nn.Module):
   def __call__(self, x, mask, *, deterministic: bool = True) -> jax.Array:
     """x [B,T,H], mask [B,1,1,T] -> [B,T,H]."""
     cfg = self.config
-    # static_argnums counts `self` as 0: `deterministic` (3) is a Python bool.
-    layer_cls = nn.remat(BertLayer, static_argnums=(3,)) if cfg.remat else BertLayer
+    policy = cfg.effective_remat_policy
+    layer_cls = BertLayer
+    if policy != "none":
+      # static_argnums counts `self` as 0: `deterministic` (3) is a Python bool. Under
+      # scan, CSE across iterations cannot happen, so its prevention is dropped (jax's
+      # advice for checkpoint inside scan).
+      layer_cls = nn.remat(BertLayer, static_argnums=(3,), policy=REMAT_POLICIES[policy],
+                           prevent_cse=not cfg.scan_layers)
     if cfg.scan_layers:
       # Shared layers broadcast one set of params over the loop; otherwise each
       # step gets its own slice of params stacked on a leading "layers" axis.

@@ -12,7 +12,6 @@ Where a run starts, decided once (in "restore"):
 """
 
 import contextlib
-import copy
 import functools
 from typing import Any
 
@@ -22,17 +21,21 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from bert_jax import attention
 from bert_jax import batch_log
 from bert_jax import checkpoint
+from bert_jax import cost
 from bert_jax import heads
 from bert_jax import losses
 from bert_jax import metrics_io
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import paths
+from bert_jax import phases
 from bert_jax import preemption
 from bert_jax import pretrain_step
 from bert_jax import sharding
+from bert_jax import train_loop
 from bert_jax import train_state as state_lib
 from bert_jax import workdir as workdir_lib
 from data_pipeline import corpora
@@ -57,25 +60,9 @@ def build_bert_config(config: ml_collections.ConfigDict) -> model_lib.BertConfig
   return model_lib.BertConfig.from_size(config.model_size, **overrides)
 
 
-def phase_data_config(config: ml_collections.ConfigDict, step: int) -> tuple[int, Any]:
-  """(phase, data config) in force at `step`: phase 2 swaps in the long sequences.
-
-  Phase 2's max_predictions_per_seq 0 derives it from the masking ratio at
-  phase 2's length, as phase 1's 0 does, so a ratio ablation changes nothing else.
-  """
-  if step < phase2_start(config):
-    return 1, config.data
-  data = copy.deepcopy(config.data)
-  data.max_seq_length = config.phase2.max_seq_length
-  data.masking.max_predictions_per_seq = config.phase2.max_predictions_per_seq
-  return 2, data
-
-
-def phase2_start(config: ml_collections.ConfigDict) -> int:
-  """First step of phase 2 (total_steps when there is none)."""
-  if config.phase2.start_fraction >= 1.0:
-    return config.total_steps
-  return int(config.phase2.start_fraction * config.total_steps)
+# The phase rules live in bert_jax/phases.py (bert_jax.cost reads them too).
+phase_data_config = phases.phase_data_config
+phase2_start = phases.phase2_start
 
 
 def check_config(config: ml_collections.ConfigDict, bert_config: model_lib.BertConfig,
@@ -117,6 +104,7 @@ def check_config(config: ml_collections.ConfigDict, bert_config: model_lib.BertC
       raise ValueError(
           f"max_seq_length={length} in {where} exceeds the model's "
           f"max_position_embeddings={bert_config.max_position_embeddings}")
+    attention.check_training(bert_config, length)  # a kernel this device lacks, say
     try:
       pretraining.check_data_config(data_config)
     except ValueError as e:
@@ -124,6 +112,7 @@ def check_config(config: ml_collections.ConfigDict, bert_config: model_lib.BertC
               if phase == 2 and "max_predictions" in str(e) else "")
       raise ValueError(f"{where}: {e}{hint}") from None
   optim.check_config(config.optimizer)
+  state_lib.check_rng_impl(config.rng_impl)
   if config.init_checkpoint and not paths.exists(config.init_checkpoint):
     raise ValueError(f"config.init_checkpoint={config.init_checkpoint!r} does not exist")
 
@@ -163,7 +152,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           first_step=0 if phase == 1 else phase2_start(config), schedule_steps=config.total_steps)
       if data_state is not None and data_state.get("phase") == phase:
         data.set_state(data_state["input"])
-      return phase, data
+      return phase, sharding.DevicePrefetch(data, mesh)
 
     def make_eval_set(phase_config, own_masking: bool):
       return list(pretraining.make_eval_batches(
@@ -174,6 +163,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
     tx, lr_schedule = optim.make_optimizer(config.optimizer, config.total_steps)
     init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+    dropout_rng = state_lib.dropout_key(dropout_rng, config.rng_impl)
 
     def init_params(rng):
       length = config.data.max_seq_length
@@ -184,6 +174,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     # ----------------------------------------------------------- shardings
     layout = state_lib.make_layout(model, init_params, tx, mesh, rules, init_rng)
+    logging.info("%s", cost.describe(cost.run_flops(config, bert_config, layout.abstract_params),
+                                     jax.devices()[0].device_kind, jax.device_count(), 0.4,
+                                     config.peak_tflops_per_device))
     cleanup.enter_context(sharding.activate(mesh, rules))
 
     # ---------------------------------------------------------------- step
@@ -247,21 +240,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     cleanup.callback(lambda: data.close())  # the input of the phase running at the end
     progress = metrics_io.Progress(config.total_steps, step)
     peak = metrics_io.peak_flops(config.peak_tflops_per_device)
-    pending = None  # (step, device metrics) not yet checked: checking lags one step
-    history: list[dict[str, float]] = []
+    step_metrics = train_loop.StepMetrics(train_loop.last_good(manager),
+                                          config.skip_nonfinite_steps)
     result = evaluate(step)
-
-    def check(pending):
-      """Fetches a step's metrics; stops the run on a non-finite loss or gradient."""
-      at, device_metrics = pending
-      m = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
-      if not m["finite"] and not config.skip_nonfinite_steps:
-        manager.wait_until_finished()
-        raise FloatingPointError(
-            f"non-finite loss ({m['loss']}) or gradient norm ({m['grad_norm']}) at step "
-            f"{at}; stopped without saving, last good checkpoint: step {manager.latest_step()} "
-            f"in {manager.directory} (config.skip_nonfinite_steps=True skips such steps)")
-      history.append(m)
 
     while step < config.total_steps:
       if phase_data_config(config, step)[0] != phase:  # phase 2: longer sequences
@@ -269,24 +250,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         phase, data = make_input(step, None)
         logging.info("step %d: phase %d, max_seq_length %d", step, phase,
                      phase_data_config(config, step)[1].max_seq_length)
-      local = next(data)
+      local, batch = next(data)
       tokens = local["input_ids"].size * jax.process_count()
-      state, metrics = p_train_step(state, sharding.global_batch(local, mesh), dropout_rng)
-      if pending is not None:
-        check(pending)
+      state, metrics = p_train_step(state, batch, dropout_rng)
+      if step + 1 < config.total_steps and phase_data_config(config, step + 1)[0] == phase:
+        data.fetch_next()  # batch n+1 is read and placed while step n computes
+      step_metrics.settle()  # the previous step's, fetched while this one computes
       step += 1
       batches.add(step, data.last_fingerprint, local)
-      pending = (step, metrics)
-      stop = stop_request.reached(step)
-      log_now = step % config.log_every_steps == 0 or step == config.total_steps
-      save_now = (step % config.checkpoint.every_steps == 0 or step == config.total_steps
-                  or stop)
-      if log_now or save_now:
-        check(pending)
-        pending = None
-      if log_now:
-        scalars = {k: float(np.mean([h[k] for h in history])) for k in history[-1]}
-        scalars["skipped_steps"] = sum(1.0 - h["finite"] for h in history)
+      step_metrics.add(step, metrics)
+      due = train_loop.due(step, config.total_steps, log_every=config.log_every_steps,
+                           save_every=config.checkpoint.every_steps,
+                           stop=stop_request.reached(step))
+      if due.log or due.save:
+        step_metrics.settle()  # never log or save a state that went non-finite
+      if due.log:
+        scalars = step_metrics.means()
         scalars["learning_rate"] = float(lr_schedule(step - 1))
         flops = metrics_io.flops_per_step(bert_config, layout.abstract_params, config.batch_size,
                                           local["input_ids"].shape[1],
@@ -294,22 +273,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         scalars.update(progress.measure(step, tokens, flops, peak))
         writer.write(step, scalars)
         logging.info("%s", metrics_io.progress_line(step, config.total_steps, scalars))
-        history.clear()
-      if save_now:
-        # Logs first: a step that is saved always has its rows (a resumed run never redoes it).
-        batches.flush()
-        writer.flush()
-        checkpoint.save(manager, step,
-                        {"params": state.params, "opt_state": state.opt_state,
-                         "step": state.step},
-                        {"phase": phase, "input": data.get_state()}, force=True)
-      if stop:
-        logging.warning("preempted (SIGTERM): saved step %d; the same command resumes", step)
+      if due.save:
+        train_loop.save(manager, step, state, {"phase": phase, "input": data.get_state()},
+                        logs=(batches, writer))
+      if due.stop:
+        train_loop.preempted(step)
         break
       if step % config.eval_every_steps == 0 and step < config.total_steps:
         result = evaluate(step)
-    if pending is not None:
-      check(pending)
+    step_metrics.settle()
     if step >= config.total_steps:
       result = evaluate(step)
   return result

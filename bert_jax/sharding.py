@@ -119,3 +119,44 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str,
   sharding = batch_sharding(mesh)
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
           for k, v in local_batch.items()}
+
+
+class DevicePrefetch:
+  """An input with its next batch already read and on the devices while a step runs.
+
+  Wraps a pipeline with `next()`, `last_fingerprint`, `get_state()` and `close()`
+  (data_pipeline.pretraining.PretrainingInput). `next(prefetch)` gives (host batch,
+  global device batch); `fetch_next()`, called right after a step is dispatched,
+  reads and places the following batch while that step computes, so the devices
+  never wait for the host's read and copy. `get_state()` and `last_fingerprint`
+  describe the batch last given out, not the one read ahead: a checkpoint taken
+  between steps resumes exactly where the steps are.
+  """
+
+  def __init__(self, data: Any, mesh: Mesh):
+    self.data, self._mesh = data, mesh
+    self._ahead = None  # (host batch, device batch, fingerprint, pipeline state)
+    self.last_fingerprint, self._state = data.last_fingerprint, data.get_state()
+
+  def fetch_next(self) -> None:
+    """Reads the next batch and starts its transfer to the devices (asynchronous)."""
+    if self._ahead is None:
+      local = next(self.data)
+      self._ahead = (local, global_batch(local, self._mesh), self.data.last_fingerprint,
+                     self.data.get_state())
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> tuple[Mapping[str, np.ndarray], dict[str, jax.Array]]:
+    self.fetch_next()
+    (local, placed, self.last_fingerprint, self._state), self._ahead = self._ahead, None
+    return local, placed
+
+  def get_state(self) -> dict[str, Any]:
+    """The pipeline position after the batch last given out."""
+    return self._state
+
+  def close(self) -> None:
+    """Closes the wrapped pipeline."""
+    self.data.close()

@@ -8,6 +8,7 @@ there is one copy of each:
   setup_mesh          distributed init, device mesh, axis rules
   make_layout         shardings and abstract shapes of {params, opt_state, step}
   start               resume from the workdir, else init from a checkpoint, else random
+  dropout_key         the dropout key in config.rng_impl's generator
   accumulated_grads   loss and gradients of a global batch, in micro-batches if asked
   apply_update        the optimizer step, optionally dropping a non-finite one
 """
@@ -138,6 +139,34 @@ def start(manager, layout: StateLayout, model: nn.Module, tx: optax.GradientTran
     logging.info("initialised from %s", init_source)
     return state, None
   return layout.init(rng), None
+
+
+# config.rng_impl -> jax PRNG implementation of the dropout key.
+RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
+
+
+def check_rng_impl(rng_impl: str) -> None:
+  """Refuses an unknown config.rng_impl, naming the choices."""
+  if rng_impl not in RNG_IMPLS:
+    raise ValueError(f"config.rng_impl={rng_impl!r}: expected one of {tuple(RNG_IMPLS)}")
+
+
+def dropout_key(key: jax.Array, rng_impl: str) -> jax.Array:
+  """A run's dropout key in config.rng_impl's generator, from its (raw threefry) `key`.
+
+  "threefry" returns `key` itself: runs keep the dropout masks they always had.
+  "rbg" / "unsafe_rbg" make a key of that generator from bits drawn with `key`:
+  XLA's RngBitGenerator then makes the masks, a fraction of threefry's cost on GPUs
+  and TPUs (rbg still splits and folds in with threefry; unsafe_rbg does not).
+  The train step folds the step number into it, so a resumed run draws the same
+  masks as an uninterrupted one with any of the three.
+  """
+  check_rng_impl(rng_impl)
+  if rng_impl == "threefry":
+    return key
+  impl = RNG_IMPLS[rng_impl]
+  shape = jax.random.key_data(jax.random.key(0, impl=impl)).shape
+  return jax.random.wrap_key_data(jax.random.bits(key, shape, jnp.uint32), impl=impl)
 
 
 def check_architecture(loaded: model_lib.BertConfig, configured: model_lib.BertConfig,

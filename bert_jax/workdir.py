@@ -66,7 +66,8 @@ RESUMABLE = (
                                                     # reshards onto any mesh
     "grad_accum_steps",  # the same update in more micro-batches (fits memory)
     "peak_tflops_per_device",  # only the MFU report
-    "model.remat",  # recomputation: the same numbers, less memory
+    "model.remat", "model.remat_policy",  # recomputation: the same numbers, less memory
+    "model.attention_impl",  # which kernel computes the same attention
     "data.prefetch_batches", "data.embedded_cache_dir",  # where and how far ahead
     "init_checkpoint",  # read only when the workdir starts empty
     "skip_nonfinite_steps",  # what to do on a NaN step, not what a step is
@@ -135,7 +136,7 @@ def _resumable(key: str) -> bool:
 
 
 # Network fields that change runtime only (memory, speed), never what the weights are.
-_RUNTIME_BERT_FIELDS = ("remat", "attention_impl")
+_RUNTIME_BERT_FIELDS = ("remat", "remat_policy", "attention_impl")
 
 
 def differences(recorded: dict, new: dict) -> list[tuple[str, Any, Any]]:

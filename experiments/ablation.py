@@ -7,7 +7,7 @@ r"""The masking ablation as one command: plan, pretrain, check, fine-tune, repor
 
 Stages (--stage=all runs them in order; every one resumes):
   prepare   the corpus (config.prepare_corpus) and DIR/plan.json, the list of runs
-  pretrain  each run in DIR/pretrain/<setting>_seed<k>/ through bert_jax.train, one
+  pretrain  each run in DIR/pretrain/<setting>_seed<k>/ through bert_jax.pretrain, one
             after another: a finished run is skipped, an unfinished one resumes
             from its checkpoint (kill -9 at any moment loses at most the steps
             since the last checkpoint)
@@ -58,7 +58,8 @@ FINETUNE_DIR = "finetune"
 # storage, never what a step computes (a prefix ending in "." covers a block).
 _RUNTIME_FIELDS = ("checkpoint.", "mesh.", "distributed.", "log_every_steps", "eval_every_steps",
                    "peak_tflops_per_device", "grad_accum_steps", "model.remat",
-                   "data.prefetch_batches", "data.embedded_cache_dir")
+                   "model.remat_policy", "model.attention_impl", "data.prefetch_batches",
+                   "data.embedded_cache_dir")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 

@@ -88,6 +88,46 @@ def test_global_batch_is_split_over_data_and_fsdp():
   assert {s.data.shape for s in batch["input_ids"].addressable_shards} == {(4, 3)}
 
 
+
+class _CountingInput:
+  """A pipeline stand-in: batch i holds i; state and fingerprint say how many were read."""
+
+  def __init__(self):
+    self.read, self.closed, self.last_fingerprint = 0, False, ""
+
+  def __next__(self):
+    batch = {"input_ids": np.full((8, 2), self.read, np.int32)}
+    self.read += 1
+    self.last_fingerprint = f"fp{self.read - 1}"
+    return batch
+
+  def get_state(self):
+    return {"read": self.read}
+
+  def close(self):
+    self.closed = True
+
+
+def test_device_prefetch_reads_ahead_but_reports_the_batch_given_out():
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  source = _CountingInput()
+  data = sharding.DevicePrefetch(source, mesh)
+  assert (data.get_state(), data.last_fingerprint, source.read) == ({"read": 0}, "", 0)
+  local, placed = next(data)
+  assert source.read == 1 and data.get_state() == {"read": 1} and data.last_fingerprint == "fp0"
+  assert placed["input_ids"].sharding.spec == P(("data", "fsdp"))
+  np.testing.assert_array_equal(placed["input_ids"], local["input_ids"])
+  data.fetch_next()  # what the trainer does right after dispatching a step
+  data.fetch_next()  # idempotent: one batch ahead at most
+  # Batch 1 is read and placed, but a checkpoint now must still resume at batch 1.
+  assert source.read == 2 and data.get_state() == {"read": 1} and data.last_fingerprint == "fp0"
+  local, placed = next(data)
+  assert int(local["input_ids"][0, 0]) == 1 and int(placed["input_ids"][0, 0]) == 1
+  assert source.read == 2 and data.get_state() == {"read": 2} and data.last_fingerprint == "fp1"
+  assert int(next(data)[1]["input_ids"][0, 0]) == 2  # no batch skipped or repeated
+  data.close()
+  assert source.closed
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh", [(8, 1, 1), (2, 4, 1), (2, 2, 2)])
 def test_meshes_follow_the_single_device_run(mesh, pretrain_reference_run, pretrain_test_config,

@@ -1,7 +1,8 @@
-"""Tests for bert_jax.train: gradient accumulation, faults, refusals, SIGTERM."""
+"""Tests for bert_jax.pretrain: gradient accumulation, faults, refusals, SIGTERM."""
 
 import functools
 import json
+import logging
 import os
 import pathlib
 import re
@@ -94,6 +95,11 @@ def test_bad_configs_are_refused_before_compiling(pretrain_test_config, tmp_path
       ({"data.max_seq_length": 128}, "exceeds the model's max_position_embeddings=64"),
       ({"model.vocab_size": 50}, "smaller than the pipeline's vocabulary"),
       ({"data.eval.num_examples": 4}, "smaller than one eval batch"),
+      # A kernel this machine lacks, or a fused kernel under the paper's attention dropout.
+      ({"model.attention_impl": "cudnn", "model.attention_probs_dropout_prob": 0.0},
+       "attention_impl='cudnn' cannot run here"),
+      ({"model.attention_impl": "xla"}, "attention_impl='xla' has no dropout"),
+      ({"rng_impl": "philox"}, "config.rng_impl='philox'"),
   ]
   for i, (overrides, message) in enumerate(cases):
     workdir = tmp_path / str(i)
@@ -148,7 +154,9 @@ def test_sigterm_saves_and_returns(pretrain_test_config, tmp_path):
 
 
 @pytest.mark.slow
-def test_phase_two_switches_to_long_sequences_and_continues(pretrain_test_config, tmp_path):
+def test_phase_two_switches_to_long_sequences_and_continues(pretrain_test_config, tmp_path,
+                                                            caplog):
+  caplog.set_level(logging.INFO)
   config = pretrain_test_config(**{
       "total_steps": 4, "phase2.start_fraction": 0.5, "phase2.max_seq_length": 48,
       "phase2.max_predictions_per_seq": 8, "checkpoint.every_steps": 2})
@@ -164,6 +172,11 @@ def test_phase_two_switches_to_long_sequences_and_continues(pretrain_test_config
   rates = [r["learning_rate"] for r in records]
   assert rates == sorted(rates) and rates[2] > rates[1] > 0
   assert all(np.isfinite(r["loss"]) for r in records)
+  # The cost estimate at start names each phase (no peak for CPUs: no wall time).
+  estimate = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model FLOPs")]
+  assert len(estimate) == 1, caplog.text[-2000:]
+  assert "phase 1 2 steps x" in estimate[0] and "phase 2 2 steps x" in estimate[0]
+  assert "no peak known for 8 x 'cpu'" in estimate[0]
 
 
 @pytest.mark.parametrize("variant", pretrain.VARIANTS)

@@ -51,7 +51,7 @@ mesh where data and fsdp both split the batch (e.g. (2,4,1)). CPU collectives
 have no reduce-scatter: gradient reductions show as all-reduces.
 
 The script sets XLA_FLAGS for 8 host devices (and JAX_PLATFORMS=cpu) before
-jax is imported unless they are set. It imports bert_jax.train, which imports
+jax is imported unless they are set. It imports bert_jax.pretrain, which imports
 TensorFlow through the data pipeline; transformers is never imported.
 """
 

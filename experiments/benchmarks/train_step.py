@@ -4,13 +4,21 @@ Usage (the issue's figures: tiny and base at sequence length 128, this machine):
 
   python -m experiments.benchmarks.train_step --sizes=tiny,base --seq_len=128 --batch=8
 
-Two rows per size, identical BertConfig, batch, dtype, optimizer and dropout:
+Rows per size (--rows), the same BertConfig, batch, dtype and optimizer:
 
-  ours       bert_jax.pretrain.train_step (BertForPreTraining, MLM head on the masked
-             positions only, AdamW chain of bert_jax.optim), jitted with donation.
+  ours       bert_jax.pretrain_step.train_step (BertForPreTraining, MLM head on the
+             masked positions only, AdamW chain of bert_jax.optim), jitted with
+             donation; the paper recipe (attention dropout 0.1 on the einsum path,
+             threefry dropout bits): like for like with the reference.
+  ours_rbg   the same with config.rng_impl "rbg" (XLA's RngBitGenerator for the masks).
+  ours_fast  the fast recipe (experiments/configs/pretrain.py:base_fast): attention
+             dropout 0, so attention "auto" takes the fused kernel (XLA here), rbg.
   reference  transformers' FlaxBertForPreTraining (MLM logits on every position,
              gathered at the masked ones for the same loss), value_and_grad and the
-             same optax optimizer, jitted with donation.
+             same optax optimizer, jitted with donation, paper dropout. Optional: when
+             transformers is not installed the row is skipped with a message.
+
+Imports no TensorFlow, and transformers only for the reference row.
 
 A step is the whole update: forward, backward, clipping, AdamW, parameter write.
 MFU uses the model-FLOPs formula of bert_jax.metrics_io (6 N_dense per token +
@@ -23,6 +31,8 @@ Shared CPUs are noisy: compare the ratio within one run.
 import argparse
 import functools
 import time
+
+import importlib.util
 
 import flax.linen as nn
 from flax.training import train_state
@@ -37,6 +47,7 @@ from bert_jax import metrics_io
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import pretrain_step
+from bert_jax import train_state as state_lib
 from experiments.configs import pretrain
 
 
@@ -57,16 +68,25 @@ def make_batch(bert_config, batch: int, seq_len: int, predictions: int) -> dict:
   }
 
 
-def ours(bert_config, tx, batch):
-  """(step function, state) for bert_jax.pretrain.train_step."""
+def ours(bert_config, tx, batch, rng_impl: str = "threefry"):
+  """(step function, state) for bert_jax.pretrain_step.train_step."""
   module = heads.BertForPreTraining(bert_config)
+  key = state_lib.dropout_key(jax.random.PRNGKey(1), rng_impl)
   params = nn.unbox(jax.jit(lambda: module.init(
       jax.random.key(0), batch["input_ids"], batch["input_mask"], batch["segment_ids"],
       batch["masked_lm_positions"]))()["params"])
   state = train_state.TrainState.create(apply_fn=module.apply, params=params, tx=tx)
   step = jax.jit(functools.partial(pretrain_step.train_step, grad_accum_steps=1, skip_nonfinite=False),
                  donate_argnums=(0,))
-  return (lambda s, b: step(s, b, jax.random.key(1))), state
+  return (lambda s, b: step(s, b, key)), state
+
+
+# Row name -> (BertConfig overrides, rng_impl) of our step.
+OURS = {
+    "ours": ({}, "threefry"),
+    "ours_rbg": ({}, "rbg"),
+    "ours_fast": ({"attention_probs_dropout_prob": 0.0}, "rbg"),
+}
 
 
 def reference(bert_config, tx, batch):
@@ -119,6 +139,8 @@ def main():
   parser.add_argument("--predictions", type=int, default=20, help="masked positions per sequence")
   parser.add_argument("--dtype", default="float32", help="compute dtype (params stay float32)")
   parser.add_argument("--steps", type=int, default=5, help="timed steps per row")
+  parser.add_argument("--rows", default="ours,ours_rbg,ours_fast,reference",
+                      help=f"comma list of {(*OURS, 'reference')}")
   parser.add_argument("--peak_tflops", type=float, default=0.0,
                       help="peak TFLOP/s of all devices together (0: the device table)")
   args = parser.parse_args()
@@ -127,16 +149,32 @@ def main():
           else metrics_io.peak_flops(0.0))
   print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; batch {args.batch} x "
         f"seq {args.seq_len}, {args.predictions} predictions, dtype {args.dtype}")
+  rows = args.rows.split(",")
+  for name in rows:
+    if name not in (*OURS, "reference"):
+      raise SystemExit(f"--rows: {name!r} is not one of {(*OURS, 'reference')}")
+  if "reference" in rows and importlib.util.find_spec("transformers") is None:
+    print("reference row skipped: transformers is not installed (pip install transformers)")
+    rows.remove("reference")
   for size in args.sizes.split(","):
-    bert_config = model_lib.BertConfig.from_size(size, dtype=args.dtype)
+    base_config = model_lib.BertConfig.from_size(size, dtype=args.dtype)
     tx, _ = optim.make_optimizer(opt_config, total_steps=1000)
-    batch = make_batch(bert_config, args.batch, args.seq_len, args.predictions)
+    batch = make_batch(base_config, args.batch, args.seq_len, args.predictions)
+    # Useful work, the same for every row (the reference's unused logits are not credited).
+    shapes = jax.eval_shape(lambda: heads.BertForPreTraining(base_config).init(
+        jax.random.key(0), batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+        batch["masked_lm_positions"]))
+    flops = metrics_io.flops_per_step(base_config, nn.unbox(shapes["params"]), args.batch,
+                                      args.seq_len, args.predictions)
     rates = {}
-    for name, build in (("ours", ours), ("reference", reference)):
-      step, state = build(bert_config, tx, batch)
-      if name == "ours":
-        flops = metrics_io.flops_per_step(bert_config, state.params, args.batch, args.seq_len,
-                                          args.predictions)
+    for name in rows:
+      if name == "reference":
+        bert_config = base_config
+        step, state = reference(bert_config, tx, batch)
+      else:
+        overrides, rng_impl = OURS[name]
+        bert_config = base_config.replace(**overrides)
+        step, state = ours(bert_config, tx, batch, rng_impl)
       seconds, first = time_steps(step, state, batch, args.steps)
       rates[name] = args.batch * args.seq_len / seconds
       mfu = f"{100 * flops / seconds / peak:.1f}%" if peak else "n/a (peak unknown)"
@@ -144,7 +182,10 @@ def main():
             f"{flops / seconds / 1e9:7.1f} model GFLOP/s  MFU {mfu}  "
             f"(compile + first step {first:.1f} s)", flush=True)
       del state, step
-    print(f"{size:5s} ratio ours/reference: {rates['ours'] / rates['reference']:.2f}x")
+    if "reference" in rates:
+      print(f"{size:5s} ratio to reference: " + ", ".join(
+          f"{name} {rates[name] / rates['reference']:.2f}x" for name in rates
+          if name != "reference"), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 optimizer_config()   optax AdamW / LAMB fields read by bert_jax.optim
 add_sharding(config) device mesh, logical-axis rules and multi-host fields read by
-                     bert_jax.sharding and bert_jax.state
+                     bert_jax.sharding and bert_jax.train_state
 """
 
 import ml_collections

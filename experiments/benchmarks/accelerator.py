@@ -1,0 +1,322 @@
+r"""The real pretraining step on this machine's accelerators: seq/s, MFU, memory, compile time.
+
+  python -m experiments.benchmarks.accelerator --quick        # < 6 min on one GPU
+  python -m experiments.benchmarks.accelerator --size=large --seq_len=512 --budget_s=1800
+  python -m experiments.benchmarks.accelerator --size=tiny --budget_s=60   # CPU smoke run
+
+Each row compiles and times bert_jax.pretrain_step.train_step exactly as the
+trainer runs it (BertForPreTraining with the gathered MLM head, the AdamW chain of
+bert_jax.optim, parameters and batch placed by bert_jax.train_state over every
+device, donation) on synthetic batches of the real shapes: --seq_len tokens,
+ceil(0.15 * seq_len) masked positions (20 at 128, 77 at 512), vocabulary 30,522
+padded to 30,592. The sweep is attention x remat policy x per-device batch, in that
+order, until --budget_s runs out (a row that would not fit is not started):
+
+  attention  auto    the fast recipe (attention dropout 0): the fused kernel auto picks
+                     (cuDNN on NVIDIA GPUs, splash on TPUs, XLA elsewhere)
+             paper   the paper recipe: attention dropout 0.1 through the einsum path
+             einsum|xla|cudnn|splash   that kernel, attention dropout 0
+  remat      a key of bert_jax.model.REMAT_POLICIES
+
+Reported per row: step time, seq/s and tokens/s, model TFLOP/s (the formula of
+bert_jax.metrics_io; recomputation is not credited), MFU against the device's
+peak (metrics_io.PEAK_TFLOPS) and against the bf16 matmul rate measured here at
+the start, the compiled program's memory (arguments + temporaries) and the
+device's peak memory so far (where the backend reports it), compile time. Rows
+go to --output as JSON lines as they finish; a table is printed at the end. A row
+that fails (out of memory, a kernel this device lacks) is recorded with its error.
+
+Only jax, flax, optax, numpy, ml_collections and bert_jax modules that need no
+more (no TensorFlow, no transformers) are imported, so an accelerator image with
+the jax stack alone runs it. Targets on one NVIDIA H200 (bf16, fast recipe):
+BERT-Base @128 >= 5,000 seq/s, BERT-Large @512 >= 400 seq/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import math
+import sys
+import time
+import traceback
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from bert_jax import heads
+from bert_jax import metrics_io
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import pretrain_step
+from bert_jax import sharding
+from bert_jax import train_state as state_lib
+from experiments.configs import optim_and_mesh
+
+ATTENTION = ("auto", "paper", "einsum", "xla", "cudnn", "splash")
+# Per-device batches swept by default, by (size, sequence length) and platform kind.
+DEFAULT_BATCHES = {
+    ("tiny", 128): (8, 32), ("base", 128): (64, 128, 256), ("base", 512): (16, 32),
+    ("large", 128): (32, 64, 128), ("large", 512): (16, 32, 64),
+}
+CPU_BATCHES = {"tiny": (8,), "base": (8,), "large": (4,)}
+# --quick: the two target shapes, fast recipe, two batch sizes each.
+QUICK = (("base", 128, (256, 512)), ("large", 512, (32, 64)))
+VOCAB_SIZE = 30522
+
+
+def matmul_rate(dtype, seconds: float = 2.0) -> float:
+  """FLOP/s of one square matmul on the first device (the achievable peak, measured)."""
+  n = 8192 if jax.default_backend() != "cpu" else 1024
+  a = jax.device_put(jnp.ones((n, n), dtype))
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  count, start = 0, time.perf_counter()
+  while time.perf_counter() - start < seconds or count < 3:
+    out = f(a)
+    count += 1
+  out.block_until_ready()
+  return 2 * n ** 3 * count / (time.perf_counter() - start)
+
+
+def synthetic_batch(batch: int, seq_len: int, predictions: int, seed: int = 0) -> dict:
+  """A host batch with the pipeline's features and shapes (random tokens, unique positions)."""
+  rng = np.random.default_rng(seed)
+  positions = np.sort(rng.random((batch, seq_len - 1)).argsort(axis=1)[:, :predictions] + 1,
+                      axis=1).astype(np.int32)
+  return {
+      "input_ids": rng.integers(5, VOCAB_SIZE, (batch, seq_len)).astype(np.int32),
+      "input_mask": np.ones((batch, seq_len), np.int32),
+      "segment_ids": (np.arange(seq_len)[None] >= seq_len // 2).astype(np.int32).repeat(batch, 0),
+      "masked_lm_positions": positions,
+      "masked_lm_ids": rng.integers(5, VOCAB_SIZE, (batch, predictions)).astype(np.int32),
+      "masked_lm_weights": np.ones((batch, predictions), np.float32),
+      "next_sentence_labels": rng.integers(0, 2, (batch,)).astype(np.int32),
+  }
+
+
+def bert_config(size: str, attention: str, remat: str, dtype: str, scan: bool
+                ) -> model_lib.BertConfig:
+  """The row's network: "paper" is einsum with attention dropout 0.1, the rest drop nothing."""
+  paper = attention == "paper"
+  return model_lib.BertConfig.from_size(
+      size, vocab_size=VOCAB_SIZE, vocab_multiple=128, dtype=dtype,
+      attention_impl="einsum" if paper else attention,
+      attention_probs_dropout_prob=0.1 if paper else 0.0, remat_policy=remat, scan_layers=scan)
+
+
+def run_row(row: dict, args, peak: float | None, measured: float) -> dict:
+  """Compiles and times one configuration; returns the row with its figures."""
+  cfg = bert_config(row["size"], row["attention"], row["remat"], args.dtype, row["scan"])
+  seq_len, per_device = row["seq_len"], row["batch_per_device"]
+  predictions = math.ceil(0.15 * seq_len)
+  global_batch = per_device * jax.device_count()
+  mesh_config = ml_collections.ConfigDict()
+  optim_and_mesh.add_sharding(mesh_config)
+  mesh, rules = state_lib.setup_mesh(mesh_config)
+  model = heads.BertForPreTraining(cfg)
+  tx, _ = optim.make_optimizer(optim_and_mesh.optimizer_config(), total_steps=100_000)
+  ids = jnp.zeros((1, seq_len), jnp.int32)
+
+  def init_params(rng):
+    return model.init({"params": rng}, ids, ids, ids, jnp.zeros((1, predictions), jnp.int32),
+                      deterministic=True)["params"]
+
+  layout = state_lib.make_layout(model, init_params, tx, mesh, rules, jax.random.key(0))
+  impl = {"threefry": "threefry2x32"}.get(args.rng_impl, args.rng_impl)
+  rng = jax.random.key(1, impl=impl)
+  row.update(attention_impl=_resolved(cfg, seq_len), global_batch=global_batch,
+             predictions=predictions, dtype=args.dtype, rng_impl=args.rng_impl)
+  with sharding.activate(mesh, rules):
+    step = jax.jit(functools.partial(pretrain_step.train_step, grad_accum_steps=1,
+                                     skip_nonfinite=False),
+                   in_shardings=(layout.state, layout.batch, layout.replicated),
+                   out_shardings=(layout.state, layout.replicated), donate_argnums=(0,))
+    abstract_state = state_lib.TrainState(
+        step=layout.abstract["step"], apply_fn=model.apply, params=layout.abstract["params"],
+        tx=tx, opt_state=layout.abstract["opt_state"])
+    host = synthetic_batch(global_batch, seq_len, predictions)
+    abstract_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=layout.batch)
+                      for k, v in host.items()}
+    start = time.perf_counter()
+    compiled = step.lower(abstract_state, abstract_batch, rng).compile()
+    row["compile_s"] = time.perf_counter() - start
+    row["memory_gib"] = _compiled_gib(compiled)
+    flops = metrics_io.flops_per_step(cfg, layout.abstract_params, global_batch, seq_len,
+                                      predictions)
+    row["model_tflop_per_step"] = flops / 1e12
+    if args.compile_only:
+      return row
+    state = layout.init(jax.random.key(0))
+    batch = sharding.global_batch(host, mesh)
+    for _ in range(args.warmup_steps):
+      state, metrics = compiled(state, batch, rng)
+    jax.block_until_ready((state, metrics))
+    start = time.perf_counter()
+    for _ in range(args.steps):
+      state, metrics = compiled(state, batch, rng)
+    jax.block_until_ready((state, metrics))
+    seconds = (time.perf_counter() - start) / args.steps
+  if not np.isfinite(float(metrics["loss"])):
+    raise FloatingPointError(f"non-finite loss {float(metrics['loss'])}")
+  rate = flops / seconds
+  row.update(step_ms=1e3 * seconds, seq_per_s=global_batch / seconds,
+             tokens_per_s=global_batch * seq_len / seconds, model_tflops=rate / 1e12,
+             mfu_peak=rate / peak if peak else None,
+             mfu_measured=rate / (measured * jax.device_count()),
+             device_peak_gib=_device_peak_gib(), loss=float(metrics["loss"]))
+  return row
+
+
+def _resolved(cfg: model_lib.BertConfig, seq_len: int) -> str:
+  """The kernel training runs through (or the reason it cannot)."""
+  from bert_jax import attention  # pylint: disable=g-import-not-at-top
+  try:
+    return attention.resolve(cfg.attention_impl, dtype=cfg.compute_dtype, head_size=cfg.head_size,
+                             dropout_rate=cfg.attention_probs_dropout_prob, training=True,
+                             seq_len=seq_len)
+  except ValueError as e:
+    return f"refused: {e}"
+
+
+def _compiled_gib(compiled) -> float | None:
+  try:
+    m = compiled.memory_analysis()
+    used = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+            - m.alias_size_in_bytes)
+    return used / 2 ** 30
+  except Exception:  # pylint: disable=broad-except  # not every backend reports it
+    return None
+
+
+def _device_peak_gib() -> float | None:
+  stats = jax.devices()[0].memory_stats() or {}
+  peak = stats.get("peak_bytes_in_use")
+  return peak / 2 ** 30 if peak is not None else None
+
+
+def plan(args) -> list[dict]:
+  """The rows to run, in order of priority."""
+  cpu = jax.default_backend() == "cpu"
+  if args.quick:
+    return [dict(size=size, seq_len=seq, attention="auto", remat="none", batch_per_device=b,
+                 scan=_scan(args, size))
+            for size, seq, batches in QUICK for b in batches]
+  if args.batch:
+    batches = tuple(int(b) for b in args.batch.split(","))
+  elif cpu:
+    batches = CPU_BATCHES.get(args.size, (4,))
+  else:
+    batches = DEFAULT_BATCHES.get((args.size, args.seq_len), (16, 32))
+  attention = args.attention.split(",") if args.attention else (
+      ["auto", "paper"] if cpu else ["auto", "paper", "xla"])
+  remat = args.remat.split(",") if args.remat else (
+      ["none", "full"] if cpu else ["none", "save_qkv_out_proj", "full"])
+  for name in attention:
+    if name not in ATTENTION:
+      raise SystemExit(f"--attention: {name!r} is not one of {ATTENTION}")
+  for name in remat:
+    if name not in model_lib.REMAT_POLICIES:
+      raise SystemExit(f"--remat: {name!r} is not one of {tuple(model_lib.REMAT_POLICIES)}")
+  scans = (False, True) if args.scan_layers == "both" else (_scan(args, args.size),)
+  return [dict(size=args.size, seq_len=args.seq_len, attention=a, remat=r, batch_per_device=b,
+               scan=s) for a in attention for r in remat for s in scans for b in batches]
+
+
+def _scan(args, size: str) -> bool:
+  if args.scan_layers in ("true", "false"):
+    return args.scan_layers == "true"
+  return size == "large"  # as experiments/configs/pretrain.py: scanned where compiles are long
+
+
+def table(rows: list[dict]) -> str:
+  """The rows as a fixed-width text table."""
+  head = (f"{'size':5} {'seq':>4} {'attention':10} {'kernel':7} {'remat':17} {'scan':4} "
+          f"{'batch':>5} {'step ms':>8} {'seq/s':>8} {'tok/s':>9} {'TFLOP/s':>7} {'MFU pk':>6} "
+          f"{'MFU mm':>6} {'mem GiB':>7} {'compile':>7}")
+  lines = [head]
+  for r in rows:
+    if r.get("status") != "ok":
+      lines.append(f"{r['size']:5} {r['seq_len']:4d} {r['attention']:10} {'':7} {r['remat']:17} "
+                   f"{str(r['scan'])[0]:4} {r['batch_per_device']:5d} {r.get('status', '')[:80]}")
+      continue
+    pct = lambda x: f"{100 * x:5.1f}%" if x is not None else "   n/a"
+    num = lambda x, f: format(x, f) if x is not None else "n/a"
+    lines.append(
+        f"{r['size']:5} {r['seq_len']:4d} {r['attention']:10} {r['attention_impl'][:7]:7} "
+        f"{r['remat']:17} {str(r['scan'])[0]:4} {r['batch_per_device']:5d} "
+        f"{num(r.get('step_ms'), '8.1f')} {num(r.get('seq_per_s'), '8.1f')} "
+        f"{num(r.get('tokens_per_s'), '9.0f')} {num(r.get('model_tflops'), '7.2f')} "
+        f"{pct(r.get('mfu_peak'))} {pct(r.get('mfu_measured'))} "
+        f"{num(r.get('memory_gib'), '7.2f')} {r['compile_s']:6.1f}s")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+  """Runs the sweep; returns the rows (also written to --output and printed)."""
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--size", default="base", help="row of bert_jax.model.SIZES")
+  p.add_argument("--seq_len", type=int, default=128)
+  p.add_argument("--attention", default="", help=f"comma list of {ATTENTION} (default by device)")
+  p.add_argument("--remat", default="", help="comma list of remat policies (default by device)")
+  p.add_argument("--batch", default="", help="comma list of per-device batches (default by size)")
+  p.add_argument("--scan_layers", default="auto", choices=("auto", "true", "false", "both"),
+                 help="auto: scanned for large, as the configs")
+  p.add_argument("--dtype", default="", help="compute dtype (default bfloat16, float32 on CPU)")
+  p.add_argument("--rng_impl", default="rbg", choices=("threefry", "rbg", "unsafe_rbg"))
+  p.add_argument("--steps", type=int, default=10, help="timed steps per row")
+  p.add_argument("--warmup_steps", type=int, default=2, help="untimed steps after compiling")
+  p.add_argument("--budget_s", type=float, default=900.0, help="wall-clock budget of the sweep")
+  p.add_argument("--quick", action="store_true",
+                 help="base@128 and large@512, fast recipe, two batches each (< 6 min on a GPU)")
+  p.add_argument("--compile_only", action="store_true", help="lower and compile, run nothing")
+  p.add_argument("--output", default="accelerator_benchmark.jsonl", help="JSON lines out")
+  args = p.parse_args(argv)
+  start = time.perf_counter()
+  args.dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+  device = jax.devices()[0]
+  peak = metrics_io.peak_flops(0.0)
+  measured = 0.0 if args.compile_only else matmul_rate(jnp.dtype(args.dtype))
+  header = {"date": datetime.date.today().isoformat(), "device_kind": device.device_kind,
+            "platform": device.platform, "num_devices": jax.device_count(),
+            "jax": jax.__version__, "dtype": args.dtype,
+            "peak_tflops_table": peak / 1e12 if peak else None,
+            "matmul_tflops_measured": measured / 1e12}
+  print(f"{jax.device_count()} x {device.device_kind} ({device.platform}), jax {jax.__version__}; "
+        f"{args.dtype} matmul measured {measured / 1e12:.2f} TFLOP/s per device, table peak "
+        f"{peak / 1e12 / jax.device_count() if peak else 'n/a'}", flush=True)
+  rows, last_seconds = [], 0.0
+  with open(args.output, "a") as out:
+    for row in plan(args):
+      elapsed = time.perf_counter() - start
+      if elapsed + last_seconds > args.budget_s:
+        row["status"] = f"skipped: budget ({elapsed:.0f}s of {args.budget_s:.0f}s used)"
+      else:
+        began = time.perf_counter()
+        try:
+          row = run_row(dict(row), args, peak, measured)
+          row["status"] = "ok"
+        except Exception as e:  # pylint: disable=broad-except  # one failed row is a result
+          row["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+          traceback.print_exc(limit=2, file=sys.stderr)
+          row.setdefault("compile_s", 0.0)
+        last_seconds = time.perf_counter() - began
+        row["row_s"] = last_seconds
+      row = {**header, **row}
+      rows.append(row)
+      out.write(json.dumps(row) + "\n")
+      out.flush()
+      if row["status"] == "ok":
+        print(table([row]).splitlines()[1], flush=True)
+  print(table(rows))
+  print(f"rows written to {args.output} ({time.perf_counter() - start:.0f}s)")
+  return rows
+
+
+if __name__ == "__main__":
+  main()
