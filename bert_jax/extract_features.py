@@ -27,6 +27,7 @@ import tensorflow as tf
 from bert_jax import convert
 from bert_jax import model as model_lib
 from bert_jax import paths
+from bert_jax.finetune import packing
 from data_pipeline import tokenizers
 
 PAIR_SEPARATOR = " ||| "
@@ -51,12 +52,6 @@ def read_inputs(path: str) -> list[tuple[str, str | None]]:
   return inputs
 
 
-def truncate_pair(a: list[int], b: list[int], max_tokens: int) -> None:
-  """Pops from the longer side until the pair fits (google-research/bert's rule)."""
-  while len(a) + len(b) > max_tokens:
-    (a if len(a) > len(b) else b).pop()
-
-
 def build_features(inputs, tokenizer, max_seq_length: int) -> dict[str, np.ndarray]:
   """Tokenizes and packs `[CLS] A [SEP] (B [SEP])` into padded int32 arrays."""
   specials = tokenizer.special_ids
@@ -67,14 +62,9 @@ def build_features(inputs, tokenizer, max_seq_length: int) -> dict[str, np.ndarr
   mask = np.zeros((n, max_seq_length), np.int32)
   segments = np.zeros((n, max_seq_length), np.int32)
   for i, ((_, b), a_ids, b_ids) in enumerate(zip(inputs, firsts, seconds)):
-    if b is None:
-      a_ids = a_ids[:max_seq_length - 2]
-      tokens = [specials["cls"], *a_ids, specials["sep"]]
-      types = [0] * len(tokens)
-    else:
-      truncate_pair(a_ids, b_ids, max_seq_length - 3)
-      tokens = [specials["cls"], *a_ids, specials["sep"], *b_ids, specials["sep"]]
-      types = [0] * (len(a_ids) + 2) + [1] * (len(b_ids) + 1)
+    # The layout and truncation rule of fine-tuning's inputs (google-research/bert's).
+    tokens, types = packing.pack(a_ids, None if b is None else b_ids, cls=specials["cls"],
+                                 sep=specials["sep"], max_length=max_seq_length)
     ids[i, :len(tokens)] = tokens
     mask[i, :len(tokens)] = 1
     segments[i, :len(tokens)] = types

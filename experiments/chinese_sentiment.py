@@ -12,7 +12,7 @@ r"""The research loop end to end on real Chinese text, offline.
              initialisation: same model, same split, same recipe; each start
              takes its best learning rate of --learning_rates on dev (median
              over the seeds), as the paper does. On --train_examples labelled
-             subsets (glue.subset) and on the whole train split.
+             subsets (bert_jax.finetune.splits.subset) and on the whole train split.
 4. report    dev accuracy / F1 per seed, median and spread, and the difference.
 
   python -m experiments.chinese_sentiment --workdir=/tmp/zh_loop --seeds=0,1,2
@@ -51,8 +51,8 @@ _LEARNING_RATES = flags.DEFINE_list(
     "takes the one with the best median dev accuracy, as the paper picks its rate on dev "
     "(small models fine-tune best above BERT-Base's 2e-5..5e-5).")
 _TRAIN_EXAMPLES = flags.DEFINE_list(
-    "train_examples", ["500", "2000", "0"], "Labelled train sizes to fine-tune on (glue.subset; 0: "
-    "all 15,581): pretraining matters most when labels are few.")
+    "train_examples", ["500", "2000", "0"], "Labelled train sizes to fine-tune on (splits.subset; "
+    "0: all 15,581): pretraining matters most when labels are few.")
 _STAGES = flags.DEFINE_list("stages", ["pretrain", "finetune"], "Stages to run.")
 
 

@@ -54,12 +54,6 @@ def test_matches_transformers(tmp_path, minilm_dir, reference):
   np.testing.assert_allclose(first[:5], [0.0677, 0.0635, 0.0487, 0.0793, 0.0374], atol=1e-4)
 
 
-def test_pair_is_truncated_longest_first():
-  a, b = list(range(10)), list(range(4))
-  extract_features.truncate_pair(a, b, 8)
-  assert (len(a), len(b)) == (4, 4)
-
-
 @pytest.mark.parametrize("content,message", [
     (b"fine\n\xff\xfe broken\n", "2: not valid UTF-8"),
     (b"fine\n\n", "2: empty line"),

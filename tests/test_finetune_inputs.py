@@ -2,7 +2,8 @@
 
 An empty or header-only split, a byte that is not UTF-8, broken JSON: each is
 a ValueError naming the file (and the line, or the split) from the readers
-(bert_jax/finetune/glue.py, squad.py, conll.py) or tasks.build, never an
+(bert_jax/finetune/tabular_files.py, glue.py, squad.py, conll.py) or a kind's
+build (registry.py), never an
 IndexError after the training. The same readers read gs:// through
 bert_jax.paths, tested here against a local fake-gcs-server.
 """
@@ -16,10 +17,12 @@ import pytest
 
 from bert_jax import model as model_lib
 from bert_jax import paths
+from bert_jax.finetune import classification_task
 from bert_jax.finetune import conll
 from bert_jax.finetune import glue
+from bert_jax.finetune import registry
 from bert_jax.finetune import squad
-from bert_jax.finetune import tasks
+from bert_jax.finetune import tabular_files
 from bert_jax.finetune import tokenization
 from bert_jax.finetune import trainer
 from experiments.configs import finetune as finetune_configs
@@ -82,7 +85,7 @@ def test_non_utf8_csv_and_tsv_name_file_and_line(tmp_path):
                     + b'"un ' + LATIN1_CAFE + b'",0\n')
   with pytest.raises(ValueError, match=rf"^{_at(csv_file)} is not valid UTF-8 at line 2002: "
                                        r"byte 0xe9 \(invalid continuation byte\)$"):
-    glue.read_examples(csv_file, text_a="sentence")
+    tabular_files.read_examples(csv_file, text_a="sentence")
   tsv_dir = tmp_path / "sst"
   tsv_dir.mkdir()
   _write(tsv_dir / "train.tsv", b"sentence\tlabel\ngood\t1\nun " + LATIN1_CAFE + b"\t0\n")
@@ -90,8 +93,8 @@ def test_non_utf8_csv_and_tsv_name_file_and_line(tmp_path):
     glue.load_task("sst2", tsv_dir)
   # A BOM is not an error, and the header after it is found.
   bom = _write(tmp_path / "bom.csv", "\ufeffsentence,label\nfine,1\n")
-  assert [(e.text_a, e.label) for e in glue.read_examples(bom, text_a="sentence")] == [
-      ("fine", "1")]
+  assert [(e.text_a, e.label)
+          for e in tabular_files.read_examples(bom, text_a="sentence")] == [("fine", "1")]
 
 
 def test_csv_errors_name_the_physical_line(tmp_path):
@@ -99,13 +102,13 @@ def test_csv_errors_name_the_physical_line(tmp_path):
   path = _write(tmp_path / "train.csv",
                 'sentence,label\n"two\nlines",1\n"three\nmore\nlines",2\nlast,x\n')
   with pytest.raises(ValueError, match=r"train\.csv:4: label '2' is not one of"):
-    glue.read_examples(path, text_a="sentence", labels=["1", "x"])
-  examples = glue.read_examples(path, text_a="sentence")
+    tabular_files.read_examples(path, text_a="sentence", labels=["1", "x"])
+  examples = tabular_files.read_examples(path, text_a="sentence")
   assert [e.guid.rsplit(":", 1)[1] for e in examples] == ["2", "4", "7"]
   assert examples[0].text_a == "two\nlines"
   huge = _write(tmp_path / "huge.csv", "sentence,label\nok,1\n" + "x" * 200_000 + ",1\n")
   with pytest.raises(ValueError, match=r"huge\.csv:3: not valid CSV \(field larger than"):
-    glue.read_examples(huge, text_a="sentence")
+    tabular_files.read_examples(huge, text_a="sentence")
 
 
 def test_empty_splits_name_file_and_split(tmp_path):
@@ -144,12 +147,13 @@ def test_broken_jsonl_line(tmp_path):
     glue.load_task(task, tmp_path)
 
 
-# ---------------------------------------------------------------------------- through tasks.build
+# ------------------------------------------------------------------------ through a kind's build
 
 
 @pytest.fixture(scope="module")
 def build(uncased_vocab):
-  """tasks.build on a finetune.py config of `name` with task fields overridden."""
+  """The kind's build (registry.get_kind) on a finetune.py config of `name`, task fields
+  overridden."""
   tokenizer = tokenization.load_word_tokenizer(str(uncased_vocab), "", True)
   bert_config = model_lib.BertConfig.from_size("tiny", vocab_size=len(tokenizer.vocab))
 
@@ -157,7 +161,7 @@ def build(uncased_vocab):
     config = finetune_configs.get_config(name)
     config.task.update({k: str(v) if isinstance(v, pathlib.Path) else v
                         for k, v in task_fields.items()})
-    return tasks.build(config.task, bert_config, tokenizer, 128)
+    return registry.get_kind(config.task.kind).build(config.task, bert_config, tokenizer, 128)
   return run
 
 
@@ -244,7 +248,7 @@ def test_custom_csv_and_squad_from_gcs(gcs_bucket, allennlp_fixtures, tmp_path):
   # Errors name the gs:// file and line exactly as they do locally.
   paths.write_atomic(f"{remote}/latin.csv", b"text,label\nok,pos\n" + LATIN1_CAFE + b",neg\n")
   with pytest.raises(ValueError, match=rf"^{_at(remote)}/latin\.csv is not valid UTF-8 at line 3"):
-    glue.read_examples(f"{remote}/latin.csv", text_a="text")
+    tabular_files.read_examples(f"{remote}/latin.csv", text_a="text")
   paths.write_atomic(f"{remote}/empty_dev.csv", "text,label\n")
   with pytest.raises(ValueError,
                      match=rf"^{_at(remote)}/empty_dev\.csv: the dev split has no examples"):
@@ -262,8 +266,7 @@ def test_custom_csv_and_squad_from_gcs(gcs_bucket, allennlp_fixtures, tmp_path):
 def test_predictions_written_to_gcs(gcs_bucket):
   out = f"{gcs_bucket}/run/predictions/8"
   rows = [{"guid": "a:2", "prediction": "pos", "label": "pos"}]
-  task = tasks.Task("c", "classification", "accuracy", None, {}, {}, ("neg", "pos"))
-  tasks.write_predictions(task, out, "dev", rows)
+  classification_task.KIND.write_predictions(None, out, "dev", rows)
   written = paths.read_text(f"{out}/dev_predictions.jsonl").splitlines()
   assert [json.loads(l) for l in written] == rows
   squad.write_predictions(f"{out}/squad", {"q": "the cat"}, None, {"q": -1.5})

