@@ -61,9 +61,9 @@ own ratio, sentiment dev accuracy median (min-max)), results.csv with the same
 rows and PNG plots (held-out MLM accuracy vs step and vs FLOPs, downstream
 accuracy vs ratio, and figure.png combining them); tokens are identical across
 the runs and predictions and FLOPs grow with the ratio. Which ratio wins is what
-the run measures: Wettig et al. (2023) find the best ratio shrinks with model
-size, and this model is far smaller than theirs. Results go to
-experiments/results/ (report.md and the PNGs).
+the run measures: Wettig et al. (2023) find that larger models prefer higher
+ratios (40% for their large model), and this model is far smaller than theirs.
+The zh_small run's report and plots are in experiments/results/ablation_zh_small/.
 """
 
 import ml_collections
