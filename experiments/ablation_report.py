@@ -42,7 +42,6 @@ def phase_flops(config: Any, bert_config: Any) -> list[tuple[int, float, int]]:
   import jax
   import jax.numpy as jnp
   from bert_jax import heads
-  from bert_jax import model as model_lib
   from bert_jax import pretrain as pretrain_lib
   from data_pipeline import pretraining
   model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")

@@ -19,7 +19,6 @@ import pytest
 
 from bert_jax import checkpoint
 from bert_jax import heads
-from bert_jax import model as model_lib
 
 
 def step_losses(workdir) -> dict[int, float]:

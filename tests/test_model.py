@@ -3,7 +3,6 @@
 Parity with the reference implementation (transformers' Flax BERT) is in tests/test_heads.py.
 """
 
-import functools
 
 import flax
 import flax.linen as nn

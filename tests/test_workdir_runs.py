@@ -6,7 +6,6 @@ import pathlib
 import re
 import shutil
 import signal
-import subprocess
 import time
 
 import jax

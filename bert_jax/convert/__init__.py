@@ -20,7 +20,6 @@ Command line:
 
 import dataclasses
 import json
-import sys
 
 from absl import logging
 import jax

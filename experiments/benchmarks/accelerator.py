@@ -42,7 +42,6 @@ import math
 import sys
 import time
 import traceback
-from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -197,7 +197,7 @@ def main(argv):
   print(f"\n{'length':>6} {'path':>5} {'seq/s':>9} {'seq/s/core':>10} {'tok/s':>11} "
         f"{'tok/s/core':>10} {'ours/HF':>8}")
   for n in lengths:
-    (s1, t1, e1), (s2, t2, e2) = ours[n], hf[n]
+    (s1, _, e1), (s2, _, e2) = ours[n], hf[n]
     for name, (s, t, e) in (("ours", ours[n]), ("HF", hf[n])):
       ratio = f"{(s1 / e1) / (s2 / e2):8.2f}" if name == "ours" else ""
       print(f"{n:>6} {name:>5} {s / e:9,.0f} {s / e / cores:10,.0f} {t / e:11,.0f} "

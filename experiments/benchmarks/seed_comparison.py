@@ -9,6 +9,7 @@ checks; the report judges a difference of medians against the seed spread.
 """
 
 import argparse
+import functools
 import json
 import pathlib
 from typing import Callable, Sequence
@@ -139,3 +140,21 @@ def report(title: str, seeds: Sequence[int], results: dict[str, dict[int, dict]]
             f"{verdict}")
       stats[f"diff/{name}"] = {"diff": diff, "noise": noise, "within": abs(diff) <= noise}
   return stats
+
+
+def reference_steps(model, tx: optax.GradientTransformation, loss_fn: Callable):
+  """The reference side's jitted update and argmax prediction around a transformers
+  Flax model: `loss_fn(params, batch, rng)` is the task's loss, the rest is plain optax."""
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def train_step(params, opt_state, batch, rng):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch, rng)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  @jax.jit
+  def predict(params, batch):
+    return model(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                 params=params, train=False).logits.argmax(-1)
+
+  return train_step, predict

@@ -202,16 +202,7 @@ def run_reference(args, seed: int, data, init_dir: pathlib.Path, ours_init: dict
     weights = batch["label_weights"]
     return jnp.sum(nll * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
-  @functools.partial(jax.jit, donate_argnums=(0, 1))
-  def train_step(params, opt_state, batch, rng):
-    loss, grads = jax.value_and_grad(loss_fn)(params, batch, rng)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  @jax.jit
-  def predict(params, batch):
-    return model(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-                 params=params, train=False).logits.argmax(-1)
+  train_step, predict = seed_comparison.reference_steps(model, tx, loss_fn)
 
   opt_state = tx.init(params)
   dropout_key = jax.random.key(seed)
