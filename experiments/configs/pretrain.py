@@ -38,10 +38,10 @@ random words says nothing (every run stops at the unigram guess, 0.107). The
 longer check on real text (tiny vs tiny_fast, 1500 steps, several seeds) is not
 yet run.
 
-Remat policies (config.model.remat_policy), measured on CPU, BERT-Base @128,
-batch 8, paper recipe (python -m experiments.benchmarks.accelerator --size=base
---attention=paper --remat=none,full,save_qkv_out_proj,dots_with_no_batch_dims_saveable,dots_saveable
---batch=8 --rng_impl=threefry): see REMAT_COSTS_CPU below.
+Remat policies (config.model.remat_policy): what each keeps for the backward pass
+is tested (tests/test_remat.py: the same gradients, strictly less kept from none to
+full); their speed and memory on an accelerator are what
+`python -m experiments.benchmarks.accelerator` measures (not yet run on one).
 
 Single fields by flag, e.g. `--config.total_steps=1000 --config.mesh.fsdp=4`.
 On a TPU pod slice: `--config.distributed.enabled=True` on every host (the
@@ -88,7 +88,6 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # i.e. ~+33% step FLOPs); "dots_saveable" / "dots_with_no_batch_dims_saveable" keep
   # matmul outputs (all / the dense projections only); "save_qkv_out_proj" keeps q, k, v
   # and the attention output. Same numbers whatever the policy (tests/test_remat.py).
-  # REMAT_COSTS_CPU below holds what each cost here.
   config.model.remat_policy = "none"
   config.model.scan_layers = False  # nn.scan over layers: faster compiles for deep models
 
