@@ -25,7 +25,8 @@ MFU uses the model-FLOPs formula of bert_jax.metrics_io (6 N_dense per token +
 12 L H T attention + 6 E V per prediction) for BOTH rows, i.e. useful work only;
 the reference's full-vocabulary logits on unmasked positions are not credited.
 On a CPU the peak is unknown: pass --peak_tflops (total over devices) for MFU.
-Shared CPUs are noisy: compare the ratio within one run.
+Shared CPUs are noisy: the rows' timed steps alternate and each row reports its
+median step, so the ratio within one run holds even when the load comes and goes.
 """
 
 import argparse
@@ -117,18 +118,27 @@ def reference(bert_config, tx, batch):
   return step, (params, tx.init(params), jnp.zeros((), jnp.int32))
 
 
-def time_steps(step, state, batch, steps: int) -> tuple[float, float]:
-  """(seconds per step after compiling, compile+first step seconds)."""
+def time_interleaved(rows: dict, batch: dict, steps: int) -> tuple[dict, dict]:
+  """({name: median seconds per step}, {name: compile + first step seconds}).
+
+  The rows' steps alternate (round r times row 1's step r, then row 2's, ...), so
+  that a load which comes and goes on a shared machine falls on every row alike;
+  the median drops a round that a burst of load hit.
+  """
   batch = jax.device_put(batch)
-  start = time.perf_counter()
-  state, out = step(state, batch)
-  jax.block_until_ready(out)
-  first = time.perf_counter() - start
-  start = time.perf_counter()
+  states, first, times = {}, {}, {name: [] for name in rows}
+  for name, (step, state) in rows.items():
+    start = time.perf_counter()
+    states[name], out = step(state, batch)
+    jax.block_until_ready(out)
+    first[name] = time.perf_counter() - start
   for _ in range(steps):
-    state, out = step(state, batch)
-  jax.block_until_ready((state, out))
-  return (time.perf_counter() - start) / steps, first
+    for name, (step, _) in rows.items():
+      start = time.perf_counter()
+      states[name], out = step(states[name], batch)
+      jax.block_until_ready((states[name], out))
+      times[name].append(time.perf_counter() - start)
+  return {name: float(np.median(t)) for name, t in times.items()}, first
 
 
 def main():
@@ -138,7 +148,8 @@ def main():
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--predictions", type=int, default=20, help="masked positions per sequence")
   parser.add_argument("--dtype", default="float32", help="compute dtype (params stay float32)")
-  parser.add_argument("--steps", type=int, default=5, help="timed steps per row")
+  parser.add_argument("--steps", type=int, default=5,
+                      help="timed steps per row, interleaved across rows (median reported)")
   parser.add_argument("--rows", default="ours,ours_rbg,ours_fast,reference",
                       help=f"comma list of {(*OURS, 'reference')}")
   parser.add_argument("--peak_tflops", type=float, default=0.0,
@@ -166,22 +177,22 @@ def main():
         batch["masked_lm_positions"]))
     flops = metrics_io.flops_per_step(base_config, nn.unbox(shapes["params"]), args.batch,
                                       args.seq_len, args.predictions)
-    rates = {}
+    built = {}
     for name in rows:
       if name == "reference":
-        bert_config = base_config
-        step, state = reference(bert_config, tx, batch)
+        built[name] = reference(base_config, tx, batch)
       else:
         overrides, rng_impl = OURS[name]
-        bert_config = base_config.replace(**overrides)
-        step, state = ours(bert_config, tx, batch, rng_impl)
-      seconds, first = time_steps(step, state, batch, args.steps)
-      rates[name] = args.batch * args.seq_len / seconds
-      mfu = f"{100 * flops / seconds / peak:.1f}%" if peak else "n/a (peak unknown)"
-      print(f"{size:5s} {name:9s} {rates[name]:10.0f} tokens/s  {seconds * 1e3:8.1f} ms/step  "
-            f"{flops / seconds / 1e9:7.1f} model GFLOP/s  MFU {mfu}  "
-            f"(compile + first step {first:.1f} s)", flush=True)
-      del state, step
+        built[name] = ours(base_config.replace(**overrides), tx, batch, rng_impl)
+    seconds, first = time_interleaved(built, batch, args.steps)
+    del built
+    rates = {}
+    for name in rows:
+      rates[name] = args.batch * args.seq_len / seconds[name]
+      mfu = f"{100 * flops / seconds[name] / peak:.1f}%" if peak else "n/a (peak unknown)"
+      print(f"{size:5s} {name:9s} {rates[name]:10.0f} tokens/s  {seconds[name] * 1e3:8.1f} ms/step "
+            f" {flops / seconds[name] / 1e9:7.1f} model GFLOP/s  MFU {mfu}  "
+            f"(compile + first step {first[name]:.1f} s)", flush=True)
     if "reference" in rates:
       print(f"{size:5s} ratio to reference: " + ", ".join(
           f"{name} {rates[name] / rates['reference']:.2f}x" for name in rates
