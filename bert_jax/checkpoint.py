@@ -153,9 +153,24 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state: Any
 
 # tensorstore (orbax's array writer) reports file-system failures as ValueErrors whose
 # text carries the path and the OS error, e.g. 'Failed writing: "<path>": ... No space
-# left on device [os_error_code=28]'.
-_TENSORSTORE_IO = re.compile(r'(?:Failed writing|Error writing|Error opening|Failed to open)'
-                             r'[^"]*"([^"]+)"[^\[]*?([^:\[]+?)\s*\[os_error_code')
+# left on device [os_error_code=28]'. Errors from opening an array nest several quoted
+# names ('Error opening "zarr" driver: Error writing "<array>/.zarray" ... "<file>": ...')
+# and put a [tensorstore_spec='...'] before the code; the innermost file is the last
+# quoted path, and the cause is what follows the last colon.
+_TENSORSTORE_SPEC = re.compile(r"\s*\[tensorstore_spec='[^']*'\]")
+_QUOTED_PATH = re.compile(r'"([^"]*/[^"]*)"')
+
+
+def _tensorstore_io(text: str) -> str | None:
+  """"<path>: <cause>" from a tensorstore I/O error's text, else None."""
+  if "[os_error_code" not in text:
+    return None
+  head = _TENSORSTORE_SPEC.sub("", text.split("[os_error_code", 1)[0]).strip()
+  quoted = _QUOTED_PATH.findall(head)
+  cause = head.rsplit(":", 1)[-1].strip()
+  if not quoted or not cause or head.endswith(quoted[-1] + '"'):
+    return None
+  return f"{quoted[-1]}: {cause}"
 
 
 def describe_storage_error(error: BaseException) -> str | None:
@@ -165,9 +180,9 @@ def describe_storage_error(error: BaseException) -> str | None:
   while seen is not None:
     if isinstance(seen, OSError) and (seen.filename or seen.errno):
       return f"{seen.filename or '?'}: {seen.strerror or seen}"
-    match = _TENSORSTORE_IO.search(str(seen))
-    if match:
-      return f"{match.group(1)}: {match.group(2).strip()}"
+    described = _tensorstore_io(str(seen))
+    if described:
+      return described
     seen = seen.__cause__ or seen.__context__
   return None
 

@@ -52,6 +52,7 @@ def run(config, workdir_path: str) -> int:
   """Runs the job and returns the process exit code (see the module docstring)."""
   if config.family not in TRAINERS:
     raise ValueError(f"config.family={config.family!r}: expected one of {sorted(TRAINERS)}")
+  preemption.clear()  # the exit code describes this run, not an earlier one in this process
   try:
     TRAINERS[config.family](config, workdir_path)
   except (workdir.WorkdirError, checkpoint.CheckpointError) as e:

@@ -24,8 +24,14 @@ _preempted = [False]
 
 
 def was_preempted() -> bool:
-  """Whether a run in this process stopped on a preemption request (read by bert_jax.main)."""
+  """Whether the latest run in this process stopped on a preemption request (read by
+  bert_jax.jobs.run for the exit code, and by the ablation between its runs)."""
   return _preempted[0]
+
+
+def clear() -> None:
+  """Forgets an earlier run's preemption: a new run in the same process starts unstopped."""
+  _preempted[0] = False
 
 
 class StopRequest:
@@ -35,6 +41,7 @@ class StopRequest:
     # JAX's preemption service installs its own SIGTERM listener when
     # jax.distributed is initialized; a Python handler would replace it.
     self._synced = jax.distributed.is_initialized() and jax.process_count() > 1
+    clear()
     self._flag = False
     self._previous = None
     if not self._synced:

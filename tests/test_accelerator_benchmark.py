@@ -1,7 +1,10 @@
-"""experiments/benchmarks/accelerator.py: imports only the jax stack, and runs on CPU."""
+"""experiments/benchmarks/accelerator.py and train_step.py: import only the jax stack (the
+train-step reference needs transformers only when present), and run on CPU."""
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -19,12 +22,16 @@ def _env():
   return env
 
 
-def test_benchmark_imports_neither_tensorflow_nor_transformers():
-  code = ("import sys; import experiments.benchmarks.accelerator as a; "
-          "import bert_jax.attention; "
-          "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-          "('tensorflow', 'transformers', 'torch', 'tensorflow_text')); "
-          "print('loaded:', bad); sys.exit(1 if bad else 0)")
+_FORBIDDEN = ("tensorflow", "transformers", "torch", "tensorflow_text")
+# Prints the forbidden top-level modules loaded so far, and fails if there are any.
+_CHECK_MODULES = (f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {_FORBIDDEN!r}); "
+                  "print('loaded:', bad); sys.exit(1 if bad else 0)")
+
+
+@pytest.mark.parametrize("module", ["experiments.benchmarks.accelerator",
+                                    "experiments.benchmarks.train_step"])
+def test_benchmarks_import_neither_tensorflow_nor_transformers(module):
+  code = f"import sys; import {module}; import bert_jax.attention; {_CHECK_MODULES}"
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(),
                         capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stdout + done.stderr
@@ -68,11 +75,15 @@ def test_paper_rows_drop_attention_probabilities_and_fast_rows_do_not():
 @pytest.mark.slow
 def test_tiny_sweep_runs_on_cpu_and_writes_json_lines(tmp_path):
   out = tmp_path / "bench.jsonl"
-  done = subprocess.run(
-      [sys.executable, "-m", "experiments.benchmarks.accelerator", "--size=tiny",
-       "--budget_s=60", f"--output={out}"],
-      cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+  # The whole run, not only the import, stays off TensorFlow and transformers.
+  code = ("import runpy, sys; sys.argv = ['accelerator', '--size=tiny', '--budget_s=60', "
+          f"'--output={out}']; "
+          "runpy.run_module('experiments.benchmarks.accelerator', run_name='__main__'); "
+          + _CHECK_MODULES)
+  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True,
+                        text=True, timeout=600)
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  assert "loaded: []" in done.stdout
   rows = [json.loads(line) for line in out.read_text().splitlines()]
   assert [(r["attention"], r["remat"]) for r in rows] == [
       ("auto", "none"), ("auto", "full"), ("paper", "none"), ("paper", "full")]
@@ -85,3 +96,19 @@ def test_tiny_sweep_runs_on_cpu_and_writes_json_lines(tmp_path):
     assert 0 < r["mfu_measured"] < 2 and r["mfu_peak"] is None  # no CPU peak in the table
     assert r["compile_s"] > 0 and r["memory_gib"] > 0 and r["loss"] > 0
   assert "seq/s" in done.stdout and "MFU" in done.stdout
+
+
+@pytest.mark.slow
+def test_train_step_benchmark_runs_without_transformers(monkeypatch, capsys):
+  """The reference row is skipped with a message when transformers is absent."""
+  from experiments.benchmarks import train_step  # pylint: disable=g-import-not-at-top
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "transformers" else find_spec(name, *a))
+  monkeypatch.setattr(sys, "argv", ["train_step", "--sizes=tiny", "--rows=ours,reference",
+                                    "--steps=1", "--seq_len=32", "--predictions=5"])
+  train_step.main()
+  printed = capsys.readouterr().out
+  assert "reference row skipped: transformers is not installed" in printed
+  assert re.search(r"tiny +ours +\d+ tokens/s", printed), printed
+  assert "ratio" not in printed and not re.search(r"tiny +reference", printed)

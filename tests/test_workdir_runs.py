@@ -166,22 +166,46 @@ def test_when_no_checkpoint_restores_nothing_is_moved_and_the_run_says_so(
 def test_the_entry_point_exit_codes(monkeypatch, tmp_path):
   """0 finished, 143 preempted, 1 refused; anything else raises (a bug is not a storage error)."""
   config = pretrain.get_config("tiny")
-  outcomes = {"finished": lambda *_: None, "refused": _raise(workdir.WorkdirError("in use")),
+  # Preempted first: a later run in the same process (the ablation's next run, a test)
+  # must not inherit its 143.
+  outcomes = {"preempted": lambda *_: preemption._preempted.__setitem__(0, True),
+              "finished": lambda *_: None, "refused": _raise(workdir.WorkdirError("in use")),
               "disk": _raise(ValueError('OUT_OF_RANGE: Error writing local file "/w/x": '
                                         'Failed writing: "/w/x": No space left on device '
-                                        "[os_error_code=28]")),
-              "preempted": lambda *_: preemption._preempted.__setitem__(0, True)}
+                                        "[os_error_code=28]"))}
   for name, outcome in outcomes.items():
     monkeypatch.setitem(jobs.TRAINERS, "pretrain", outcome)
     expected = {"finished": 0, "refused": 1, "disk": 1, "preempted": 143}[name]
     assert jobs.run(config, str(tmp_path)) == expected, name
-  preemption._preempted[0] = False
   monkeypatch.setitem(jobs.TRAINERS, "pretrain", _raise(KeyError("a bug")))
   with pytest.raises(KeyError):
     jobs.run(config, str(tmp_path))
   assert checkpoint.describe_storage_error(
       ValueError('Failed writing: "/w/x": No space left on device [os_error_code=28]')
   ) == "/w/x: No space left on device"
+
+
+def test_storage_errors_name_the_innermost_file():
+  """tensorstore's errors from opening an array nest quoted names and a spec before the
+  code (as a full disk gave them); the file that failed and the cause are what is kept."""
+  opening = ('OUT_OF_RANGE: Error opening "zarr" driver: Error writing "step/.zarray" in OCDBT '
+             'database at local file "/w/25/ocdbt.process_0/": Failed writing: '
+             '"/w/25/ocdbt.process_0/d/4a1b": Failed to write 15988 bytes to file 16: File too '
+             'large [tensorstore_spec=\'{"create":true,"metadata":{"chunks":[64]}}\'] '
+             "[os_error_code='27']")
+  assert checkpoint.describe_storage_error(ValueError(opening)) == (
+      "/w/25/ocdbt.process_0/d/4a1b: File too large")
+  # A quoted path and a code without a cause after it, or no code at all: not storage.
+  assert checkpoint.describe_storage_error(ValueError('bad "a/b" [os_error_code=2]')) is None
+  assert checkpoint.describe_storage_error(ValueError('shape mismatch in "a/b": 3 vs 4')) is None
+  # Found along the chain of causes, as orbax wraps tensorstore's error.
+  try:
+    try:
+      raise ValueError(opening)
+    except ValueError as inner:
+      raise RuntimeError("Save Finalize thread failed") from inner
+  except RuntimeError as outer:
+    assert checkpoint.describe_storage_error(outer).endswith("4a1b: File too large")
 
 
 def _raise(error):
