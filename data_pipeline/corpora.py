@@ -42,6 +42,7 @@ Bad input never crashes an epoch; it is skipped and counted in
 """
 
 import ast
+import collections
 import dataclasses
 import glob as globlib
 import hashlib
@@ -350,13 +351,34 @@ def _docstring_sentences(docstring: str) -> list[str]:
   return _paragraph_sentences("\n".join(prose))
 
 
+# The fields of a node that hold statements, in the order of the nodes' _fields.
+_STATEMENT_FIELDS = ("body", "handlers", "orelse", "finalbody", "cases")
+
+
+def _statement_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+  """The nodes of ast.walk(tree) that hold statements, in ast.walk's order.
+
+  A definition is never inside an expression, so the walk skips expressions (most
+  of a module's nodes; walking them was half of the harvest's time). Breadth-first
+  like ast.walk, children in field order: the corpus stays byte-identical.
+  """
+  todo = collections.deque([tree])
+  while todo:
+    node = todo.popleft()
+    for field in _STATEMENT_FIELDS:
+      children = getattr(node, field, None)
+      if isinstance(children, list):
+        todo.extend(children)
+    yield node
+
+
 def _python_file_documents(path: pathlib.Path) -> Iterator[list[str]]:
   """One document per module/class/function docstring of >= 2 sentences."""
   try:
     tree = ast.parse(path.read_bytes(), filename=str(path))
   except (SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
     return  # not every .py in site-packages is valid Python 3 for this interpreter
-  for node in ast.walk(tree):
+  for node in _statement_nodes(tree):
     if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
                          ast.AsyncFunctionDef)):
       docstring = ast.get_docstring(node, clean=True)
