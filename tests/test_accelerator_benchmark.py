@@ -72,6 +72,22 @@ def test_paper_rows_drop_attention_probabilities_and_fast_rows_do_not():
   assert (fast.remat_policy, fast.scan_layers, fast.padded_vocab_size) == ("full", True, 30592)
 
 
+def test_kept_only_counts_what_each_remat_policy_keeps(tmp_path):
+  """--kept_only: the activations kept for the backward pass per row, nothing compiled;
+  less as the policy saves less, and nearly twice as much for twice the batch (a few
+  kept arrays, such as the position embeddings' slice, do not grow with it)."""
+  rows = accelerator.main(["--size=tiny", "--seq_len=64", "--batch=4,8", "--attention=paper",
+                           "--remat=none,dots_saveable,save_qkv_out_proj,full", "--kept_only",
+                           f"--output={tmp_path / 'kept.jsonl'}"])
+  kept = {(r["remat"], r["batch_per_device"]): r["kept_gib"] for r in rows}
+  assert all(r["status"] == "ok" and "compile_s" not in r for r in rows)
+  for batch in (4, 8):
+    order = [kept[(p, batch)] for p in ("none", "dots_saveable", "save_qkv_out_proj", "full")]
+    assert order == sorted(order, reverse=True) and len(set(order)) == 4, order
+  for policy in ("none", "full"):
+    assert 1.8 * kept[(policy, 4)] < kept[(policy, 8)] <= 2 * kept[(policy, 4)], kept
+
+
 @pytest.mark.slow
 def test_tiny_sweep_runs_on_cpu_and_writes_json_lines(tmp_path):
   out = tmp_path / "bench.jsonl"
@@ -112,3 +128,18 @@ def test_train_step_benchmark_runs_without_transformers(monkeypatch, capsys):
   assert "reference row skipped: transformers is not installed" in printed
   assert re.search(r"tiny +ours +\d+ tokens/s", printed), printed
   assert "ratio" not in printed and not re.search(r"tiny +reference", printed)
+
+
+@pytest.mark.slow
+def test_train_step_benchmark_prints_the_ratio_and_its_flop_bound(monkeypatch, capsys):
+  """With transformers, the reference row runs and the ratio line says what equal
+  efficiency would give: the FLOPs of logits at every position over ours."""
+  from experiments.benchmarks import train_step  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(sys, "argv", ["train_step", "--sizes=tiny", "--rows=ours,reference",
+                                    "--steps=1", "--seq_len=32", "--predictions=5"])
+  train_step.main()
+  printed = capsys.readouterr().out
+  match = re.search(r"tiny +ratio to reference: ours ([\d.]+)x \(the FLOP ratio, ([\d.]+)x, "
+                    r"is what equal efficiency gives\)", printed)
+  assert match, printed
+  assert float(match.group(1)) > 0 and float(match.group(2)) > 1, printed

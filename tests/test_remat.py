@@ -1,9 +1,7 @@
 """Remat policies (config.model.remat_policy): the same numbers as no rematerialisation,
 and each policy really keeps a different set of residuals for the backward pass."""
 
-import contextlib
 import functools
-import io
 import re
 
 import flax.linen as nn
@@ -15,6 +13,7 @@ import pytest
 from bert_jax import model as model_lib
 from bert_jax.heads import BertForPreTraining
 from bert_jax.model import BertConfig
+from experiments.benchmarks import accelerator
 
 CFG = BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=48, max_position_embeddings=24)  # paper dropout: 0.1, 0.1
@@ -43,22 +42,7 @@ def _loss(params, batch, cfg):
 
 def _activation_residuals(params, batch, cfg) -> list[tuple[int, str]]:
   """(bytes, description) of what the backward pass keeps, parameters and constants aside."""
-  out = io.StringIO()
-  with contextlib.redirect_stdout(out):
-    jax.ad_checkpoint.print_saved_residuals(functools.partial(_loss, cfg=cfg), params, batch)
-  rows = []
-  for line in out.getvalue().splitlines():
-    if "from the argument" in line or "from a literal" in line or "from a constant" in line:
-      continue
-    match = re.match(r"(f32|bf16|i32|u32|u8|bool)\[([\d,]*)\]", line)
-    if match is None:  # a PRNG key array: a few words
-      continue
-    dtype, dims = match.groups()
-    size = int(np.prod([int(d) for d in dims.split(",") if d]))
-    rows.append((size * jnp.dtype({"f32": "float32", "bf16": "bfloat16", "i32": "int32",
-                                   "u32": "uint32", "bool": "bool", "u8": "uint8"}[dtype]).itemsize,
-                 line))
-  return rows
+  return accelerator.saved_activations(functools.partial(_loss, cfg=cfg), params, batch)
 
 
 @pytest.mark.parametrize("policy", [p for p in model_lib.REMAT_POLICIES if p != "none"])

@@ -22,7 +22,10 @@ Reported per row: step time, seq/s and tokens/s, model TFLOP/s (the formula of
 bert_jax.metrics_io; recomputation is not credited), MFU against the device's
 peak (metrics_io.PEAK_TFLOPS) and against the bf16 matmul rate measured here at
 the start, the compiled program's memory (arguments + temporaries) and the
-device's peak memory so far (where the backend reports it), compile time. Rows
+device's peak memory so far (where the backend reports it), the activations the
+backward pass keeps for one device's batch (counted from the traced program, so
+comparable across devices and remat policies; --kept_only counts them alone, in
+seconds, compiling nothing), compile time. Rows
 go to --output as JSON lines as they finish; a table is printed at the end. A row
 that fails (out of memory, a kernel this device lacks) is recorded with its error.
 
@@ -35,10 +38,13 @@ BERT-Base @128 >= 5,000 seq/s, BERT-Large @512 >= 400 seq/s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
+import io
 import json
 import math
+import re
 import sys
 import time
 import traceback
@@ -81,6 +87,48 @@ def matmul_rate(dtype, seconds: float = 2.0) -> float:
     count += 1
   out.block_until_ready()
   return 2 * n ** 3 * count / (time.perf_counter() - start)
+
+
+_RESIDUAL = re.compile(r"(bool|(?:bf|f|i|u)\d+)\[([\d,]*)\]")
+_SHORT_DTYPES = {"bf": "bfloat", "f": "float", "i": "int", "u": "uint"}
+
+
+def saved_activations(loss, *args) -> list[tuple[int, str]]:
+  """(bytes, jax's description) of each activation the backward pass of `loss` keeps:
+  what a remat policy trades for recomputation, counted from the traced program (so
+  the same on every device and compiler). Arguments, literals and constants (the
+  parameters, the batch) are left out; so are PRNG keys (a few words each)."""
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    jax.ad_checkpoint.print_saved_residuals(loss, *args)
+  rows = []
+  for line in out.getvalue().splitlines():
+    if any(f"from {what}" in line for what in ("the argument", "a literal", "a constant")):
+      continue
+    match = _RESIDUAL.match(line)
+    if match is None:
+      continue
+    name, dims = match.groups()
+    if name != "bool":
+      prefix = re.match(r"[a-z]+", name).group(0)
+      name = _SHORT_DTYPES[prefix] + name[len(prefix):]
+    size = math.prod(int(d) for d in dims.split(",") if d)
+    rows.append((size * jnp.dtype(name).itemsize, line))
+  return rows
+
+
+def _kept_gib(model, params, per_device: int, seq_len: int, predictions: int) -> float:
+  """Activations kept for the backward pass of one device's share of the batch, GiB."""
+  host = synthetic_batch(per_device, seq_len, predictions)
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in host.items()}
+
+  def loss(params, batch):
+    out = model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
+                      batch["segment_ids"], batch["masked_lm_positions"], deterministic=False,
+                      rngs={"dropout": jax.random.key(0)})
+    return sum(logits.sum() for logits in out.values())
+
+  return sum(b for b, _ in saved_activations(loss, params, batch)) / 2 ** 30
 
 
 def synthetic_batch(batch: int, seq_len: int, predictions: int, seed: int = 0) -> dict:
@@ -130,7 +178,11 @@ def run_row(row: dict, args, peak: float | None, measured: float) -> dict:
   impl = {"threefry": "threefry2x32"}.get(args.rng_impl, args.rng_impl)
   rng = jax.random.key(1, impl=impl)
   row.update(attention_impl=_resolved(cfg, seq_len), global_batch=global_batch,
-             predictions=predictions, dtype=args.dtype, rng_impl=args.rng_impl)
+             predictions=predictions, dtype=args.dtype, rng_impl=args.rng_impl,
+             kept_gib=_kept_gib(model, layout.abstract["params"], per_device, seq_len,
+                                predictions))
+  if args.kept_only:
+    return row
   with sharding.activate(mesh, rules):
     step = jax.jit(functools.partial(pretrain_step.train_step, grad_accum_steps=1,
                                      skip_nonfinite=False),
@@ -237,7 +289,7 @@ def table(rows: list[dict]) -> str:
   """The rows as a fixed-width text table."""
   head = (f"{'size':5} {'seq':>4} {'attention':10} {'kernel':7} {'remat':17} {'scan':4} "
           f"{'batch':>5} {'step ms':>8} {'seq/s':>8} {'tok/s':>9} {'TFLOP/s':>7} {'MFU pk':>6} "
-          f"{'MFU mm':>6} {'mem GiB':>7} {'compile':>7}")
+          f"{'MFU mm':>6} {'mem GiB':>7} {'kept GiB':>8} {'compile':>7}")
   lines = [head]
   for r in rows:
     if r.get("status") != "ok":
@@ -252,7 +304,8 @@ def table(rows: list[dict]) -> str:
         f"{num(r.get('step_ms'), '8.1f')} {num(r.get('seq_per_s'), '8.1f')} "
         f"{num(r.get('tokens_per_s'), '9.0f')} {num(r.get('model_tflops'), '7.2f')} "
         f"{pct(r.get('mfu_peak'))} {pct(r.get('mfu_measured'))} "
-        f"{num(r.get('memory_gib'), '7.2f')} {r['compile_s']:6.1f}s")
+        f"{num(r.get('memory_gib'), '7.2f')} {num(r.get('kept_gib'), '8.3f')} "
+        + (f"{r['compile_s']:6.1f}s" if r.get("compile_s") is not None else "    n/a"))
   return "\n".join(lines)
 
 
@@ -274,13 +327,17 @@ def main(argv=None) -> list[dict]:
   p.add_argument("--quick", action="store_true",
                  help="base@128 and large@512, fast recipe, two batches each (< 6 min on a GPU)")
   p.add_argument("--compile_only", action="store_true", help="lower and compile, run nothing")
+  p.add_argument("--kept_only", action="store_true",
+                 help="count the activations each row keeps for the backward pass (what a "
+                      "remat policy buys, from the traced program of the kernel this device "
+                      "resolves), compile nothing")
   p.add_argument("--output", default="accelerator_benchmark.jsonl", help="JSON lines out")
   args = p.parse_args(argv)
   start = time.perf_counter()
   args.dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
   device = jax.devices()[0]
   peak = metrics_io.peak_flops(0.0)
-  measured = 0.0 if args.compile_only else matmul_rate(jnp.dtype(args.dtype))
+  measured = 0.0 if args.compile_only or args.kept_only else matmul_rate(jnp.dtype(args.dtype))
   header = {"date": datetime.date.today().isoformat(), "device_kind": device.device_kind,
             "platform": device.platform, "num_devices": jax.device_count(),
             "jax": jax.__version__, "dtype": args.dtype,
