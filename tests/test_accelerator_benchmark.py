@@ -75,7 +75,7 @@ def test_paper_rows_drop_attention_probabilities_and_fast_rows_do_not():
 def test_kept_only_counts_what_each_remat_policy_keeps(tmp_path):
   """--kept_only: the activations kept for the backward pass per row, nothing compiled;
   less as the policy saves less, and nearly twice as much for twice the batch (a few
-  kept arrays, such as the position embeddings' slice, do not grow with it)."""
+  kept arrays, such as the padded vocabulary's logit mask, do not grow with it)."""
   rows = accelerator.main(["--size=tiny", "--seq_len=64", "--batch=4,8", "--attention=paper",
                            "--remat=none,dots_saveable,save_qkv_out_proj,full", "--kept_only",
                            f"--output={tmp_path / 'kept.jsonl'}"])

@@ -23,10 +23,10 @@ bert_jax.metrics_io; recomputation is not credited), MFU against the device's
 peak (metrics_io.PEAK_TFLOPS) and against the bf16 matmul rate measured here at
 the start, the compiled program's memory (arguments + temporaries) and the
 device's peak memory so far (where the backend reports it), the activations the
-backward pass keeps for one device's batch (counted from the traced program, so
-comparable across devices and remat policies; --kept_only counts them alone, in
-seconds, compiling nothing), compile time. Rows
-go to --output as JSON lines as they finish; a table is printed at the end. A row
+backward pass keeps for one device's batch (counted from the traced model, its
+loss's softmax over the masked predictions left out, so comparable across devices
+and remat policies; --kept_only counts them alone, in seconds, compiling nothing),
+compile time. Rows go to --output as JSON lines as they finish; a table is printed at the end. A row
 that fails (out of memory, a kernel this device lacks) is recorded with its error.
 
 Only jax, flax, optax, numpy, ml_collections and bert_jax modules that need no
