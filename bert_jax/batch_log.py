@@ -88,10 +88,53 @@ class BatchLog:
       self._file = None
 
 
+class BatchLogError(ValueError):
+  """A batch log that cannot be trusted: a malformed line before its last, or a bad row."""
+
+
+# Fields of a row and their types (bool is an int to json, so it is refused by name).
+_ROW_FIELDS = {"step": int, "batch": str, "tokens": int, "predictions": int}
+
+
+def parse_strict(text: str, where: str) -> list[dict[str, Any]]:
+  """Rows of one log file in file order; only a torn last line is forgiven.
+
+  A kill mid-write can leave the last line cut short (no newline after it): it
+  is dropped, as the trainer drops it on resume. Any other line that is not a
+  JSON object with int step >= 1, str batch, int tokens and int predictions is
+  a BatchLogError naming `where` and the line number: a log with a hole in its
+  middle proves nothing about the steps it no longer shows.
+  """
+  lines = text.split("\n")
+  torn_allowed = not text.endswith("\n")  # the last piece has no newline after it
+  if lines and lines[-1] == "":
+    lines.pop()
+  rows = []
+  for number, line in enumerate(lines, 1):
+    try:
+      row = json.loads(line)
+      if not isinstance(row, dict) or any(
+          not isinstance(row.get(k), t) or isinstance(row.get(k), bool)
+          for k, t in _ROW_FIELDS.items()) or row["step"] < 1:
+        raise ValueError("not a batch-log row")
+    except ValueError:
+      if number == len(lines) and torn_allowed:
+        continue
+      raise BatchLogError(f"{where}:{number}: malformed batch-log line {line[:80]!r} (only a "
+                          "torn last line is allowed); this run's data cannot be "
+                          "checked") from None
+    rows.append(row)
+  return rows
+
+
 def read(workdir: str) -> dict[str, list[dict[str, Any]]]:
-  """Every batch log of a workdir: {file name: rows in step order}; {} when there is none."""
+  """Every batch log of a workdir: {file name: rows in step order}; {} when there is none.
+
+  Strict (parse_strict): a malformed line anywhere but a torn last line raises
+  BatchLogError.
+  """
   logs = {}
   for file in paths.glob(paths.join(workdir, "batch_log*.jsonl")):
     name = paths.path(file).name
-    logs[name] = sorted(_parse(paths.read_text(file)), key=lambda r: r["step"])
+    logs[name] = sorted(parse_strict(paths.read_text(file), str(file)), key=lambda r: r["step"])
   return logs

@@ -44,6 +44,7 @@ from bert_jax import paths
 from bert_jax import preemption
 from bert_jax import workdir as workdir_lib
 from data_pipeline import pretraining
+from experiments import ablation_proof
 from experiments import ablation_report
 from experiments import chinese_data
 from experiments.configs import ablation as ablation_configs
@@ -54,17 +55,8 @@ STAGES = ("all", "prepare", "pretrain", "check", "finetune", "report")
 PLAN_FILE = "plan.json"
 PRETRAIN_DIR = "pretrain"
 FINETUNE_DIR = "finetune"
-# Fields runs of one seed may differ in besides data.masking: placement, cadence and
-# storage, never what a step computes (a prefix ending in "." covers a block).
-_RUNTIME_FIELDS = ("checkpoint.", "mesh.", "distributed.", "log_every_steps", "eval_every_steps",
-                   "peak_tflops_per_device", "grad_accum_steps", "model.remat",
-                   "model.remat_policy", "model.attention_impl", "data.prefetch_batches",
-                   "data.embedded_cache_dir")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-class AblationError(ValueError):
-  """A grid that must not be run or reported (bad settings, runs that differ in more than masks)."""
+AblationError = ablation_proof.AblationError  # bad settings, or runs that differ in more than masks
 
 
 @dataclasses.dataclass
@@ -199,11 +191,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, runs: list[Run]) ->
 
 def pretraining_done(run: Run, workdir: str) -> bool:
   """Whether the run reached total_steps and evaluated there (its last act)."""
-  path = paths.join(workdir, run.pretrain_dir, metrics_io.METRICS_FILE)
-  if not paths.exists(path):
-    return False
-  return any(r["step"] == run.config.total_steps and "eval/mlm_loss" in r
-             for r in metrics_io.read_metrics(path))
+  return ablation_proof.finished(paths.join(workdir, run.pretrain_dir), run.config.total_steps)
 
 
 def pretrain(runs: list[Run], workdir: str) -> bool:
@@ -244,70 +232,15 @@ def finetune(config: ml_collections.ConfigDict, runs: list[Run], workdir: str) -
 # --------------------------------------------------------------------------
 
 
-def _runtime_field(key: str) -> bool:
-  return any(key == f or (f.endswith(".") and key.startswith(f)) for f in _RUNTIME_FIELDS)
+def check_identical_data(workdir: str, runs: list[dict[str, Any]], *,
+                         flop_mode: bool = False) -> ablation_proof.Proof:
+  """Proves that the finished runs of each seed read identical data (experiments/ablation_proof.py).
 
-
-def _record(workdir: str, run_dir: str) -> dict | None:
-  """A run's record.json, None before the run has started."""
-  path = paths.join(workdir, run_dir, workdir_lib.RECORD_FILE)
-  return json.loads(paths.read_text(path)) if paths.exists(path) else None
-
-
-def check_identical_data(workdir: str, runs: list[dict[str, Any]]) -> None:
-  """Refuses runs of one seed that differ in more than data.masking (config or batches).
-
-  `runs` are plan.json's entries. For every seed, each run is compared with the
-  seed's first run: the recorded configs outside data.masking and runtime
-  fields, network, vocabulary and corpus; then the batch logs step by step over
-  the steps both have logged. Raises AblationError naming both runs and the
-  first differing field or step. Runs that have not started are left out.
+  `runs` are plan.json's entries. Raises AblationError naming both runs and the
+  first differing field or step, or the run whose logs have a hole; returns
+  which runs were compared and which are unfinished (named, never compared).
   """
-  by_seed: dict[int, list[tuple[dict, dict]]] = {}
-  for run in runs:
-    record = _record(workdir, run["pretrain"])
-    if record is not None:
-      by_seed.setdefault(run["seed"], []).append((run, record))
-  for seed, group in by_seed.items():
-    first, first_record = group[0]
-    first_logs = batch_log.read(paths.join(workdir, first["pretrain"]))
-    for other, record in group[1:]:
-      where = f"runs {first['name']} and {other['name']} (pretraining seed {seed})"
-      a, b = first_record["config"], record["config"]
-      for key in sorted(set(a) | set(b)):
-        if key.startswith("data.masking.") or _runtime_field(key) or a.get(key) == b.get(key):
-          continue
-        raise AblationError(f"{where} differ in config.{key}: {a.get(key)!r} vs "
-                            f"{b.get(key)!r}; an ablation's runs may differ only in "
-                            "data.masking, so nothing is reported")
-      for field in ("bert_config", "vocab_sha256", "spm_sha256", "data"):
-        if first_record.get(field) != record.get(field):
-          raise AblationError(f"{where} differ in their {field} ({first_record.get(field)!r} vs "
-                              f"{record.get(field)!r}), so nothing is reported")
-      _compare_batches(where, first_logs, batch_log.read(paths.join(workdir, other["pretrain"])),
-                       paths.join(workdir, first["pretrain"]),
-                       paths.join(workdir, other["pretrain"]))
-
-
-def _compare_batches(where: str, logs_a: dict, logs_b: dict, dir_a: str, dir_b: str) -> None:
-  """Raises at the first step whose unmasked-batch fingerprints differ."""
-  if not logs_a or not logs_b:
-    missing = dir_a if not logs_a else dir_b
-    raise AblationError(f"{where}: {missing} has no {batch_log.FILE_NAME} (trained by a "
-                        "trainer without batch logs?), so identical data cannot be checked")
-  if sorted(logs_a) != sorted(logs_b):
-    raise AblationError(f"{where} ran with different process counts ({sorted(logs_a)} vs "
-                        f"{sorted(logs_b)}): each process reads other documents")
-  for file in sorted(logs_a):
-    rows_b = {r["step"]: r["batch"] for r in logs_b[file]}
-    for row in logs_a[file]:
-      other = rows_b.get(row["step"])
-      if other is not None and other != row["batch"]:
-        raise AblationError(
-            f"{where} read different data: their unmasked batches first differ at step "
-            f"{row['step']} ({paths.join(dir_a, file)}: {row['batch']}, "
-            f"{paths.join(dir_b, file)}: {other}); they differ in more than the masks, "
-            "so nothing is reported")
+  return ablation_proof.check(workdir, runs, flop_mode=flop_mode)
 
 
 # --------------------------------------------------------------------------
