@@ -3,9 +3,9 @@ r"""What a pretraining run costs, before it starts: model FLOPs, and time on giv
   python -m bert_jax.cost --config=experiments/configs/pretrain.py:base \
       --on=v4-32,v5litepod-8,8xH200 --mfu=0.4
 
-prints, per phase and in total, the model FLOPs of the configured run (the
-formula of bert_jax.metrics_io: 6 N + 12 L H T per token, 6 E V per MLM
-prediction) and the wall time and device-hours it takes on each device set at
+prints, per phase and in total, the model FLOPs of the configured run
+(step_flops: 6 N + 12 L H T per token, the MLM head and 6 E V per prediction
+slot, pooler and NSP per sequence) and the wall time and device-hours it takes on each device set at
 the stated MFU (model FLOPs utilisation: achieved / peak). The trainer logs the
 same estimate for the devices it runs on. Multiply device-hours by your price
 per chip (TPU) or GPU hour for the cost.
@@ -50,13 +50,63 @@ def device_set(name: str) -> tuple[str, int]:
 phases = phases_lib.phases  # [{"phase", "steps", "seq_len", "predictions"}] of a config
 
 
+# Parameter groups by where they run: per sequence (pooler, NSP/SOP head), per MLM
+# prediction (the head's transform, LayerNorm and output bias; the tied decoder E x V
+# is added separately), per token (everything else that is not an embedding table).
+_PER_SEQUENCE = ("['pooler']", "['nsp_head']")
+_PER_PREDICTION = ("['mlm_head']",)
+
+
+def flop_weights(bert_config: Any, params: Any, seq_len: int) -> dict[str, float]:
+  """Model FLOPs (forward + backward = 3x forward, 2 per multiply-add) of one unit of each work.
+
+  {"token": 6 N_token + 12 L H T, "prediction": 6 N_head + 6 E V, "sequence":
+  6 N_seq}: N_token the encoder's parameters outside the embedding tables, N_head
+  the MLM head's (transform, LayerNorm, output bias), N_seq the pooler's and the
+  NSP head's. The MLM head runs on gathered prediction slots and the pooler and
+  NSP head on [CLS] only, so charging them per token (as metrics_io.flops_per_step
+  does) overcounts; here each is charged where it runs.
+  """
+  groups = {"token": 0, "prediction": 0, "sequence": 0}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    key = jax.tree_util.keystr(path)
+    if any(name in key for name in metrics_io.EMBEDDING_TABLES):
+      continue  # lookups, not matmuls (the tied decoder is counted below)
+    group = ("sequence" if any(g in key for g in _PER_SEQUENCE) else
+             "prediction" if any(g in key for g in _PER_PREDICTION) else "token")
+    groups[group] += int(np.prod(leaf.shape))
+  c = bert_config
+  e = c.embedding_size or c.hidden_size
+  return {"token": float(6 * groups["token"] + 12 * c.num_hidden_layers * c.hidden_size * seq_len),
+          "prediction": float(6 * groups["prediction"] + 6 * e * c.vocab_size),
+          "sequence": float(6 * groups["sequence"])}
+
+
+def step_flops(bert_config: Any, params: Any, *, sequences: int, seq_len: int,
+               predictions: float) -> float:
+  """Model FLOPs of one step of `sequences` x `seq_len` tokens making `predictions` MLM predictions.
+
+  The one definition used by the trainer's MFU, --dry_run, bert_jax.cost's table
+  and the ablation report. Padding tokens count (the hardware computes them);
+  `predictions` are the real predictions (batch_log's count), or for an estimate
+  before training the static slots (sequences x P, an upper bound).
+  """
+  w = flop_weights(bert_config, params, seq_len)
+  return (sequences * (seq_len * w["token"] + w["sequence"])
+          + float(predictions) * w["prediction"])
+
+
 def run_flops(config: ml_collections.ConfigDict, bert_config: Any, abstract_params: Any
               ) -> list[dict[str, Any]]:
-  """phases() with each phase's model FLOPs per step and in all (config.batch_size examples)."""
+  """phases() with each phase's model FLOPs per step and in all (config.batch_size examples).
+
+  An estimate before training: every prediction slot P counts as a prediction
+  (batch_log's real predictions give the executed figure, step_flops).
+  """
   out = []
   for p in phases_lib.phases(config):
-    per_step = metrics_io.flops_per_step(bert_config, abstract_params, config.batch_size,
-                                         p["seq_len"], p["predictions"])
+    per_step = step_flops(bert_config, abstract_params, sequences=config.batch_size,
+                          seq_len=p["seq_len"], predictions=config.batch_size * p["predictions"])
     out.append({**p, "flops_per_step": per_step, "flops": per_step * p["steps"]})
   return out
 

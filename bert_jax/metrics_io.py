@@ -206,5 +206,6 @@ def progress_line(step: int, total: int, scalars: dict[str, float]) -> str:
           f"{scalars['tokens_per_s']:.0f} tok/s ETA {int(eta) // 3600}h{int(eta) % 3600 // 60:02d}m"
           f"{int(eta) % 60:02d}s")
   if "mfu" in scalars:
-    line += f" MFU {100 * scalars['mfu']:.1f}%"
+    # What it counts: bert_jax.cost.step_flops with the step's real MLM predictions.
+    line += f" MFU {100 * scalars['mfu']:.1f}% (model FLOPs of real predictions)"
   return line

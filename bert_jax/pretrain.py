@@ -267,9 +267,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if due.log:
         scalars = step_metrics.means()
         scalars["learning_rate"] = float(lr_schedule(step - 1))
-        flops = metrics_io.flops_per_step(bert_config, layout.abstract_params, config.batch_size,
-                                          local["input_ids"].shape[1],
-                                          local["masked_lm_ids"].shape[1])
+        # The logged step's real predictions (this process's share, scaled to the global
+        # batch): MFU counts predictions made, not the prediction slots P.
+        flops = cost.step_flops(
+            bert_config, layout.abstract_params, sequences=config.batch_size,
+            seq_len=local["input_ids"].shape[1],
+            predictions=float(np.sum(local["masked_lm_weights"])) * jax.process_count())
         scalars.update(progress.measure(step, tokens, flops, peak))
         writer.write(step, scalars)
         logging.info("%s", metrics_io.progress_line(step, config.total_steps, scalars))

@@ -23,7 +23,13 @@ def test_bert_base_paper_run_flops_follow_its_parameter_count():
   # BERT-Base with its pretraining heads has 110,106,428 parameters (tests/test_model.py
   # checks that count against transformers); 23,835,648 of them are the embedding tables.
   dense = 110_106_428 - (30522 + 512 + 2) * 768
-  per_step = lambda t, p: 256 * (t * (6 * dense + 12 * 12 * 768 * t) + p * 6 * 768 * 30522)
+  # Each head where it runs: pooler + NSP per sequence, the MLM transform, its LayerNorm
+  # and output bias per prediction slot (a per-token charge would overcount them).
+  per_sequence = (768 * 768 + 768) + (768 * 2 + 2)
+  per_prediction = (768 * 768 + 768) + 2 * 768 + 30522
+  per_token = dense - per_sequence - per_prediction
+  per_step = lambda t, p: 256 * (t * (6 * per_token + 12 * 12 * 768 * t) + 6 * per_sequence
+                                 + p * (6 * per_prediction + 6 * 768 * 30522))
   assert [(f["phase"], f["steps"], f["seq_len"], f["predictions"]) for f in flops] == [
       (1, 900_000, 128, 20), (2, 100_000, 512, 77)]
   assert flops[0]["flops_per_step"] == per_step(128, 20)

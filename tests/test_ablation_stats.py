@@ -1,0 +1,84 @@
+"""The ablation's statistics and the words report.md draws from them (synthetic results, no runs).
+
+Fails if the bootstrap is not reproducible, if pairing by seed is lost, if the
+wording does not change when an interval comes to exclude zero, if random init is
+not named as the floor, or if a learning rate at its grid's edge goes unmentioned.
+"""
+
+import pytest
+
+from experiments import ablation_stats
+
+
+def _rows(r40_minus_r15, ri=None, *, seeds=(0, 1, 2)):
+  """Finished-run rows: r15 and r40 over `seeds`; r40 = r15 + the given per-seed differences."""
+  rows = []
+  for i, seed in enumerate(seeds):
+    base = 0.14 + 0.01 * seed  # the seed's own luck, shared by both settings
+    for setting, acc in (("r15", base), ("r40", base + r40_minus_r15[i])):
+      rows.append({"run": f"{setting}_seed{seed}", "setting": setting, "seed": seed,
+                   "eval_mlm_accuracy": acc,
+                   "downstream": {"sentiment": {"values": [0.70 + acc, 0.71 + acc],
+                                                "learning_rate": 1e-3,
+                                                "learning_rates": [3e-4, 1e-3]}}})
+  return rows
+
+
+def test_bootstrap_is_reproducible_and_covers_the_mean():
+  values = [0.01, 0.02, -0.005, 0.015]
+  a = ablation_stats.bootstrap_interval(values)
+  assert a == ablation_stats.bootstrap_interval(values)  # fixed seed
+  assert a[1] <= a[0] <= a[2] and a[0] == pytest.approx(0.01)
+  assert ablation_stats.bootstrap_interval([0.3]) == (0.3, 0.3, 0.3)
+
+
+def test_pairing_by_seed_removes_the_seeds_luck():
+  # Seeds differ by 0.01 each; r40 is r15 + 0.002 on every seed: paired, that is certain.
+  rows = ablation_stats.difference_rows({"r15": {0: 0.14, 1: 0.15, 2: 0.16},
+                                         "r40": {0: 0.142, 1: 0.152, 2: 0.162}}, "r15")
+  assert rows[0]["mean"] == pytest.approx(0.002) and rows[0]["low"] == pytest.approx(0.002)
+  assert rows[0]["verdict"] == "r40 beats r15"
+
+
+def test_report_wording_changes_when_the_interval_excludes_zero():
+  noise = ablation_stats.comparison_markdown(
+      _rows([0.004, -0.003, 0.001]), ["sentiment"], "r15", {})
+  assert "cannot separate r40 from r15 at this budget" in noise
+  assert "r40 beats r15" not in noise
+  clear = ablation_stats.comparison_markdown(
+      _rows([0.004, 0.005, 0.006]), ["sentiment"], "r15", {})
+  assert "r40 beats r15" in clear
+  assert "cannot separate r40 from r15" not in clear
+  worse = ablation_stats.comparison_markdown(
+      _rows([-0.004, -0.005, -0.006]), ["sentiment"], "r15", {})
+  assert "r40 is worse than r15" in worse
+  # One seed: never separated, however large the difference.
+  single = ablation_stats.comparison_markdown(_rows([0.05], seeds=(0,)), [], "r15", {})
+  assert "cannot separate r40 from r15 at this budget" in single
+
+
+def test_random_init_is_the_floor_every_setting_must_beat():
+  high_floor = {"sentiment": {"values": [0.95, 0.96, 0.955], "learning_rate": 1e-3,
+                              "learning_rates": [3e-4, 1e-3]}}
+  md = ablation_stats.comparison_markdown(_rows([0.004, 0.005, 0.006]), ["sentiment"], "r15",
+                                          high_floor)
+  assert "**sentiment: no setting beats random init.**" in md
+  low_floor = {"sentiment": {"values": [0.80, 0.81, 0.805], "learning_rate": 1e-3,
+                             "learning_rates": [3e-4, 1e-3]}}
+  md = ablation_stats.comparison_markdown(_rows([0.004, 0.005, 0.006]), ["sentiment"], "r15",
+                                          low_floor)
+  assert "**sentiment: r15, r40 beat random init.**" in md
+  missing = ablation_stats.comparison_markdown(_rows([0.0, 0.0, 0.0]), ["sentiment"], "r15", {})
+  assert "random-init row has not been fine-tuned yet" in missing
+
+
+def test_a_learning_rate_at_the_grid_edge_is_warned_about():
+  warnings = ablation_stats.lr_edge_warnings({"a": (1e-3, [3e-4, 1e-3]),
+                                              "b": (1e-4, [1e-4, 3e-4, 1e-3]),
+                                              "c": (3e-4, [1e-4, 3e-4, 1e-3]),
+                                              "d": (1e-3, [1e-3])})
+  assert len(warnings) == 3
+  assert "largest of the grid" in warnings[0] and "smallest of the grid" in warnings[1]
+  assert "nothing was swept" in warnings[2]
+  md = ablation_stats.comparison_markdown(_rows([0.0, 0.0, 0.0]), ["sentiment"], "r15", {})
+  assert "r15_seed0 / sentiment: the chosen learning rate 0.001 is the largest" in md
