@@ -44,6 +44,7 @@ from bert_jax import paths
 from bert_jax import preemption
 from bert_jax import workdir as workdir_lib
 from data_pipeline import pretraining
+from experiments import ablation_plan
 from experiments import ablation_proof
 from experiments import ablation_report
 from experiments import chinese_data
@@ -55,6 +56,7 @@ STAGES = ("all", "prepare", "pretrain", "check", "finetune", "report")
 PLAN_FILE = "plan.json"
 PRETRAIN_DIR = "pretrain"
 FINETUNE_DIR = "finetune"
+RANDOM_INIT = "random_init"  # finetune/random_init/<task>: the no-pretraining floor
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 AblationError = ablation_proof.AblationError  # bad settings, or runs that differ in more than masks
 
@@ -100,6 +102,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if unknown:
       raise AblationError(f"config.settings.{name} sets {unknown}, which are not fields of "
                           "pretrain.data.masking: a setting may change the masks and nothing else")
+  if config.budget.mode not in ablation_plan.MODES:
+    raise AblationError(f"config.budget.mode={config.budget.mode!r}: expected one of "
+                        f"{ablation_plan.MODES}")
+  if config.report.baseline not in config.settings:
+    raise AblationError(f"config.report.baseline={config.report.baseline!r} is not a setting "
+                        f"({sorted(config.settings)}): differences are taken to it")
   for task, task_config in config.downstream.items():
     if task_config.family != "finetune" or task_config.init_checkpoint:
       raise AblationError(f"config.downstream.{task} must be a finetune.py config without "
@@ -123,29 +131,58 @@ def pretrain_config(config: ml_collections.ConfigDict, setting: str, seed: int,
   return run
 
 
+def budget_steps(config: ml_collections.ConfigDict, workdir: str) -> dict[str, dict[str, Any]]:
+  """FLOP mode: {setting: steps, FLOPs per step, FLOPs} spending config.budget.flops; else {}."""
+  if config.budget.mode != "flops":
+    return {}
+  runs = {s: pretrain_config(config, s, 0, workdir) for s in config.settings}
+  try:
+    return ablation_plan.matched_steps(runs, config.report.baseline, config.budget.flops)
+  except ValueError as e:
+    raise AblationError(str(e)) from None
+
+
 def plan(config: ml_collections.ConfigDict, workdir: str) -> list[Run]:
   """Every run of the grid, seed-major (all settings of seed 0 first)."""
   check_config(config)
+  matched = budget_steps(config, workdir)
   runs = []
   for seed in config.pretrain_seeds:
     for setting in config.settings:
       name = f"{setting}_seed{seed}"
-      runs.append(Run(name=name, setting=setting, seed=int(seed),
-                      config=pretrain_config(config, setting, int(seed), workdir),
+      run_config = pretrain_config(config, setting, int(seed), workdir)
+      if setting in matched:  # FLOP mode: its own step count, the schedule stretched to it
+        run_config = ablation_plan.stretch(run_config, matched[setting]["steps"])
+      runs.append(Run(name=name, setting=setting, seed=int(seed), config=run_config,
                       pretrain_dir=f"{PRETRAIN_DIR}/{name}",
                       finetune_dirs={task: f"{FINETUNE_DIR}/{name}/{task}"
                                      for task in config.downstream}))
   return runs
 
 
-def finetune_config(config: ml_collections.ConfigDict, task: str, run: Run,
+def finetune_config(config: ml_collections.ConfigDict, task: str, run: Run | None,
                     workdir: str) -> ml_collections.ConfigDict:
-  """Downstream `task`'s config fine-tuning from `run`'s final checkpoint."""
+  """Downstream `task`'s config fine-tuning from `run`'s final checkpoint (None: random init).
+
+  Random init has the pretraining model's size and vocabulary and the same sweep,
+  so it is the floor every pretrained setting must beat.
+  """
   task_config = copy.deepcopy(config.downstream[task])
   _fill_workdir(task_config, workdir)
   with task_config.unlocked():
-    task_config.init_checkpoint = paths.join(workdir, run.pretrain_dir)
+    if run is None:
+      task_config.init_checkpoint = ""
+      task_config.model_size = config.pretrain.model_size
+      task_config.vocab_file = task_config.vocab_file or config.pretrain.data.vocab_file
+    else:
+      task_config.init_checkpoint = paths.join(workdir, run.pretrain_dir)
   return task_config
+
+
+def random_init_dirs(config: ml_collections.ConfigDict) -> dict[str, str]:
+  """Downstream task -> the random-init sweep's workdir ({} when config.random_init is off)."""
+  return ({task: f"{FINETUNE_DIR}/{RANDOM_INIT}/{task}" for task in config.downstream}
+          if config.random_init else {})
 
 
 def write_plan(config: ml_collections.ConfigDict, workdir: str, runs: list[Run]) -> None:
@@ -159,6 +196,10 @@ def write_plan(config: ml_collections.ConfigDict, workdir: str, runs: list[Run])
       "runs": [{"name": r.name, "setting": r.setting, "seed": r.seed,
                 "pretrain": r.pretrain_dir, "finetune": r.finetune_dirs} for r in runs],
       "report": config.report.to_dict(),
+      "baseline": config.report.baseline,
+      "random_init": random_init_dirs(config),
+      "budget": {"mode": config.budget.mode,
+                 "settings": budget_steps(config, workdir)},
   }
   paths.write_atomic(paths.join(workdir, PLAN_FILE), json.dumps(content, indent=2) + "\n")
 
@@ -210,8 +251,14 @@ def pretrain(runs: list[Run], workdir: str) -> bool:
 
 
 def finetune(config: ml_collections.ConfigDict, runs: list[Run], workdir: str) -> bool:
-  """Fine-tunes every downstream task from every run; False when SIGTERM stopped one."""
+  """Fine-tunes every downstream task from random init and every run; False on SIGTERM."""
   from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  for task, task_dir in random_init_dirs(config).items():
+    target = paths.join(workdir, task_dir)
+    if not paths.exists(paths.join(target, trainer.SUMMARY_FILE)):
+      logging.info("random init: fine-tuning %s", task)
+      if trainer.finetune(finetune_config(config, task, None, workdir), target).get("preempted"):
+        return False
   for run in runs:
     if not pretraining_done(run, workdir):
       raise AblationError(f"run {run.name} has not finished pretraining; run the pretrain "
@@ -359,14 +406,20 @@ def run_ablation(config: ml_collections.ConfigDict | None, workdir: str,
     if stage in ("all", "pretrain"):
       if not pretrain(runs, workdir):
         return preemption.PREEMPTED_EXIT_CODE
-    planned = read_plan(workdir)["runs"]
-    if stage in ("all", "pretrain", "check", "finetune", "report"):
-      check_identical_data(workdir, planned)
+    if stage == "prepare":
+      return 0
+    written_plan = read_plan(workdir)
+    # Plans written before FLOP budgets have no "budget": they ran in step mode.
+    proof = check_identical_data(workdir, written_plan["runs"],
+                                 flop_mode=written_plan.get("budget", {}).get("mode") == "flops")
+    if proof.unfinished:
+      logging.warning("unfinished runs, left out of every comparison: %s",
+                      ", ".join(proof.unfinished))
     if stage in ("all", "finetune"):
       if not finetune(config, runs, workdir):
         return preemption.PREEMPTED_EXIT_CODE
     if stage in ("all", "report"):
-      written = ablation_report.write_report(workdir, read_plan(workdir))
+      written = ablation_report.write_report(workdir, written_plan, tuple(proof.unfinished))
       logging.info("report: %s", ", ".join(written))
   except (AblationError, workdir_lib.WorkdirError) as e:
     logging.error("%s", e)

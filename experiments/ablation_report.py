@@ -5,13 +5,15 @@ Every number comes from files the runs wrote (nothing is re-run):
                             the run's own final ratio)
   tokens, predictions       pretrain/<run>/batch_log*.jsonl: real (non-padding) tokens
                             and real MLM predictions, summed over every step and process
-  model FLOPs               bert_jax.metrics_io.flops_per_step per phase with the static
-                            prediction slots P (the MLM decoder runs on all P slots, so its
-                            cost follows the largest ratio a run masks at)
+  model FLOPs               bert_jax.cost.step_flops at every step from batch_log's real
+                            predictions (encoder per token, MLM head per prediction,
+                            pooler/NSP per sequence): FLOPs as executed, not slots
   wall time, MFU            metrics.jsonl's steps/s (training loop only) and mfu (present
                             only where bert_jax.metrics_io knows the device's peak)
   downstream                finetune/<run>/<task>/summary.json: median (min-max) over
                             fine-tuning seeds of the main dev metric at the best learning rate
+  what it can support       experiments/ablation_stats.py: paired differences to the baseline
+                            with bootstrap intervals, the random-init floor, lr warnings
 """
 
 import csv
@@ -30,6 +32,7 @@ from bert_jax import metrics_io
 from bert_jax import paths
 from bert_jax import workdir as workdir_lib
 from data_pipeline import masking
+from experiments import ablation_stats
 
 # Columns that measure the machine, not the run: they differ between two executions of one run.
 TIMING_COLUMNS = ("wall_time_s", "achieved_tflops", "mfu")
@@ -37,28 +40,47 @@ TIMING_COLUMNS = ("wall_time_s", "achieved_tflops", "mfu")
 
 def phase_flops(config: Any, bert_config: Any) -> list[tuple[int, float, int]]:
   """[(steps, model FLOPs per step, prediction slots P)] of each phase of a pretraining config."""
+  from bert_jax import cost  # pylint: disable=g-import-not-at-top  # jax only when FLOPs are asked for
+  return [(p["steps"], p["flops_per_step"], p["predictions"])
+          for p in cost.run_flops(config, bert_config, _abstract_params(config, bert_config))]
+
+
+def _abstract_params(config: Any, bert_config: Any) -> Any:
+  """The pretraining model's parameter shapes (nothing allocated)."""
   # pylint: disable=g-import-not-at-top  # jax and the model only when FLOPs are asked for
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
   from bert_jax import heads
-  from bert_jax import pretrain as pretrain_lib
-  from data_pipeline import pretraining
   model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
   ids = jnp.zeros((1, 8), jnp.int32)
-  params = nn.unbox(jax.eval_shape(
+  return nn.unbox(jax.eval_shape(
       lambda rng: model.init({"params": rng}, ids, ids, ids, ids[:, :1], deterministic=True),
       jax.random.PRNGKey(0))["params"])
-  boundary = pretrain_lib.phase2_start(config)
-  phases = [(0, boundary), (boundary, config.total_steps)]
-  out = []
-  for start, end in phases:
-    if end <= start:
-      continue
-    data_config = pretrain_lib.phase_data_config(config, start)[1]
-    p = pretraining.max_predictions(data_config)
-    out.append((end - start, metrics_io.flops_per_step(
-        bert_config, params, config.batch_size, data_config.max_seq_length, p), p))
+
+
+def executed_flops(config: Any, bert_config: Any, logs: dict[str, list[dict]]) -> list[float]:
+  """Cumulative model FLOPs after each logged step (index 0: step 0), from real predictions.
+
+  bert_jax.cost.step_flops per step, with the step's predictions summed over every
+  process's batch log and the sequence length of the phase the step belongs to.
+  """
+  # pylint: disable=g-import-not-at-top  # jax only when FLOPs are asked for
+  from bert_jax import cost
+  from bert_jax import phases as phases_lib
+  params = _abstract_params(config, bert_config)
+  predictions: dict[int, int] = {}
+  for rows in logs.values():
+    for r in rows:
+      predictions[r["step"]] = predictions.get(r["step"], 0) + r["predictions"]
+  weights, out = {}, [0.0]
+  for step in range(1, max(predictions, default=0) + 1):
+    seq_len = phases_lib.phase_data_config(config, step - 1)[1].max_seq_length
+    if seq_len not in weights:
+      weights[seq_len] = cost.flop_weights(bert_config, params, seq_len)
+    w = weights[seq_len]
+    out.append(out[-1] + config.batch_size * (seq_len * w["token"] + w["sequence"])
+               + predictions.get(step, 0) * w["prediction"])
   return out
 
 
@@ -102,8 +124,12 @@ def _describe(spec: masking.MaskingSpec) -> dict[str, str]:
   return {"ratio": f"{spec.ratio:.2f}", "schedule": schedule, "mix": mix, "unit": unit}
 
 
-def collect(workdir: str, plan: dict[str, Any]) -> list[dict[str, Any]]:
-  """One dict per planned run that has started: every number of the report."""
+def collect(workdir: str, plan: dict[str, Any], unfinished: tuple[str, ...] = ()
+            ) -> list[dict[str, Any]]:
+  """One dict per planned run that has started: every number of the report.
+
+  Runs named in `unfinished` get "finished": False and stay out of every comparison.
+  """
   rows = []
   for run in plan["runs"]:
     run_dir = paths.join(workdir, run["pretrain"])
@@ -120,12 +146,14 @@ def collect(workdir: str, plan: dict[str, Any]) -> list[dict[str, Any]]:
     steps = max([r["step"] for r in train_rows], default=0)
     phases = phase_flops(config, bert_config)
     logs = batch_log.read(run_dir)
+    cumulative = executed_flops(config, bert_config, logs)
     wall, previous = 0.0, 0
     for r in train_rows:
       wall += (r["step"] - previous) / max(r["steps_per_s"], 1e-9)
       previous = r["step"]
-    flops = _flops_at(phases, steps)
+    flops = cumulative[min(steps, len(cumulative) - 1)]
     row = {"run": run["name"], "setting": run["setting"], "seed": run["seed"],
+           "finished": run["name"] not in unfinished,
            **_describe(spec), "mean_ratio": round(mean_ratio(spec, config.total_steps), 4),
            "prediction_slots": "/".join(str(p) for _, _, p in phases),
            "steps": steps, "total_steps": config.total_steps,
@@ -140,8 +168,8 @@ def collect(workdir: str, plan: dict[str, Any]) -> list[dict[str, Any]]:
     for key in ("eval/mlm_loss", "eval/mlm_accuracy", "eval/nsp_accuracy",
                 "eval_own/mlm_loss", "eval_own/mlm_accuracy"):
       row[key.replace("/", "_")] = round(last[key], 6) if key in last else ""
-    row["curve"] = [(r["step"], _flops_at(phases, r["step"]), r["eval/mlm_accuracy"])
-                    for r in evals]
+    row["curve"] = [(r["step"], cumulative[min(r["step"], len(cumulative) - 1)],
+                     r["eval/mlm_accuracy"]) for r in evals]
     row["downstream"] = {}
     for task, task_dir in run["finetune"].items():
       summary_path = paths.join(workdir, task_dir, "summary.json")
@@ -151,7 +179,8 @@ def collect(workdir: str, plan: dict[str, Any]) -> list[dict[str, Any]]:
       main = summary["main_metric"]
       values = [r[main] for r in summary["per_seed"].values()]
       row["downstream"][task] = {"metric": main, "values": values,
-                                 "learning_rate": summary["learning_rate"]}
+                                 "learning_rate": summary["learning_rate"],
+                                 "learning_rates": plan["tasks"][task]["learning_rates"]}
       row[f"{task}_median"] = round(statistics.median(values), 6)
       row[f"{task}_min"] = round(min(values), 6)
       row[f"{task}_max"] = round(max(values), 6)
@@ -161,13 +190,44 @@ def collect(workdir: str, plan: dict[str, Any]) -> list[dict[str, Any]]:
   return sorted(rows, key=lambda r: (r["mean_ratio"], r["setting"], r["seed"]))
 
 
-def _flops_at(phases: list[tuple[int, float, int]], step: int) -> float:
-  """Model FLOPs of the first `step` steps."""
-  total, left = 0.0, step
-  for steps, per_step, _ in phases:
-    total += min(left, steps) * per_step
-    left -= min(left, steps)
-  return total
+def random_init_downstream(workdir: str, plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+  """{task: {"values", "learning_rate", "learning_rates", "metric"}} of the random-init sweeps run."""
+  out = {}
+  for task, task_dir in plan.get("random_init", {}).items():  # plans before the row have none
+    summary_path = paths.join(workdir, task_dir, "summary.json")
+    if paths.exists(summary_path):
+      summary = json.loads(paths.read_text(summary_path))
+      out[task] = {"metric": summary["main_metric"],
+                   "values": [r[summary["main_metric"]] for r in summary["per_seed"].values()],
+                   "learning_rate": summary["learning_rate"],
+                   "learning_rates": plan["tasks"][task]["learning_rates"]}
+  return out
+
+
+def matched_tables(rows: list[dict[str, Any]]) -> list[str]:
+  """report.md lines: held-out MLM accuracy of finished runs at equal steps and at equal FLOPs.
+
+  Equal steps: the last evaluation at or before the largest step every finished run
+  evaluated at. Equal FLOPs: the smallest run's total model FLOPs; each run's last
+  evaluation whose cumulative FLOPs do not exceed it (the FLOPs column says where).
+  """
+  done = [r for r in rows if r["finished"] and r["curve"]]
+  if not done:
+    return []
+  steps = min(r["curve"][-1][0] for r in done)
+  budget = min(r["curve"][-1][1] for r in done)
+  lines = [f"## At equal steps ({steps:,}) and at equal model FLOPs ({budget / 1e15:.4g} PFLOP, "
+           "the smallest finished run's)", "",
+           "| run | step | MLM acc (15%) at equal steps | step | PFLOP | MLM acc (15%) at equal "
+           "FLOPs |", "|---|---|---|---|---|---|"]
+  for r in done:
+    at_steps = [c for c in r["curve"] if c[0] <= steps]
+    at_flops = [c for c in r["curve"] if c[1] <= budget * (1 + 1e-9)]
+    a = at_steps[-1] if at_steps else ("-", 0.0, "-")
+    b = at_flops[-1] if at_flops else ("-", 0.0, "-")
+    lines.append(f"| {r['run']} | {a[0]} | {_fmt(a[2])} | {b[0]} | {b[1] / 1e15:.4g} | "
+                 f"{_fmt(b[2])} |")
+  return lines + [""]
 
 
 def results_csv(rows: list[dict[str, Any]], tasks: list[str]) -> str:
@@ -191,7 +251,8 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 
 def report_markdown(plan: dict[str, Any], rows: list[dict[str, Any]], tasks: list[str],
-                    plots: list[str]) -> str:
+                    plots: list[str], random_init: dict[str, dict[str, Any]] | None = None
+                    ) -> str:
   """report.md: the per-run table, the per-setting summary, the plots and what the numbers are."""
   header = ["run", "ratio", "schedule", "mix", "unit", "P", "steps", "tokens", "predictions",
             "model PFLOP", "wall", "TFLOP/s", "MFU", "held-out MLM loss (15%)",
@@ -209,18 +270,27 @@ def report_markdown(plan: dict[str, Any], rows: list[dict[str, Any]], tasks: lis
                    if f"{task}_median" in r else "not run")
     table.append(cells)
   missing = [r["name"] for r in plan["runs"] if r["name"] not in {row["run"] for row in rows}]
+  unfinished = [r["run"] for r in rows if not r["finished"]]
   lines = [f"# Masking ablation: {plan['variant']}", "",
            f"{len(plan['settings'])} masking settings x pretraining seeds "
            f"{plan['pretrain_seeds']}; downstream: "
            + (", ".join(f"{t} ({c['name']}, lr {c['learning_rates']} x seeds {c['seeds']})"
                         for t, c in plan["tasks"].items()) or "none") + ".",
-           "Runs of one seed start from the same parameters and were checked to have read "
-           "identical unmasked batches at every step both logged (batch_log.jsonl) with configs "
-           "that differ only in data.masking.", "",
+           "Finished runs of one seed start from the same parameters and were proven to have "
+           "read identical unmasked batches at every step 1..N, every process's batch log "
+           "complete (experiments/ablation_proof.py), with configs that differ only in "
+           "data.masking (and, under a FLOP budget, in their step counts).", "",
            "## Runs", "", markdown_table(header, table), ""]
   if missing:
     lines += [f"Not started yet: {', '.join(missing)}.", ""]
-  by_setting = _by_setting(rows, tasks)
+  if unfinished:
+    lines += [f"Unfinished (listed above, left out of every comparison below): "
+              f"{', '.join(unfinished)}.", ""]
+  finished = [r for r in rows if r["finished"]]
+  lines += matched_tables(rows)
+  lines += [ablation_stats.comparison_markdown(finished, tasks, plan.get("baseline", "r15"),
+                                               random_init or {})]
+  by_setting = _by_setting([r for r in rows if r["finished"]], tasks)
   if any(len(s["runs"]) > 1 for s in by_setting.values()):
     lines += ["## Per setting (pooled over pretraining seeds)", "",
               markdown_table(["setting", "runs", "held-out MLM acc (15%) median"]
@@ -235,13 +305,15 @@ def report_markdown(plan: dict[str, Any], rows: list[dict[str, Any]], tasks: lis
             "own knobs at the ratio it ends training at.",
             "- tokens / predictions: real (non-padding) tokens and real MLM predictions the run "
             "trained on, summed from its per-step batch log.",
-            "- model FLOPs: bert_jax.metrics_io.flops_per_step with the static prediction slots P "
-            "(the tied decoder runs on all P slots, so a higher ratio costs more per step); "
-            "TFLOP/s is FLOPs over the training loop's wall time; MFU only where the device's "
-            "peak is known.",
+            "- model FLOPs: bert_jax.cost.step_flops summed over the steps, with each step's "
+            "real predictions from batch_log (encoder per token, MLM head and tied decoder per "
+            "prediction, pooler/NSP per sequence); P is the static slot count the step was "
+            "shaped for. TFLOP/s is FLOPs over the training loop's wall time; MFU only where "
+            "the device's peak is known.",
             "- downstream: the main dev metric at each task's best learning rate (by median), "
             "median and min-max over fine-tuning seeds; schedules sit at their mean ratio on "
-            "the ratio axis.", ""]
+            "the ratio axis. The learning rate is chosen on the same dev split it is reported "
+            "on (no held-out test split yet), so these numbers are optimistic by the choice.", ""]
   return "\n".join(lines)
 
 
@@ -274,7 +346,8 @@ def _by_setting(rows: list[dict[str, Any]], tasks: list[str]) -> dict[str, dict[
   return out
 
 
-def write_plots(workdir: str, rows: list[dict[str, Any]], tasks: list[str]) -> list[str]:
+def write_plots(workdir: str, rows: list[dict[str, Any]], tasks: list[str],
+                random_init: dict[str, dict[str, Any]] | None = None) -> list[str]:
   """plots/*.png (matplotlib, Agg); returns the names written."""
   import matplotlib  # pylint: disable=g-import-not-at-top  # only the report draws
   matplotlib.use("Agg")
@@ -282,7 +355,7 @@ def write_plots(workdir: str, rows: list[dict[str, Any]], tasks: list[str]) -> l
   settings = list(dict.fromkeys(r["setting"] for r in rows))
   colors = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(settings)}
   styles = ["-", "--", ":", "-."]
-  by_setting = _by_setting(rows, tasks)
+  by_setting = _by_setting([r for r in rows if r["finished"]], tasks)
 
   def curves(ax, x_index, xlabel):
     for r in rows:
@@ -304,6 +377,13 @@ def write_plots(workdir: str, rows: list[dict[str, Any]], tasks: list[str]) -> l
       schedule = s["row"]["schedule"] != "constant"
       ax.errorbar([x], [median], yerr=[[median - min(values)], [max(values) - median]],
                   fmt="s" if schedule else "o", color=colors[name], capsize=4, label=name)
+      # Per-seed points: one per pretraining run (its median over fine-tuning seeds).
+      per_run = [statistics.median(r["downstream"][task]["values"]) for r in rows
+                 if r["setting"] == name and task in r["downstream"]]
+      ax.plot([x] * len(per_run), per_run, "x", color=colors[name], alpha=0.6)
+    if random_init and task in random_init:
+      ax.axhline(statistics.median(random_init[task]["values"]), color="grey", linestyle="--",
+                 label="random init (median)")
     ax.set_xlabel("masking ratio (schedules: mean over training)")
     ax.set_ylabel(f"{task}: {_metric(rows, task)} median (min-max)")
     ax.grid(alpha=0.3)
@@ -341,13 +421,18 @@ def write_plots(workdir: str, rows: list[dict[str, Any]], tasks: list[str]) -> l
   return written
 
 
-def write_report(workdir: str, plan: dict[str, Any]) -> list[str]:
-  """Writes report.md, results.csv and plots/ from the workdirs; returns the files written."""
-  rows = collect(workdir, plan)
+def write_report(workdir: str, plan: dict[str, Any], unfinished: tuple[str, ...] = ()
+                 ) -> list[str]:
+  """Writes report.md, results.csv and plots/ from the workdirs; returns the files written.
+
+  `unfinished`: runs the identical-data proof set aside (reported, never compared).
+  """
+  rows = collect(workdir, plan, unfinished)
   tasks = list(plan["tasks"])
-  plots = write_plots(workdir, rows, tasks)
+  random_init = random_init_downstream(workdir, plan)
+  plots = write_plots(workdir, rows, tasks, random_init)
   paths.write_atomic(paths.join(workdir, "results.csv"), results_csv(rows, tasks))
   paths.write_atomic(paths.join(workdir, "report.md"),
-                     report_markdown(plan, rows, tasks, plots))
+                     report_markdown(plan, rows, tasks, plots, random_init))
   return ["report.md", "results.csv"] + [f"plots/{p}.png" for p in plots]
 

@@ -137,7 +137,18 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
 
   # --- what differs between runs ---
   config.settings = ml_collections.ConfigDict(_settings(arg))  # name -> pretrain.data.masking fields
-  config.pretrain_seeds = (0, 1) if arg == "zh_full" else (0,)  # pretrain.seed and pretrain.data.seed
+  # pretrain.seed and pretrain.data.seed: three at least wherever a difference is claimed
+  # (paired bootstrap intervals over seeds; one seed can separate nothing).
+  config.pretrain_seeds = (0,) if smoke else (0, 1, 2)
+  # Fine-tune every downstream task from random init too, with the same sweep: the floor.
+  config.random_init = True
+
+  # --- what is held fixed across settings ---
+  config.budget = ml_collections.ConfigDict()
+  # "steps": every run trains pretrain.total_steps; "flops": each setting trains the steps
+  # that spend budget.flops on its own per-step model FLOPs (experiments/ablation_plan.py).
+  config.budget.mode = "steps"
+  config.budget.flops = 0.0  # FLOP mode's budget; 0: the baseline's FLOPs in pretrain.total_steps
 
   # --- downstream: fine-tuning from every run's final checkpoint ---
   config.downstream = ml_collections.ConfigDict()  # task name -> experiments/configs/finetune.py config
@@ -161,4 +172,5 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   config.report.fallback_gflops = 45.0
   # "<device kind in PEAK_TFLOPS>:<devices>" estimated by --dry_run (a v4-8 slice is 4 chips).
   config.report.targets = ("TPU v4:4", "NVIDIA H200:1")
+  config.report.baseline = "r15"  # differences (with bootstrap intervals) are taken to this setting
   return config
