@@ -6,10 +6,17 @@ identical results for the same seed. The knobs (ratio, fixed vs Bernoulli
 count, mask/random/keep split, whole-word and span masking) are independent so
 that objective ablations change exactly one thing.
 
-Ratio schedules: `MaskingSpec.schedule` "linear" or "cosine" moves the ratio
-from `ratio` at step 0 to `final_ratio` at the run's last step (Yang et al.
-2023, "Learning Better Masking for Better Language Model Pre-training": masking
-ratio decay). `ratio_at(step, total_steps)` is the one definition; the
+Ratio schedules: `MaskingSpec.schedule` "linear", "cosine" or "polynomial"
+moves the ratio from `ratio` at step 0 to `final_ratio` at the run's last step;
+"warmup_decay" rises from `final_ratio` to `ratio` first (Yang et al. 2023,
+"Learning Better Masking for Better Language Model Pre-training": masking ratio
+decay, e.g. linear from 2p towards ~0).
+
+Corruption apart from prediction (Wettig et al. 2023, section 5):
+`predict_ratio` > `ratio` predicts the corrupted tokens plus uncorrupted ones,
+the lowest-scoring `predict_ratio` share, of which the lowest `ratio` share is
+corrupted (80/10/10 applies to those); `uncorrupted_fraction()` is the expected
+share of predictions whose input is unchanged. `ratio_at(step, total_steps)` is the one definition; the
 pipeline passes each example's ratio to `mask_tokens`, and the static number of
 predictions covers the schedule's largest ratio.
 
@@ -49,7 +56,7 @@ import numpy as np
 from data_pipeline.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 
 _STRATEGIES = ("fixed", "bernoulli")
-SCHEDULES = ("constant", "linear", "cosine")
+SCHEDULES = ("constant", "linear", "cosine", "polynomial", "warmup_decay")
 # An explicit max_predictions_per_seq with the bernoulli strategy may be smaller
 # than max_seq_length only if a sequence needs more predictions with at most
 # this probability: < 1 expected overflow over BERT's 256 x 1M training sequences.
@@ -82,6 +89,14 @@ class MaskingSpec:
       at step 0 to `final_ratio` at the last step (see `ratio_at`).
     final_ratio: the ratio a schedule ends at, in (0, 1); must be 0 for
       "constant" (it would mean nothing there).
+    schedule_power: the exponent of "polynomial" (1 is "linear"; must be 1 for
+      every other schedule).
+    schedule_warmup: the fraction of the run over which "warmup_decay" rises
+      from final_ratio to ratio before decaying linearly back (0 otherwise).
+    predict_ratio: 0 (predict exactly the corrupted tokens, BERT), or the
+      fraction of maskable tokens predicted, >= ratio: the corrupted ones plus
+      uncorrupted ones (Wettig et al. 2023 section 5, corruption rate apart
+      from prediction rate). Token-level, constant-ratio masking only.
   """
   # No defaults: a run's values come from its config (experiments/configs/data.py);
   # bert_masking() below is the paper's masking, spelled out.
@@ -97,6 +112,9 @@ class MaskingSpec:
   max_predictions_per_seq: int
   schedule: str
   final_ratio: float
+  schedule_power: float
+  schedule_warmup: float
+  predict_ratio: float
 
   def __post_init__(self):
     def number(name, low, high, low_open, high_open):
@@ -136,6 +154,25 @@ class MaskingSpec:
             "masking.schedule; with 'constant' leave it 0")
     else:
       number("final_ratio", 0.0, 1.0, True, True)
+    number("schedule_power", 0.0, 100.0, True, False)
+    if self.schedule != "polynomial" and self.schedule_power != 1.0:
+      raise ValueError(f"masking.schedule_power={self.schedule_power!r} is used only by "
+                       "masking.schedule 'polynomial'; leave it 1")
+    if self.schedule == "warmup_decay":
+      number("schedule_warmup", 0.0, 1.0, True, True)
+    elif self.schedule_warmup != 0.0:
+      raise ValueError(f"masking.schedule_warmup={self.schedule_warmup!r} is used only by "
+                       "masking.schedule 'warmup_decay'; leave it 0")
+    if self.predict_ratio != 0.0:
+      number("predict_ratio", 0.0, 1.0, True, True)
+      if self.predict_ratio < self.ratio:
+        raise ValueError(f"masking.predict_ratio={self.predict_ratio!r} must be >= "
+                         f"masking.ratio={self.ratio!r} (every corrupted token is predicted), "
+                         "or 0 to predict exactly the corrupted tokens")
+      if self.whole_word or self.span or self.schedule != "constant":
+        raise ValueError("masking.predict_ratio applies to token-level masking at a constant "
+                         "ratio; set whole_word/span False and schedule 'constant', or "
+                         "predict_ratio 0")
     for name, low in (("max_span_length", 1), ("max_predictions_per_seq", 0)):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -163,8 +200,19 @@ class MaskingSpec:
 
   @property
   def max_ratio(self) -> float:
-    """The largest ratio the schedule reaches (static shapes are sized for it)."""
+    """The largest fraction predicted at any step (static shapes are sized for it)."""
+    if self.predict_ratio:
+      return self.predict_ratio
     return self.ratio if self.schedule == "constant" else max(self.ratio, self.final_ratio)
+
+  def uncorrupted_fraction(self) -> float:
+    """Expected fraction of predictions whose input token is left unchanged.
+
+    Predictions beyond the corrupted ones ((predict_ratio - ratio) / predict_ratio)
+    plus the corrupted ones kept by keep_prob; BERT's 80/10/10 gives 0.1.
+    """
+    predicted = self.predict_ratio or self.ratio
+    return (predicted - self.ratio) / predicted + self.ratio / predicted * self.keep_prob
 
   @property
   def end_ratio(self) -> float:
@@ -176,7 +224,9 @@ class MaskingSpec:
 
     progress = min(step / total_steps, 1); "linear": ratio + (final - ratio) *
     progress; "cosine": final + (ratio - final) * (1 + cos(pi * progress)) / 2
-    (Yang et al. 2023's linear and cosine decay). A pure function of the step,
+    (Yang et al. 2023's linear and cosine decay); "polynomial": weight
+    (1 - progress) ** schedule_power; "warmup_decay": up from final to ratio
+    over schedule_warmup of the run, then linearly down. A pure function of the step,
     so a resumed run masks exactly as the uninterrupted one.
     """
     if self.schedule == "constant":
@@ -188,6 +238,12 @@ class MaskingSpec:
     progress = min(max(step, 0) / total_steps, 1.0)
     if self.schedule == "linear":
       weight = 1.0 - progress
+    elif self.schedule == "polynomial":
+      weight = (1.0 - progress) ** self.schedule_power
+    elif self.schedule == "warmup_decay":
+      # Up from final_ratio to ratio over the warm-up, then linearly back down.
+      w = self.schedule_warmup
+      weight = progress / w if progress < w else (1.0 - progress) / (1.0 - w)
     else:
       weight = 0.5 * (1.0 + math.cos(math.pi * progress))
     # A weighted sum, so both ends are exactly `ratio` and `final_ratio`.
@@ -195,7 +251,8 @@ class MaskingSpec:
 
   def at_ratio(self, ratio: float) -> "MaskingSpec":
     """This spec with a constant `ratio` (the other knobs and P kept)."""
-    return dataclasses.replace(self, ratio=ratio, schedule="constant", final_ratio=0.0)
+    return dataclasses.replace(self, ratio=ratio, schedule="constant", final_ratio=0.0,
+                               schedule_power=1.0, schedule_warmup=0.0)
 
   def max_predictions(self, max_seq_length: int) -> int:
     """The static number P of masked_lm_* slots for sequences of this length.
@@ -249,8 +306,43 @@ def bert_masking(ratio: float = 0.15, **changes) -> MaskingSpec:
   spec = MaskingSpec(ratio=ratio, mask_prob=0.8, random_prob=0.1, keep_prob=0.1,
                      strategy="fixed", whole_word=False, span=False, span_geometric_p=0.2,
                      max_span_length=10, max_predictions_per_seq=0, schedule="constant",
-                     final_ratio=0.0)
+                     final_ratio=0.0, schedule_power=1.0, schedule_warmup=0.0, predict_ratio=0.0)
   return dataclasses.replace(spec, **changes)
+
+
+def gold_words(tagged_line: str) -> list[str]:
+  """The words of one People's Daily line ("迈向/v  充满/v ..."): its gold segmentation."""
+  return [token.rsplit("/", 1)[0] for token in tagged_line.split() if "/" in token]
+
+
+def segmented_word_starts(pieces: Sequence[str], words: Sequence[str]) -> np.ndarray:
+  """[len(pieces)] bool: True on the first piece of each word of a segmentation.
+
+  Chinese BERT vocabularies split CJK text into single characters, each its own
+  "word" to the "##" rule, so whole-word masking on Chinese needs a segmentation
+  (gold, or a segmenter's such as snownlp's) to say which characters belong
+  together. `pieces` are the tokenizer's pieces of the text ("##" marks stripped),
+  `words` its segmentation; the two must spell the same characters (whitespace
+  ignored). A piece starts a word when its first character does; a piece that
+  spans a word boundary starts the word it begins in.
+  """
+  starts, offset, text = set(), 0, "".join("".join(words).split())
+  for word in words:
+    word = "".join(word.split())
+    if word:
+      starts.add(offset)
+      offset += len(word)
+  out, position = np.zeros(len(pieces), bool), 0
+  for i, piece in enumerate(pieces):
+    piece = piece[2:] if piece.startswith("##") else piece
+    if text[position:position + len(piece)] != piece:
+      raise ValueError(f"piece {i} {piece!r} does not match the segmented text at character "
+                       f"{position} ({text[position:position + 10]!r}...)")
+    out[i] = position in starts
+    position += len(piece)
+  if position != len(text):
+    raise ValueError(f"the pieces spell {position} characters, the words {len(text)}")
+  return out
 
 
 def _binomial_tail(n: int, p: float, k: int) -> float:
@@ -453,14 +545,30 @@ def mask_tokens(input_ids, maskable, word_starts, seed, spec: MaskingSpec, *,
   else:
     budget = tf.constant(max_predictions, tf.int32)
 
+  corrupted = None  # None: every prediction is corrupted (predict_ratio 0)
   if not (spec.whole_word or spec.span):
     # Token level (the hot path): the `budget` lowest-scoring candidates, no loop.
-    candidates = maskable
-    if spec.strategy == "bernoulli":
-      candidates &= scores < ratio32
+    if spec.predict_ratio:
+      # The corrupted set is the ratio's own selection; the predicted set extends it
+      # with the next-lowest scores up to predict_ratio (nested, same scores).
+      predict = tf.constant(spec.predict_ratio, tf.float64)
+      corrupt_candidates = maskable & (scores < ratio32) if spec.strategy == "bernoulli" \
+          else maskable
+      candidates = maskable & (scores < tf.cast(predict, tf.float32)) \
+          if spec.strategy == "bernoulli" else maskable
+      corrupt_budget = budget
+      if spec.strategy == "fixed":
+        budget = tf.cast(tf.math.round(tf.cast(num_maskable, tf.float64) * predict), tf.int32)
+        budget = tf.where(num_maskable > 0, tf.maximum(budget, 1), 0)
+    else:
+      candidates = maskable
+      if spec.strategy == "bernoulli":
+        candidates &= scores < ratio32
     rank = tf.math.invert_permutation(
         tf.argsort(tf.where(candidates, scores, 2.0), stable=True))
     selected = candidates & (rank < budget)
+    if spec.predict_ratio:
+      corrupted = corrupt_candidates & (rank < corrupt_budget)
     decision = tf.random.stateless_uniform([length], seeds[2])
   else:
     # Units: every maskable word start, every unmaskable token, and any maskable
@@ -486,6 +594,9 @@ def mask_tokens(input_ids, maskable, word_starts, seed, spec: MaskingSpec, *,
     # One mask/random/keep draw per word or span.
     decision = tf.gather(tf.random.stateless_uniform([length], seeds[2]), decision_group)
 
+  # Predicted but never corrupted (predict_ratio): decision 2.0 falls past every threshold.
+  if corrupted is not None:
+    decision = tf.where(corrupted, decision, 2.0)
   to_mask = selected & (decision < spec.mask_prob)
   to_random = selected & ~to_mask & (decision < spec.mask_prob + spec.random_prob)
   # Uniform over the allowed ids: a uniform rank among them, looked up in a table.

@@ -104,10 +104,10 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def _spec(masking_config: dict) -> masking.MaskingSpec:
-  """The MaskingSpec a run recorded (fields it predates keep their defaults: no schedule)."""
-  return masking.MaskingSpec(**{f.name: masking_config[f.name]
-                                for f in dataclasses.fields(masking.MaskingSpec)
-                                if f.name in masking_config})
+  """The MaskingSpec a run recorded (fields it predates keep BERT's values: no schedule)."""
+  return dataclasses.replace(masking.bert_masking(), **{
+      f.name: masking_config[f.name] for f in dataclasses.fields(masking.MaskingSpec)
+      if f.name in masking_config})
 
 
 def mean_ratio(spec: masking.MaskingSpec, total_steps: int) -> float:
@@ -121,6 +121,8 @@ def _describe(spec: masking.MaskingSpec) -> dict[str, str]:
   schedule = (spec.schedule if spec.schedule == "constant"
               else f"{spec.schedule} {spec.ratio:.2f}->{spec.final_ratio:.2f}")
   unit = "span" if spec.span else "whole word" if spec.whole_word else "token"
+  if spec.predict_ratio:
+    mix += f", predict {spec.predict_ratio:.2f}"  # Wettig et al.'s prediction rate
   return {"ratio": f"{spec.ratio:.2f}", "schedule": schedule, "mix": mix, "unit": unit}
 
 

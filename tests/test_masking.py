@@ -335,7 +335,8 @@ def _config(**overrides):
   fields = dict(
       ratio=0.15, mask_prob=0.8, random_prob=0.1, keep_prob=0.1, strategy="fixed",
       whole_word=False, span=False, span_geometric_p=0.2, max_span_length=10,
-      max_predictions_per_seq=0, schedule="constant", final_ratio=0.0)
+      max_predictions_per_seq=0, schedule="constant", final_ratio=0.0, schedule_power=1.0,
+      schedule_warmup=0.0, predict_ratio=0.0)
   return ml_collections.ConfigDict({**fields, **overrides})
 
 

@@ -76,7 +76,9 @@ WORKDIR = "{workdir}"  # placeholder in corpus paths, replaced by the ablation's
 
 def masking_setting(ratio: float, *, mix: tuple[float, float, float] = (0.8, 0.1, 0.1),
                     whole_word: bool = False, span: bool = False, schedule: str = "constant",
-                    final_ratio: float = 0.0) -> ml_collections.ConfigDict:
+                    final_ratio: float = 0.0, schedule_power: float = 1.0,
+                    schedule_warmup: float = 0.0,
+                    predict_ratio: float = 0.0) -> ml_collections.ConfigDict:
   """One setting: the pretrain.data.masking fields it writes (every varied knob, explicitly)."""
   s = ml_collections.ConfigDict()
   s.ratio = ratio  # fraction of maskable tokens predicted (a schedule's start)
@@ -85,6 +87,9 @@ def masking_setting(ratio: float, *, mix: tuple[float, float, float] = (0.8, 0.1
   s.span = span  # SpanBERT spans
   s.schedule = schedule  # "constant" | "linear" | "cosine" (ratio -> final_ratio over the run)
   s.final_ratio = final_ratio  # the schedule's end (0 for "constant")
+  s.schedule_power = schedule_power  # "polynomial"'s exponent
+  s.schedule_warmup = schedule_warmup  # "warmup_decay"'s rising fraction of the run
+  s.predict_ratio = predict_ratio  # 0: predict what is corrupted; else >= ratio (Wettig et al. section 5)
   return s
 
 
@@ -103,6 +108,14 @@ def _settings(arg: str) -> dict[str, ml_collections.ConfigDict]:
     settings[f"r{round(100 * r):02d}_wwm"] = masking_setting(r, whole_word=True)
     settings[f"r{round(100 * r):02d}_span"] = masking_setting(r, span=True)
   settings["lin40to15"] = masking_setting(0.4, schedule="linear", final_ratio=0.15)
+  # Yang et al. 2023's shapes: from 2p towards ~0, polynomial, warm-up then decay.
+  settings["lin30to02"] = masking_setting(0.3, schedule="linear", final_ratio=0.02)
+  settings["poly30to02"] = masking_setting(0.3, schedule="polynomial", final_ratio=0.02,
+                                           schedule_power=2.0)
+  settings["warm40to15"] = masking_setting(0.4, schedule="warmup_decay", final_ratio=0.15,
+                                           schedule_warmup=0.1)
+  # Wettig et al. 2023 section 5: corrupt 15%, predict 40% (uncorrupted tokens too).
+  settings["r15_predict40"] = masking_setting(0.15, predict_ratio=0.4)
   settings["cos40to15"] = cosine
   return settings
 

@@ -29,6 +29,9 @@ def data_config() -> ml_collections.ConfigDict:
   c.shuffle_buffer = 256  # documents per shuffle block: their examples are shuffled together
   c.heldout_modulus = 50  # one document in ~this many is held out for eval (MD5 of its text)
   c.max_line_bytes = 1 << 20  # longer lines are skipped (counted): minified code / binary, not prose
+  # A corpus file with a larger share of lines that are not UTF-8 is refused by name: it is
+  # binary or compressed in a format not read (.gz/.bz2/.xz are), not text with a stray byte.
+  c.max_undecodable_fraction = 0.01
   c.max_sentences_per_document = 2048  # longer documents are cut into several (bounds memory)
   c.masking = ml_collections.ConfigDict()
   c.masking.ratio = 0.15  # fraction of maskable tokens predicted (BERT: 15%)
@@ -41,8 +44,11 @@ def data_config() -> ml_collections.ConfigDict:
   c.masking.span_geometric_p = 0.2  # span-length geometric p (SpanBERT)
   c.masking.max_span_length = 10  # longest span in words (SpanBERT)
   c.masking.max_predictions_per_seq = 0  # 0 -> derived from the ratio (20 at 128 / 0.15; a schedule's largest)
-  c.masking.schedule = "constant"  # "constant" | "linear" | "cosine": ratio -> final_ratio over the run's steps
-  c.masking.final_ratio = 0.0  # where a "linear"/"cosine" schedule ends (0 with "constant")
+  c.masking.schedule = "constant"  # "constant" | "linear" | "cosine" | "polynomial" | "warmup_decay" (masking.py)
+  c.masking.final_ratio = 0.0  # where a schedule ends (0 with "constant")
+  c.masking.schedule_power = 1.0  # "polynomial"'s exponent (1 elsewhere)
+  c.masking.schedule_warmup = 0.0  # "warmup_decay": fraction of the run rising to ratio (0 elsewhere)
+  c.masking.predict_ratio = 0.0  # 0: predict the corrupted tokens; else >= ratio, predicting uncorrupted ones too
   c.eval = ml_collections.ConfigDict()
   c.eval.num_examples = 1024  # size of the fixed held-out set (rounded down to whole global batches)
   c.eval.masking_ratio = 0.15  # eval masks: BERT's default masking at this ratio, whatever training uses
