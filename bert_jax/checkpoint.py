@@ -9,7 +9,9 @@ Orbax writes each step into a temporary directory and renames it when complete
 only complete steps visible; `latest_step` never returns a half-written one.
 A complete step can still be damaged later (a truncated file, a deleted
 metadata file): `restore_latest` then reports it in one line, moves it aside
-(never deletes it) and resumes from the newest step that restores.
+(never deletes it) and resumes from the newest step that restores. A failure is
+retried before it is believed (storage hiccups pass), and on several hosts all
+processes agree on each step before any resumes from it or moves it aside.
 """
 
 import dataclasses
@@ -17,6 +19,7 @@ import datetime
 import json
 import os
 import re
+import time
 from typing import Any
 
 from absl import logging
@@ -29,6 +32,7 @@ from orbax.checkpoint import checkpoint_managers
 from bert_jax import model as model_lib
 from bert_jax import paths
 from bert_jax import workdir as workdir_lib
+from bert_jax import workdir_lock
 
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt_checkpoints"
@@ -62,7 +66,14 @@ def save(manager: ocp.CheckpointManager, step: int, state: dict[str, Any],
   0 only, so each process's position is gathered into it first: on restore
   every host gets its own back (each host of a multi-host run reads its own
   part of the corpus).
+
+  Raises:
+    WorkdirError: this process's workdir lock was taken by another run (read
+      now, not from the last heartbeat): a lost holder never saves. Only
+      process 0 holds the lock; the others then block in orbax's save barrier
+      until jax.distributed ends them with process 0 gone.
   """
+  workdir_lock.check_held(verify=True)
   gathered = {"process_count": jax.process_count(), "processes": _gather(data_state)}
   return manager.save(step, args=ocp.args.Composite(
       state=ocp.args.StandardSave(state), data_state=ocp.args.JsonSave(gathered)), force=force)
@@ -117,36 +128,112 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any,
   return restored.state, local_data_state(restored.data_state)
 
 
+# A step that fails to restore is tried RESTORE_ATTEMPTS times, waiting
+# RESTORE_BACKOFF_S, then twice that, ... in between: storage hiccups (a GCS 503, a
+# timeout) pass. Only a step whose every attempt failed with the same cause (the
+# same file, the same byte range) on some process is judged damaged and moved aside.
+RESTORE_ATTEMPTS = 3
+RESTORE_BACKOFF_S = 1.0
+# What each process found for a step, gathered so that all decide alike.
+_RESTORED, _DAMAGED, _UNREADABLE = 0, 1, 2
+# Causes that say "the storage did not answer", never "the file is bad".
+_TRANSIENT = re.compile(r"UNAVAILABLE|DEADLINE_EXCEEDED|ABORTED|RESOURCE_EXHAUSTED|"
+                        r"(HTTP|status|code)\D{0,3}(429|5\d\d)\b|timed? ?out|Connection|temporar",
+                        re.IGNORECASE)
+
+
+def _agree(manager: ocp.CheckpointManager, step: int, status: int) -> list[int]:
+  """Every process's status for `step`, in process order (the same list on all)."""
+  if jax.process_count() == 1:
+    return [status]
+  rows = np.asarray(multihost_utils.process_allgather(np.array([step, status], np.int64)))
+  if len(set(rows[:, 0].tolist())) != 1:
+    raise CheckpointError(f"the processes see different checkpoint steps in {manager.directory} "
+                          f"({rows[:, 0].tolist()}): is another run still writing there?")
+  return rows[:, 1].tolist()
+
+
+def _try_restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int
+                 ) -> tuple[tuple[Any, dict[str, Any]] | None, list[int], str]:
+  """(restored or None, every process's _RESTORED/_DAMAGED/_UNREADABLE, this one's cause).
+
+  The attempts are collective: orbax's restore holds barriers and broadcasts, so
+  every process calls it equally often, and after each attempt all agree whether
+  every one restored; if not, all try again (after a wait). A process whose
+  read fails inside orbax leaves the others at orbax's closing barrier until its
+  timeout, so they fail that attempt too: still one decision, never a split run.
+  """
+  causes = []
+  for attempt in range(RESTORE_ATTEMPTS):
+    if attempt:
+      time.sleep(RESTORE_BACKOFF_S * 2 ** (attempt - 1))
+    try:
+      restored = restore(manager, abstract_state, step)
+    except ProcessCountError:
+      raise  # a refusal about this run (the same on every process), not damage
+    except Exception as e:  # pylint: disable=broad-except  # tensorstore/orbax raise many kinds
+      restored = None
+      causes.append(_missing_file(manager, step) or _one_line(e))
+      logging.warning("checkpoint step %d: restore attempt %d of %d failed: %s", step,
+                      attempt + 1, RESTORE_ATTEMPTS, causes[-1])
+    if all(s == _RESTORED for s in _agree(manager, step, _RESTORED if restored else _UNREADABLE)):
+      return restored, [_RESTORED] * jax.process_count(), ""
+  if len(causes) < RESTORE_ATTEMPTS:  # restored here at least once: nothing wrong on this side
+    verdict = _RESTORED
+  elif len(set(causes)) == 1 and not _TRANSIENT.search(causes[0]):
+    verdict = _DAMAGED  # the same file, the same way, every time
+  else:
+    verdict = _UNREADABLE
+  return None, _agree(manager, step, verdict), causes[-1] if causes else ""
+
+
 def restore_latest(manager: ocp.CheckpointManager, abstract_state: Any
                    ) -> tuple[int, Any, dict[str, Any]]:
-  """(step, state, data_state) of the newest step that restores, newest first.
+  """(step, state, data_state) of the newest step that restores on every process.
 
-  A step that fails is reported in one line (step, directory, cause). Once an
-  older step restores, the newer failed ones are moved to corrupt_checkpoints/
-  (kept, never deleted), so the run goes on from there and saves its next steps.
+  Every process tries the steps newest first (retrying each, see
+  RESTORE_ATTEMPTS) and all agree on each one (an allgather of their
+  outcomes) before any resumes: one host that cannot read its shards of a step
+  sends every host to an earlier one, never a split run. A step that fails is
+  reported in one line (step, directory, cause). Once an older step restores
+  everywhere, the newer ones judged damaged (the same cause on every attempt)
+  are moved to corrupt_checkpoints/ by process 0 (kept, never deleted), so the
+  run goes on from there and saves its next steps.
 
   Raises:
-    CheckpointError: no step restores; nothing is moved, so nothing is lost.
+    CheckpointError: no step restores (nothing is moved, so nothing is lost); or
+      a newer step could not be read but was not judged damaged (the errors
+      varied, or said the storage did not answer): nothing is moved and the run
+      stops rather than go back past a step that may be fine; run it again.
   """
-  failures = []
+  failures = []  # (step, cause, judged damaged)
   for step in sorted(manager.all_steps(), reverse=True):
-    try:
-      state, data_state = restore(manager, abstract_state, step)
-    except ProcessCountError:
-      raise  # a refusal about this run, not damage to the checkpoint
-    except Exception as e:  # pylint: disable=broad-except  # tensorstore/orbax raise many kinds
-      failures.append((step, _missing_file(manager, step) or _one_line(e)))
-      logging.error("checkpoint step %d (%s) does not restore: %s", step,
-                    paths.join(str(manager.directory), str(step)), failures[-1][1])
-      continue
-    for bad, _ in failures:
-      _move_aside(manager, bad)
-    if failures:
-      manager.reload()
-    return step, state, data_state
+    restored, statuses, cause = _try_restore(manager, abstract_state, step)
+    if restored is not None:
+      unreadable = [(s, c) for s, c, damaged in failures if not damaged]
+      if unreadable:
+        raise CheckpointError(
+            f"checkpoint step {unreadable[0][0]} in {manager.directory} could not be read "
+            f"({unreadable[0][1]}) but was not judged damaged (its errors varied between "
+            f"{RESTORE_ATTEMPTS} attempts, or said the storage did not answer); nothing was "
+            f"moved, and step {step} restores. Run the same command again once the storage "
+            "answers")
+      for bad, _, _ in failures:
+        _move_aside(manager, bad)
+      if failures:
+        manager.reload()
+      return (step,) + restored
+    others = [i for i, s in enumerate(statuses) if s != _RESTORED and i != jax.process_index()]
+    if not cause:
+      cause = f"process(es) {others} could not restore it (their logs say why)"
+    elif others:
+      cause += f" (process(es) {others} could not restore it either)"
+    failures.append((step, cause, _DAMAGED in statuses))
+    logging.error("checkpoint step %d (%s) does not restore: %s", step,
+                  paths.join(str(manager.directory), str(step)), cause)
   raise CheckpointError(
       f"no checkpoint in {manager.directory} restores ("
-      + "; ".join(f"step {s}: {c}" for s, c in failures)
+      + "; ".join(f"step {s}: {c}" for s, c, _ in failures)
       + "). Nothing was moved or deleted; a new --workdir starts afresh, and "
       "--config.init_checkpoint can start one from another run's weights")
 

@@ -7,6 +7,8 @@ define no flags.
 Exit codes, for schedulers and bert_jax.launch:
   0    the run finished (re-running the command does nothing more)
   143  preempted (SIGTERM): the step was saved; re-run the same command to resume
+  75   workdir locked by another live run; retry later (workdir.LockHeld, one
+       line on stderr; nothing was written; the SLURM template requeues on it)
   1    failed: a config or workdir refused (nothing was written), a storage
        error (one line names the path and the cause); any other error raises
 """
@@ -22,6 +24,7 @@ from bert_jax import pretrain as pretrain_lib
 from bert_jax import workdir
 from bert_jax.finetune import trainer as finetune_trainer
 
+LOCK_HELD_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): the workdir is another live run's
 TRAINERS = {"pretrain": pretrain_lib.train_and_evaluate, "finetune": finetune_trainer.finetune}
 
 
@@ -55,6 +58,9 @@ def run(config, workdir_path: str) -> int:
   preemption.clear()  # the exit code describes this run, not an earlier one in this process
   try:
     TRAINERS[config.family](config, workdir_path)
+  except workdir.LockHeld as e:  # not wrong input: the workdir is busy, so "retry later"
+    logging.error("%s", e)
+    return LOCK_HELD_EXIT_CODE
   except (workdir.WorkdirError, checkpoint.CheckpointError) as e:
     logging.error("%s", e)  # refusals are complete sentences; a traceback would bury them
     return 1

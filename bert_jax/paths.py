@@ -20,10 +20,17 @@ Semantics users rely on:
     object upload (GCS objects appear whole or not at all).
   * local_file: libraries that insist on a local file name (TF checkpoint
     readers) get a downloaded temporary copy of a remote file.
+  * read_versioned / create_if_absent / replace_if / remove_if: compare-and-swap
+    on a small file (GCS generation preconditions; an fcntl-guarded content
+    compare locally), so of several hosts racing to change it exactly one does
+    (the workdir lock, bert_jax.workdir_lock).
 """
 
 import contextlib
+import fcntl
+import hashlib
 import io
+import json
 import os
 import shutil
 import socket
@@ -148,6 +155,176 @@ def create_exclusive(p: "str | os.PathLike", data: "str | bytes") -> bool:
   with os.fdopen(fd, "wb") as f:
     f.write(data)
   return True
+
+
+# ------------------------------------------------------- conditional writes
+# A small file several processes (or hosts) race to change -- the workdir lock --
+# needs compare-and-swap: "replace it, but only if it is still what I read". On
+# GCS that is the object's generation with ifGenerationMatch preconditions (the
+# server checks and writes in one step). A local disk (or NFS) has no
+# generations, so there every read and conditional write of the file runs under
+# an exclusive fcntl.flock of a sibling "<file>.guard" (never deleted, so every
+# process locks the same inode), the generation is the SHA-256 of the content
+# (callers whose every write differs -- the lock writes a token and a time --
+# see every change), and the write itself is a temporary file renamed (or
+# hard-linked, for a create) into place, so even a reader that takes no guard
+# never sees half a file.
+
+
+def _gcs_fs_and_object(p: "str | os.PathLike"):
+  """(gcsfs file system, bucket, object name) of a gs:// path."""
+  fs = _remote_fs(p)
+  bucket, key, _ = fs.split_path(os.fspath(p))
+  return fs, bucket, key
+
+
+def _gcs_upload(p: "str | os.PathLike", data: bytes, if_generation_match: str) -> str | None:
+  """One multipart upload with an ifGenerationMatch precondition ("0": only if absent);
+  the new generation, or None when the precondition failed (HTTP 412)."""
+  fs, bucket, key = _gcs_fs_and_object(p)
+  # gcsfs's own upload knows only "create" (ifGenerationMatch=0); this is the same
+  # request with any generation.
+  body = (b"--==0==\nContent-Type: application/json; charset=UTF-8\n\n"
+          + json.dumps({"name": key}).encode() + b"\n--==0==\n"
+          b"Content-Type: application/octet-stream\n\n" + data + b"\n--==0==--")
+  try:
+    reply = fs.call("POST", f"{fs._location}/upload/storage/v1/b/{bucket}/o",  # pylint: disable=protected-access
+                    uploadType="multipart", data=body, json_out=True,
+                    headers={"Content-Type": 'multipart/related; boundary="==0=="'},
+                    ifGenerationMatch=if_generation_match)
+  except (FileExistsError, FileNotFoundError):  # 412 (gcsfs says "exists"), or no bucket
+    return None
+  finally:
+    _fresh(p)
+  return str(reply["generation"])
+
+
+@contextlib.contextmanager
+def _guard(p: str) -> Iterator[None]:
+  """Exclusive flock of `p`'s guard file (blocks while another process holds it)."""
+  os.makedirs(os.path.dirname(p), exist_ok=True)
+  fd = os.open(p + ".guard", os.O_CREAT | os.O_RDWR, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield
+  finally:
+    os.close(fd)  # closing releases the flock
+
+
+def _local_generation(data: bytes) -> str:
+  return hashlib.sha256(data).hexdigest()
+
+
+def _local_read(p: str) -> tuple[bytes, str] | None:
+  try:
+    with open(p, "rb") as f:
+      data = f.read()
+  except FileNotFoundError:
+    return None
+  return data, _local_generation(data)
+
+
+def _local_write(p: str, data: bytes, exclusive: bool) -> bool:
+  """Writes a whole file via a temporary one: renamed over `p`, or (exclusive) hard-linked
+  to `p`, which fails when `p` exists."""
+  tmp = f"{p}.tmp-{socket.gethostname()}-{os.getpid()}"
+  with open(tmp, "wb") as f:
+    f.write(data)
+  try:
+    if not exclusive:
+      os.replace(tmp, p)
+      return True
+    try:
+      os.link(tmp, p)
+    except FileExistsError:
+      return False
+    return True
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+
+
+def read_versioned(p: "str | os.PathLike") -> tuple[bytes, str] | None:
+  """(content, generation) of a small file read in one piece, or None when it is absent.
+
+  The generation changes whenever the file is written (locally: whenever its
+  content changes); pass it to replace_if / remove_if.
+  """
+  if is_remote(p):
+    fs, bucket, key = _gcs_fs_and_object(p)
+    try:
+      headers, data = fs.call("GET", "b/{}/o/{}", bucket, key, alt="media")
+    except FileNotFoundError:
+      return None
+    generation = headers.get("X-Goog-Generation") or headers.get("x-goog-generation")
+    if generation is None:  # not sent: ask for it, then read exactly that generation
+      generation = str(fs.call("GET", "b/{}/o/{}", bucket, key, json_out=True)["generation"])
+      try:
+        _, data = fs.call("GET", "b/{}/o/{}", bucket, key, alt="media", generation=generation)
+      except FileNotFoundError:
+        return read_versioned(p)  # replaced between the two requests: read the new one
+    return bytes(data), str(generation)
+  target = os.fspath(path(p))
+  with _guard(target):
+    return _local_read(target)
+
+
+def create_if_absent(p: "str | os.PathLike", data: "str | bytes") -> str | None:
+  """Creates the file only if it does not exist: its generation, or None when it does.
+
+  Of several processes racing for it exactly one wins (ifGenerationMatch=0 on
+  GCS; a hard link under the guard locally), and it appears whole.
+  """
+  data = data.encode("utf-8") if isinstance(data, str) else data
+  if is_remote(p):
+    return _gcs_upload(p, data, "0")
+  target = os.fspath(path(p))
+  with _guard(target):
+    return _local_generation(data) if _local_write(target, data, exclusive=True) else None
+
+
+def replace_if(p: "str | os.PathLike", data: "str | bytes", generation: str) -> str | None:
+  """Overwrites the file only if its generation is still `generation`: the new
+  generation, or None when it changed or is gone.
+
+  On GCS one ifGenerationMatch upload (the server compares and writes at once).
+  gcsfs retries a request that failed on the network, so None can also mean a
+  retried write whose first try landed: a caller that must know re-reads.
+  """
+  data = data.encode("utf-8") if isinstance(data, str) else data
+  if is_remote(p):
+    return _gcs_upload(p, data, str(generation))
+  target = os.fspath(path(p))
+  with _guard(target):
+    current = _local_read(target)
+    if current is None or current[1] != generation:
+      return None
+    _local_write(target, data, exclusive=False)
+    return _local_generation(data)
+
+
+def remove_if(p: "str | os.PathLike", generation: str) -> bool:
+  """Deletes the file only if its generation is still `generation`; whether it did.
+
+  On GCS a DELETE with ifGenerationMatch (note: the fake-gcs-server emulator
+  the tests use ignores that precondition on deletes; real GCS honours it).
+  """
+  if is_remote(p):
+    fs, bucket, key = _gcs_fs_and_object(p)
+    try:
+      fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=str(generation))
+    except (FileExistsError, FileNotFoundError):  # 412: changed meanwhile; 404: gone
+      return False
+    finally:
+      _fresh(p)
+    return True
+  target = os.fspath(path(p))
+  with _guard(target):
+    current = _local_read(target)
+    if current is None or current[1] != generation:
+      return False
+    os.unlink(target)
+    return True
 
 
 def remove(p: "str | os.PathLike") -> None:

@@ -6,7 +6,9 @@ evaluation; the bookkeeping between steps is the same and lives here once:
   - `StepMetrics`: the step's device metrics, fetched one step late so the host
     never waits for the step it just dispatched; a non-finite loss or gradient
     stops the run before anything is logged, evaluated or saved from it.
-  - `due`: whether a step is logged, saved, or the last one of a preempted run.
+  - `due`: whether a step is logged, saved, or the last one of a preempted run;
+    it also stops the run (WorkdirError) once this process lost its workdir
+    lock to another run (bert_jax.workdir_lock), within one heartbeat.
   - `save`: logs flushed first, then the checkpoint, so a saved step always has
     its rows and a resumed run never writes them twice.
 """
@@ -19,6 +21,7 @@ import jax
 import numpy as np
 
 from bert_jax import checkpoint
+from bert_jax import workdir_lock
 
 
 class StepMetrics:
@@ -72,7 +75,13 @@ class Due:
 def due(step: int, total_steps: int, *, log_every: int, save_every: int, stop: bool,
         also_save: bool = False) -> Due:
   """What happens after step `step` (1-based count of steps done); the last step
-  is always logged and saved, a preempted step is saved."""
+  is always logged and saved, a preempted step is saved.
+
+  Raises:
+    WorkdirError: this process's workdir lock was taken by another run (noticed by
+      the lock's heartbeat): nothing more is logged or saved.
+  """
+  workdir_lock.check_held()  # a flag, no I/O: cheap after every step
   last = step == total_steps
   return Due(log=step % log_every == 0 or last,
              save=step % save_every == 0 or last or stop or also_save,

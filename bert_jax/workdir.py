@@ -8,7 +8,8 @@ What a workdir holds beside its checkpoints (local disk or gs:// alike):
   config.json        the same config, human-readable (written with the record)
   bert_config.json   the network's fields (checkpoint readers rebuild the model from it)
   vocab.txt / spm.model   a copy of the vocabulary the run tokenizes with
-  .lock              the one process allowed to write here (host, pid, heartbeat)
+  .lock              the one process allowed to write here (host, pid, job,
+                     heartbeat): bert_jax.workdir_lock
 
 Every run on an existing workdir is compared with record.json before anything
 is written. A difference that would make the checkpoints mean something else
@@ -17,12 +18,12 @@ refused with one line naming the field, the recorded value and the new one.
 Fields in RESUMABLE may change on resume (how long, how often to log, evaluate
 and save, how to shard, how to launch); they are listed in one place below.
 
-The lock is a file created atomically (O_EXCL locally, ifGenerationMatch=0 on
-GCS) by process 0 of the run, refreshed by a heartbeat thread every
-HEARTBEAT_S seconds. A second run is refused at once with the holder's host
-and pid. A lock whose holder is gone does not block forever: on the same host
-a dead pid frees it at once (a kill -9 and restart), from another host a
-heartbeat older than STALE_AFTER_S does (a preempted VM never comes back).
+The lock (bert_jax.workdir_lock) is taken by process 0 of the run; every
+change to it is a compare-and-swap (GCS generation preconditions), so of any
+number of contenders exactly one holds it, and a holder whose lock was taken
+stops within one heartbeat. A second run is refused at once (LockHeld) with the
+holder's host and pid; a holder known gone (a later attempt of the same job, a
+dead pid on this host, a heartbeat older than STALE_AFTER_S) frees it.
 """
 
 import dataclasses
@@ -33,9 +34,6 @@ import json
 import os
 import socket
 import subprocess
-import threading
-import time
-import uuid
 from typing import Any
 
 from absl import logging
@@ -44,15 +42,17 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from bert_jax import paths
+from bert_jax import workdir_lock
+
+# The lock and its errors, as callers know them (workdir.Lock, workdir.WorkdirError, ...).
+Lock, LockHeld, WorkdirError = workdir_lock.Lock, workdir_lock.LockHeld, workdir_lock.WorkdirError
+LOCK_FILE = workdir_lock.LOCK_FILE
 
 RECORD_FILE = "record.json"
 CONFIG_FILE = "config.json"
 BERT_CONFIG_FILE = "bert_config.json"
 VOCAB_FILE = "vocab.txt"
 SPM_FILE = "spm.model"
-LOCK_FILE = ".lock"
-HEARTBEAT_S = 30.0  # how often the holder refreshes the lock
-STALE_AFTER_S = 600.0  # a lock not refreshed for this long is free (its holder is gone)
 
 # Config fields a resumed run may change: none of them changes what the checkpoints
 # mean. A prefix ending in "." covers a whole block. Everything else must match.
@@ -74,10 +74,6 @@ RESUMABLE = (
 )
 # Paths whose content is compared (by hash, in the record), not their spelling.
 CONTENT_FIELDS = ("data.vocab_file", "data.spm_model_file", "vocab_file", "spm_model_file")
-
-
-class WorkdirError(ValueError):
-  """A workdir that must not be written by this run (another run's, or locked)."""
 
 
 def flatten(config: Any) -> dict[str, Any]:
@@ -244,92 +240,6 @@ def check_writable(workdir: str) -> None:
     raise WorkdirError(f"workdir {workdir!r} is not writable: {e}") from e
 
 
-class Lock:
-  """The one-writer lock of a workdir (see the module docstring); held by process 0 only."""
-
-  def __init__(self, workdir: str):
-    self.path = paths.join(workdir, LOCK_FILE)
-    self.token = uuid.uuid4().hex
-    self._stop = threading.Event()
-    self._thread = None
-
-  def _content(self) -> str:
-    return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "token": self.token,
-                       "heartbeat": time.time()})
-
-  def _read(self) -> dict | None:
-    try:
-      return json.loads(paths.read_text(self.path))
-    except (FileNotFoundError, ValueError):
-      return None  # gone meanwhile, or half-written by a holder killed mid-write
-
-  def acquire(self) -> None:
-    """Takes the lock or raises WorkdirError naming the holder."""
-    for _ in range(3):  # a stale lock is removed, then raced for once more
-      if paths.create_exclusive(self.path, self._content()):
-        self._thread = threading.Thread(target=self._heartbeat, daemon=True,
-                                        name="bert_jax-workdir-lock")
-        self._thread.start()
-        return
-      holder = self._read()
-      why_free = _stale(holder)
-      if why_free is None:
-        age = time.time() - holder["heartbeat"]
-        raise WorkdirError(
-            f"workdir is in use: {self.path} is held by host {holder['host']} pid "
-            f"{holder['pid']} (heartbeat {age:.0f}s ago). One run writes a workdir at a time; "
-            f"if that process is gone for good, delete {self.path} (it frees itself "
-            f"{STALE_AFTER_S:.0f}s after its last heartbeat)")
-      logging.warning("taking over the lock %s: %s", self.path, why_free)
-      paths.remove(self.path)
-    raise WorkdirError(f"could not take the lock {self.path}: other processes keep racing for it")
-
-  def _heartbeat(self) -> None:
-    while not self._stop.wait(HEARTBEAT_S):
-      try:
-        holder = self._read()
-        if holder is None or holder.get("token") != self.token:
-          logging.error("lost the workdir lock %s to %s", self.path, holder)
-          return
-        paths.write_atomic(self.path, self._content())
-      except Exception as e:  # pylint: disable=broad-except  # a flaky write must not kill training
-        logging.warning("could not refresh the workdir lock %s: %s", self.path, e)
-
-  def release(self) -> None:
-    """Frees the lock if this process still holds it."""
-    self._stop.set()
-    if self._thread is not None:
-      self._thread.join()
-      holder = self._read()
-      if holder is not None and holder.get("token") == self.token:
-        paths.remove(self.path)
-      self._thread = None
-
-
-def _stale(holder: dict | None) -> str | None:
-  """Why a lock's holder is gone (so the lock is free), or None while it may be alive."""
-  if holder is None:
-    return "its content is unreadable"
-  age = time.time() - float(holder.get("heartbeat", 0))
-  if age > STALE_AFTER_S:
-    return f"no heartbeat for {age:.0f}s (host {holder.get('host')} pid {holder.get('pid')})"
-  if holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", -1))):
-    return f"its holder, pid {holder.get('pid')} on this host, is gone"
-  return None
-
-
-def _pid_alive(pid: int) -> bool:
-  if pid <= 0:
-    return False
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
-
-
 def lock(workdir: str) -> Lock | None:
   """Makes `workdir` writable and this run's alone (see Lock); every process calls it.
 
@@ -377,14 +287,15 @@ def _on_process_zero(workdir: str, action, take_lock: bool = True) -> Lock | Non
       if held is not None:
         held.release()
         held = None
-      error = str(e)
+      # The kind travels with the text: a live holder (LockHeld) means "retry later".
+      error = ("H" if isinstance(e, LockHeld) else "W") + str(e)
     except BaseException:
       if held is not None:
         held.release()
       raise
   error = _broadcast_text(error)
   if error:
-    raise WorkdirError(error)
+    raise (LockHeld if error[0] == "H" else WorkdirError)(error[1:])
   return held
 
 

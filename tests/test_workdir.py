@@ -12,6 +12,7 @@ import pytest
 
 from bert_jax import model as model_lib
 from bert_jax import workdir
+from bert_jax import workdir_lock
 
 
 def _config(**overrides):
@@ -83,7 +84,7 @@ def test_a_workdir_made_before_records_is_checked_against_its_config_json(tmp_pa
 def test_second_writer_is_refused_with_the_holders_host_and_pid(tmp_path):
   holder = _open(tmp_path / "run")
   try:
-    with pytest.raises(workdir.WorkdirError, match=rf"held by host {socket.gethostname()} "
+    with pytest.raises(workdir.LockHeld, match=rf"held by host {socket.gethostname()} "
                                                    rf"pid {os.getpid()}"):
       _open(tmp_path / "run")
   finally:
@@ -104,8 +105,8 @@ def test_a_dead_or_silent_holder_does_not_block_forever(tmp_path):
   # A holder on another host: alive while its heartbeat is fresh, free once it is stale.
   other = {"host": "another-host", "pid": 1, "token": "y"}
   (run / ".lock").write_text(json.dumps({**other, "heartbeat": time.time()}))
-  with pytest.raises(workdir.WorkdirError, match="held by host another-host pid 1"):
+  with pytest.raises(workdir.LockHeld, match="held by host another-host pid 1"):
     _open(run)
   (run / ".lock").write_text(json.dumps({**other, "heartbeat":
-                                         time.time() - workdir.STALE_AFTER_S - 1}))
+                                         time.time() - workdir_lock.STALE_AFTER_S - 1}))
   _open(run).release()

@@ -1,0 +1,173 @@
+"""The workdir lock under contention (bert_jax.workdir_lock), on a local disk and on GCS.
+
+What would make these fail: a takeover that is read -> delete -> create (two
+contenders that both judged the old lock stale each delete the other's fresh
+lock and both hold it), an unconditional heartbeat (a holder whose lock was
+taken writes over the new holder's), a holder that only logs its loss (the
+loop's `due` and the save would go on), or a relaunch of the same job that waits
+out the stale window.
+"""
+
+import json
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from bert_jax import checkpoint
+from bert_jax import jobs
+from bert_jax import paths
+from bert_jax import train_loop
+from bert_jax import workdir_lock
+from experiments.configs import pretrain
+
+
+def _stale_lock(workdir: str) -> None:
+  """A lock whose holder vanished long ago (another host: no pid to check)."""
+  paths.write_atomic(paths.join(workdir, workdir_lock.LOCK_FILE), json.dumps(
+      {"host": "vanished-host", "pid": 1, "token": "old", "heartbeat": time.time() - 3600}))
+
+
+def _race(workdir: str, rounds: int) -> None:
+  """`rounds` times: two contenders at once for a stale lock; exactly one must win."""
+  paths.makedirs(workdir)
+  for round_ in range(rounds):
+    _stale_lock(workdir)
+    start = threading.Barrier(2)
+    won, refused = [], []
+
+    def contend():
+      lock = workdir_lock.Lock(workdir, stale_after_s=60, heartbeat_s=3600, job={})
+      start.wait()
+      try:
+        lock.acquire()
+        won.append(lock)
+      except workdir_lock.LockHeld as e:
+        refused.append(str(e))
+
+    threads = [threading.Thread(target=contend) for _ in range(2)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(timeout=60)
+    assert len(won) == 1 and len(refused) == 1, (round_, len(won), refused)
+    on_disk = json.loads(paths.read_text(paths.join(workdir, workdir_lock.LOCK_FILE)))
+    assert on_disk["token"] == won[0].token, round_  # the winner's content, not the loser's
+    assert f"held by host {socket.gethostname()}" in refused[0]
+    won[0].release()
+    assert not paths.exists(paths.join(workdir, workdir_lock.LOCK_FILE))
+
+
+def test_two_contenders_for_a_stale_lock_exactly_one_wins_local(tmp_path):
+  _race(str(tmp_path / "run"), rounds=50)
+
+
+def test_two_contenders_for_a_stale_lock_exactly_one_wins_on_gcs(gcs_emulator):
+  _race(f"{gcs_emulator.bucket('lock-race')}/run", rounds=50)
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_holder_whose_lock_was_taken_stops_within_one_heartbeat(where, tmp_path, request):
+  workdir = (str(tmp_path / "run") if where == "local"
+             else f"{request.getfixturevalue('gcs_emulator').bucket('lock-lost')}/run")
+  holder = workdir_lock.Lock(workdir, heartbeat_s=0.2, job={"id": "j", "attempt": 0})
+  holder.acquire()
+  try:
+    time.sleep(0.5)  # a few heartbeats while it holds the lock: nothing to report
+    workdir_lock.check_held(verify=True)
+    train_loop.due(1, 10, log_every=1, save_every=5, stop=False)
+    # A relaunch of the same job takes the lock over at once, without waiting for staleness.
+    thief = workdir_lock.Lock(workdir, heartbeat_s=3600, job={"id": "j", "attempt": 1})
+    thief.acquire()
+    taken = time.time()
+    while time.time() - taken < 5:
+      try:
+        train_loop.due(2, 10, log_every=1, save_every=5, stop=False)
+      except workdir_lock.WorkdirError as e:
+        stopped, message = time.time() - taken, str(e)
+        break
+      time.sleep(0.01)
+    else:
+      pytest.fail("the holder kept training after its lock was taken")
+    assert stopped < 2 * holder.heartbeat_s, stopped  # within one heartbeat (+ its write)
+    assert message == (f"lost the workdir lock {holder.path} to host {socket.gethostname()} "
+                       f"pid {os.getpid()} (job j attempt 1); stopped without saving "
+                       "(another run writes this workdir now)")
+    assert "\n" not in message
+    # The save refuses too, and the old holder never writes over the new one's lock.
+    with pytest.raises(workdir_lock.WorkdirError, match="lost the workdir lock"):
+      checkpoint.save(None, 3, {}, {})
+    time.sleep(0.5)
+    assert json.loads(paths.read_text(thief.path))["token"] == thief.token
+    holder.release()
+    assert json.loads(paths.read_text(thief.path))["token"] == thief.token  # not deleted
+    thief.release()
+  finally:
+    holder.release()
+  workdir_lock.check_held()  # released locks are no longer asked
+
+
+def test_a_later_attempt_of_the_same_job_takes_over_at_once_other_jobs_are_refused(tmp_path):
+  workdir = str(tmp_path / "run")
+  first = workdir_lock.Lock(workdir, heartbeat_s=3600, job={"id": "job-7", "attempt": 2})
+  first.acquire()
+  try:
+    # Alive by every other rule (this host, this pid, a fresh heartbeat): another job, the
+    # same attempt, an earlier attempt, or no job at all wait.
+    for job in ({"id": "job-8", "attempt": 3}, {"id": "job-7", "attempt": 2},
+                {"id": "job-7", "attempt": 1}, None):
+      with pytest.raises(workdir_lock.LockHeld,
+                         match=r"held by host \S+ pid \d+ \(heartbeat \d+s ago, job job-7 "
+                               r"attempt 2\)\. .*at once for a later attempt of the same job"):
+        workdir_lock.Lock(workdir, job=job or {}).acquire()
+    relaunched = workdir_lock.Lock(workdir, heartbeat_s=3600, job={"id": "job-7", "attempt": 3})
+    relaunched.acquire()
+    assert json.loads(paths.read_text(relaunched.path))["job"] == {"id": "job-7", "attempt": 3}
+    with pytest.raises(workdir_lock.WorkdirError, match=r"to host \S+ pid \d+ \(job job-7 "
+                                                        r"attempt 3\); stopped without saving"):
+      first.refresh()  # the old attempt's next heartbeat finds it lost
+    relaunched.release()
+  finally:
+    first.release()
+
+
+def test_the_job_comes_from_the_launcher_or_slurm(monkeypatch):
+  for var in ("BERT_JAX_JOB_ID", "BERT_JAX_JOB_ATTEMPT", "SLURM_JOB_ID", "SLURM_RESTART_COUNT"):
+    monkeypatch.delenv(var, raising=False)
+  assert workdir_lock.job_identity() is None
+  monkeypatch.setenv("SLURM_JOB_ID", "4242")
+  assert workdir_lock.job_identity() == {"id": "4242", "attempt": 0}  # never requeued yet
+  monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+  assert workdir_lock.job_identity() == {"id": "4242", "attempt": 2}
+  monkeypatch.setenv("BERT_JAX_JOB_ID", "bert-base")  # the launcher's wins
+  monkeypatch.setenv("BERT_JAX_JOB_ATTEMPT", "5")
+  assert workdir_lock.job_identity() == {"id": "bert-base", "attempt": 5}
+
+
+def test_a_lock_held_by_a_live_run_exits_75(monkeypatch, tmp_path):
+  """75 (EX_TEMPFAIL) says "retry later" to SLURM and the launcher; any other refusal is 1."""
+  def busy(*_):
+    raise workdir_lock.LockHeld("workdir is in use: ... held by host h pid 1")
+  monkeypatch.setitem(jobs.TRAINERS, "pretrain", busy)
+  assert jobs.run(pretrain.get_config("tiny"), str(tmp_path)) == jobs.LOCK_HELD_EXIT_CODE == 75
+  def refused(*_):
+    raise workdir_lock.WorkdirError("workdir was created with ...")
+  monkeypatch.setitem(jobs.TRAINERS, "pretrain", refused)
+  assert jobs.run(pretrain.get_config("tiny"), str(tmp_path)) == 1
+
+
+def test_conditional_writes_refuse_a_stale_generation(tmp_path, gcs_emulator):
+  for where in (str(tmp_path / "f"), f"{gcs_emulator.bucket('cas')}/f"):
+    generation = paths.create_if_absent(where, "one")
+    assert generation is not None and paths.create_if_absent(where, "two") is None
+    assert paths.read_versioned(where) == (b"one", generation)
+    newer = paths.replace_if(where, "three", generation)
+    assert newer is not None and newer != generation
+    assert paths.replace_if(where, "four", generation) is None  # the old version is gone
+    assert paths.read_versioned(where) == (b"three", newer)
+    if not paths.is_remote(where):  # the emulator ignores ifGenerationMatch on DELETE
+      assert not paths.remove_if(where, generation)
+    assert paths.remove_if(where, newer)
+    assert paths.read_versioned(where) is None
