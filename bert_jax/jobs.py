@@ -19,6 +19,7 @@ import sys
 from absl import logging
 
 from bert_jax import checkpoint
+from bert_jax import job_state
 from bert_jax import preemption
 from bert_jax import pretrain as pretrain_lib
 from bert_jax import workdir
@@ -51,6 +52,7 @@ def _drop_unretrieved_storage_errors(record: std_logging.LogRecord) -> bool:
               and checkpoint.describe_storage_error(exc) is not None)
 
 
+@job_state.tracked  # WORKDIR/job_state.json for bert_jax.launch (only when it set BERT_JAX_JOB_ID)
 def run(config, workdir_path: str) -> int:
   """Runs the job and returns the process exit code (see the module docstring)."""
   if config.family not in TRAINERS:

@@ -4,18 +4,28 @@ Pure functions, nothing runs here, so `--dry_run` and the tests see exactly the
 commands a real launch would run. A slice is one TPU VM queued resource whose
 single node has the same name:
 
-  create    gcloud compute tpus queued-resources create NAME --node-id=NAME ...
+  create    gcloud [alpha] compute tpus queued-resources create NAME --node-id=NAME ...
   describe  gcloud compute tpus queued-resources describe NAME ... --format=value(state.state)
   upload    gcloud compute tpus tpu-vm scp --recurse STAGING/bert_jax_upload NAME: --worker=all
-  install   gcloud compute tpus tpu-vm ssh NAME --worker=all --command='... pip install -e .[tpu]'
-  run       gcloud compute tpus tpu-vm ssh NAME --worker=i
-              --command='cd bert_jax && python3 -m bert_jax.main ...'   (one per worker, at once)
+  install   gcloud compute tpus tpu-vm ssh NAME --worker=all --command='... python3.11 -m venv
+              ~/bert_jax_venv ... pip install -e .[tpu] ... print(jax.__version__, jax.devices())'
+  start     gcloud compute tpus tpu-vm ssh NAME --worker=all --command='... setsid nohup
+              ~/bert_jax_venv/bin/python -m bert_jax.main ... >> ~/bert_jax_job.log ... &'
+  job state gcloud storage cat WORKDIR/job_state.json       (written by the job: bert_jax.job_state)
+  logs      gcloud compute tpus tpu-vm ssh NAME --worker=i --command='tail -n 200 -F ~/bert_jax_job.log'
   delete    gcloud compute tpus queued-resources delete NAME ... --force --async --quiet
+
+The job outlives the ssh that started it (its own session, its log on the
+worker), so the launcher only starts, watches and restarts it.
 """
 
 import dataclasses
 import re
 import shlex
+
+# The job's state file in the workdir (bert_jax.job_state.STATE_FILE; not imported, so
+# that the launcher needs no JAX-side module to plan commands).
+JOB_STATE_FILE = "job_state.json"
 
 # Queued-resource states (TPU API QueuedResourceState.State).
 ACTIVE = "ACTIVE"
@@ -26,11 +36,22 @@ PREEMPTED_STATES = ("SUSPENDING", "SUSPENDED", "PREEMPTED")
 
 # Exit status of bert_jax.main when SIGTERM (a preemption) stopped it after saving.
 PREEMPTED_EXIT_CODE = 143
+# What gcloud exits with when the ssh connection itself failed (network, sleeping laptop).
+SSH_LOST_EXIT_CODE = 255
 
 # Name of the source tree on the workers (under the login user's home directory),
 # and of the directory it is uploaded as before the install swaps it in.
 REMOTE_DIR = "bert_jax"
 UPLOAD_DIR = "bert_jax_upload"
+# On each worker (under the login user's home): the Python >= 3.11 environment the job runs
+# from, the job's log, and "PID ATTEMPT" of the job this worker started last.
+VENV_DIR = "bert_jax_venv"
+JOB_LOG = "bert_jax_job.log"
+JOB_PID = "bert_jax_job.pid"
+# Ubuntu 22.04 (every TPU VM image) ships Python 3.10; the code needs jax >= 0.7, so >= 3.11.
+PYTHON = "python3.11"
+# Printed by the start script: the launcher adopts a job already running on the slice.
+ALREADY_RUNNING = "bert_jax job already running:"
 # What the workers need to `pip install` the project: the packages and the
 # packaging files (setup.cfg reads README.md for the long description).
 SOURCE_ENTRIES = ("setup.cfg", "setup.py", "pyproject.toml", "README.md",
@@ -59,6 +80,14 @@ GENERATIONS = {
 }
 # Names people use for the same hardware; gcloud itself wants the key of GENERATIONS.
 ALIASES = {"v5e": "v5litepod"}
+
+
+def canonical_accelerator_type(accelerator_type: str) -> str:
+  """The name gcloud knows: 'v5e-16' -> 'v5litepod-16' (others unchanged)."""
+  match = re.fullmatch(r"(v\w+?)-(\d+)", accelerator_type)
+  if match and match.group(1) in ALIASES:
+    return f"{ALIASES[match.group(1)]}-{match.group(2)}"
+  return accelerator_type
 
 
 def _generation(accelerator_type: str) -> tuple[Generation, int]:
@@ -101,10 +130,16 @@ class Slice:
   runtime_version: str
   num_workers: int
   spot: bool = False
+  autocheckpoint: bool = False
 
   @property
   def where(self) -> list[str]:
     return [f"--project={self.project}", f"--zone={self.zone}"]
+
+  @property
+  def job_id(self) -> str:
+    """The launch's identity, the same for every relaunch (BERT_JAX_JOB_ID on the workers)."""
+    return f"tpu:{self.project}/{self.zone}/{self.name}"
 
 
 _QR = ["gcloud", "compute", "tpus", "queued-resources"]
@@ -115,10 +150,19 @@ _KEEPALIVE = ["--ssh-flag=-oServerAliveInterval=30", "--ssh-flag=-oServerAliveCo
 
 
 def create_command(s: Slice) -> list[str]:
-  """Queues the slice's creation (returns once the request is accepted)."""
-  return (_QR + ["create", s.name, f"--node-id={s.name}"] + s.where
+  """Queues the slice's creation (returns once the request is accepted).
+
+  --autocheckpoint-enabled exists only on gcloud's alpha track (`gcloud alpha compute
+  tpus queued-resources create`); with it the TPU service signals the VMs before a
+  maintenance event, bert_jax.main's SIGTERM handler saves, and the job exits 143 like
+  after a preemption. Without it (the default: alpha commands may change without
+  notice) a maintenance event stops the job at its last periodic checkpoint.
+  """
+  qr = (["gcloud", "alpha"] + _QR[1:]) if s.autocheckpoint else _QR
+  return (qr + ["create", s.name, f"--node-id={s.name}"] + s.where
           + [f"--accelerator-type={s.accelerator_type}", f"--runtime-version={s.runtime_version}"]
-          + (["--spot"] if s.spot else []))
+          + (["--spot"] if s.spot else [])
+          + (["--autocheckpoint-enabled"] if s.autocheckpoint else []))
 
 
 def describe_command(s: Slice) -> list[str]:
@@ -137,12 +181,46 @@ def upload_command(s: Slice, staging_dir: str) -> list[str]:
                  "--worker=all"] + s.where)
 
 
+def python_env_script() -> str:
+  """Shell lines that make ~/bert_jax_venv, a Python >= 3.11 virtual environment."""
+  # python3.11 and python3.11-venv are Ubuntu 22.04 (jammy) packages of its own
+  # universe/updates archive, which GCE mirrors in every region: no third-party
+  # download (uv would fetch a Python build from GitHub), signed like the rest of
+  # the image. A fresh VM runs unattended-upgrades for its first minutes, holding
+  # the dpkg lock, hence the lock timeout instead of failing at once.
+  apt = "sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600"
+  venv = f"$HOME/{VENV_DIR}"
+  return (f"if ! {PYTHON} -c 'import ensurepip' >/dev/null 2>&1; then "
+          f"{apt} update -qq && {apt} install -y -qq {PYTHON} {PYTHON}-venv; fi && "
+          # A venv left by an older install (another Python) is rebuilt, not reused.
+          f"if ! {venv}/bin/python -c 'import sys; assert sys.version_info >= (3, 11)' "
+          f">/dev/null 2>&1; then {PYTHON} -m venv --clear {venv}; fi")
+
+
+def _unless_running() -> str:
+  """Shell: stop here (exit 0, saying so) if the job this worker started last still runs."""
+  pid = f"$HOME/{JOB_PID}"
+  return (f"if [ -f {pid} ] && kill -0 \"$(cut -d' ' -f1 {pid})\" 2>/dev/null; "
+          f"then echo \"{ALREADY_RUNNING} $(cat {pid})\"; exit 0; fi; ")
+
+
 def install_script() -> str:
-  """The shell line every worker runs to put the upload in place and install it."""
+  """What every worker runs: the upload put in place, installed into ~/bert_jax_venv, checked.
+
+  A worker whose job still runs (a launcher that lost track of it) keeps its tree and
+  environment untouched; the start that follows adopts that job.
+  """
+  python = f"$HOME/{VENV_DIR}/bin/python"
   # Swapping a fresh upload in keeps files deleted locally from lingering on a reused slice.
-  return (f"rm -rf {REMOTE_DIR} && mv {UPLOAD_DIR} {REMOTE_DIR} && cd {REMOTE_DIR} && "
-          "python3 -m pip install --quiet --upgrade pip && "
-          "python3 -m pip install --quiet -e '.[tpu]'")
+  return ("cd $HOME; " + _unless_running()
+          + f"set -e; rm -rf {REMOTE_DIR} && mv {UPLOAD_DIR} {REMOTE_DIR} && cd {REMOTE_DIR} && "
+          + python_env_script() + " && "
+          f"{python} -m pip install --quiet --upgrade pip && "
+          f"{python} -m pip install --quiet -e '.[tpu]' && "
+          # Every worker says which Python, JAX and devices it has before anything trains: a
+          # CPU-only JAX or a missing chip shows here, not hours later.
+          f"{python} -c 'import socket, sys, jax; print(socket.gethostname(), \"python\", "
+          f"sys.version.split()[0], \"jax\", jax.__version__, jax.devices())'")
 
 
 def install_command(s: Slice) -> list[str]:
@@ -156,16 +234,59 @@ def main_args(config: str, workdir: str, extra: list[str]) -> list[str]:
           + list(extra))
 
 
-def run_command(s: Slice, worker: int, args: list[str]) -> list[str]:
-  """Runs bert_jax.main on one worker; ssh's exit status is the job's (143 = preempted)."""
-  script = f"cd {REMOTE_DIR} && " + shlex.join(["python3", "-m", "bert_jax.main"] + args)
-  return (_VM + ["ssh", s.name, f"--worker={worker}"] + s.where + _KEEPALIVE
-          + [f"--command={script}"])
+def _stop_previous() -> str:
+  """Shell: end the job this worker started last if it still runs (TERM, then KILL after 60 s)."""
+  pid = f"$HOME/{JOB_PID}"
+  return (f"if [ -f {pid} ] && kill -0 \"$(cut -d' ' -f1 {pid})\" 2>/dev/null; then "
+          f"p=$(cut -d' ' -f1 {pid}); kill -TERM $p; for i in $(seq 300); do "
+          "kill -0 $p 2>/dev/null || break; sleep 0.2; done; kill -KILL $p 2>/dev/null; fi; ")
 
 
-def run_plan(s: Slice, staging_dir: str, args: list[str], keep: bool) -> list[list[str]]:
-  """The commands of `--action=run` on a slice that does not exist yet and comes up at once."""
-  return ([describe_command(s), create_command(s), describe_command(s),
-           upload_command(s, staging_dir), install_command(s)]
-          + [run_command(s, w, args) for w in range(s.num_workers)]
+def start_script(job_id: str, attempt: int, args: list[str], replace: bool = False) -> str:
+  """What every worker runs to start the job detached (unless its last one still runs).
+
+  With `replace` (a relaunch: the launcher judged the previous attempt gone), a
+  process of that attempt that still lingers (exiting, or hung on a dead peer)
+  is ended first instead of adopted.
+
+  `setsid nohup ... &` puts the job in a session of its own with its output in
+  ~/bert_jax_job.log, so the ssh returns at once and nothing that ends the ssh
+  (a sleeping laptop, a dropped network, a killed launcher) reaches the job.
+  """
+  # env, setsid and nohup each exec the next, so $! is the job's own pid (what kill -0 checks).
+  job = (shlex.join(["env", f"BERT_JAX_JOB_ID={job_id}", f"BERT_JAX_JOB_ATTEMPT={attempt}",
+                     "setsid", "nohup"])
+         + f" $HOME/{VENV_DIR}/bin/python " + shlex.join(["-m", "bert_jax.main"] + args))
+  pid, log = f"$HOME/{JOB_PID}", f"$HOME/{JOB_LOG}"
+  return ((_stop_previous() if replace else _unless_running())
+          + f"cd $HOME/{REMOTE_DIR} || exit 1; "
+          f"echo \"=== attempt {attempt} $(date -u +%FT%TZ)\" >> {log}; "
+          f"{job} >> {log} 2>&1 < /dev/null & echo \"$! {attempt}\" > {pid}; "
+          f"echo \"bert_jax job started: $(cat {pid})\"")
+
+
+def start_command(s: Slice, attempt: int, args: list[str], replace: bool = False) -> list[str]:
+  """Starts the job on all workers at once; returns when it is started, not when it ends."""
+  return (_VM + ["ssh", s.name, "--worker=all"] + s.where + _KEEPALIVE
+          + [f"--command={start_script(s.job_id, attempt, args, replace)}"])
+
+
+def logs_command(s: Slice, worker: int, lines: int, follow: bool) -> list[str]:
+  """Prints (and with `follow` keeps printing) the end of one worker's job log."""
+  tail = f"tail -n {lines}{' -F' if follow else ''} $HOME/{JOB_LOG}"
+  return _VM + ["ssh", s.name, f"--worker={worker}"] + s.where + _KEEPALIVE + [f"--command={tail}"]
+
+
+def job_state_command(workdir: str) -> list[str]:
+  """Prints WORKDIR/job_state.json (bert_jax.job_state) with the user's gcloud credentials."""
+  return ["gcloud", "storage", "cat", f"{workdir.rstrip('/')}/{JOB_STATE_FILE}"]
+
+
+def run_plan(s: Slice, staging_dir: str, workdir: str, attempt: int, args: list[str],
+             keep: bool) -> list[list[str]]:
+  """The commands of `--action=run` when no job ran in the workdir, the slice does not
+  exist yet and comes up at once, and the job finishes before the first look."""
+  return ([job_state_command(workdir), describe_command(s), create_command(s),
+           describe_command(s), upload_command(s, staging_dir), install_command(s),
+           start_command(s, attempt, args), describe_command(s), job_state_command(workdir)]
           + ([] if keep else [delete_command(s)]))

@@ -1,25 +1,26 @@
-"""Tests for the launchers: bert_jax.launch (Cloud TPU) and experiments/slurm/pretrain.sbatch.
+"""Tests for the Cloud TPU launcher, bert_jax.launch (the SLURM template's are in test_slurm.py).
 
 The TPU launcher runs as `python -m bert_jax.launch` against a fake `gcloud`
-put first on PATH: it appends its argv as a JSON line to a log, keeps the
-queued resource's states in a file (create queues FAKE_GCLOUD_PROVISION,
-describe reports and pops them, delete leaves DELETING then nothing) and is
-told by environment variables to fail a step (FAKE_GCLOUD_FAIL) or to have
-the run preempted (FAKE_GCLOUD_PREEMPT: `exit` = each worker's first run exits
-143, `suspend` = the first run loses its ssh (255) as the slice turns
-SUSPENDED, `always` = every run exits 143).
-
-The SLURM template runs under bash with a fake `srun` that starts SLURM_NTASKS
-local processes with the environment a real srun gives its tasks.
+put first on PATH. The fake accepts only the documented command surface of the
+commands the launcher uses (each flag's source is written beside it) and
+refuses anything else as gcloud does; it logs its argv as a JSON line, keeps
+the queued resource's states in a file, maps gs://BUCKET/... to a local
+directory for `gcloud storage cat`, and runs each ssh command for real under
+bash, with $HOME a per-worker directory, so the launcher's start script (setsid
+nohup, the pid guard) is what starts the fake job. The fake job (the workers'
+venv python) writes WORKDIR/job_state.json with the real bert_jax.job_state.
+Environment variables steer it: FAKE_JOB (how the job ends), FAKE_JOB_HOLD
+(run until the test writes a release file), FAKE_GCLOUD_FAIL(+_TIMES, _MESSAGE)
+(a step fails), FAKE_SSH_255 (the ssh of these steps ends with 255 after running).
 """
 
 import json
 import os
 import pathlib
-import random
+import re
 import shlex
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,107 +28,324 @@ import time
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-SBATCH = REPO / "experiments" / "slurm" / "pretrain.sbatch"
 
 FAKE_GCLOUD = r'''
-import json, os, sys
+import json, os, re, subprocess, sys
 
+# The command surface this fake accepts, as documented on cloud.google.com/sdk/gcloud/reference
+# (read 2026-12): each command's positionals and flags (True: takes a value, False: a switch).
+# Anything else is refused the way gcloud's argument parser refuses it (exit 2).
+# gcloud-wide flags (reference/: "GCLOUD WIDE FLAGS"), accepted by every command.
+WIDE = {"--account": True, "--billing-project": True, "--configuration": True,
+        "--flags-file": True, "--flatten": True, "--format": True, "--help": False,
+        "--impersonate-service-account": True, "--log-http": False, "--project": True,
+        "--quiet": False, "-q": False, "--trace-token": True, "--user-output-enabled": False,
+        "--verbosity": True}
+# reference/compute/tpus/queued-resources/create (GA synopsis).
+QR_CREATE = {"--zone": True, "--runtime-version": True, "--accelerator-type": True,
+             "--topology": True, "--type": True, "--node-id": True, "--node-count": True,
+             "--node-prefix": True, "--async": False, "--boot-disk": True, "--data-disk": True,
+             "--description": True, "--guaranteed": False, "--internal-ips": False,
+             "--labels": True, "--metadata": True, "--metadata-from-file": True,
+             "--network": True, "--range": True, "--reserved": False, "--scopes": True,
+             "--service-account": True, "--shielded-secure-boot": False, "--spot": False,
+             "--subnetwork": True, "--tags": True, "--valid-after-duration": True,
+             "--valid-after-time": True, "--valid-until-duration": True,
+             "--valid-until-time": True, "--reservation-host-folder": True,
+             "--reservation-host-organization": True, "--reservation-host-project": True}
+# reference/alpha/compute/tpus/queued-resources/create: the GA flags plus these (alpha only).
+QR_CREATE_ALPHA = dict(QR_CREATE, **{"--autocheckpoint-enabled": False, "--best-effort": False,
+                                     "--max-run-duration": True, "--provisioning-model": True,
+                                     "--workload-type": True, "--network-config": True,
+                                     "--reservation": True})
+# reference/compute/tpus/tpu-vm/ssh and .../scp.
+SSH = {"--zone": True, "--worker": True, "--command": True, "--ssh-flag": True,
+       "--internal-ip": False, "--dry-run": False, "--force-key-file-overwrite": False,
+       "--plain": False, "--ssh-key-file": True, "--strict-host-key-checking": True,
+       "--output-directory": True, "--ssh-key-expiration": True, "--ssh-key-expire-after": True}
+SCP = {"--zone": True, "--worker": True, "--recurse": False, "--compress": False,
+       "--dry-run": False, "--force-key-file-overwrite": False, "--internal-ip": False,
+       "--plain": False, "--scp-flag": True, "--ssh-key-file": True,
+       "--strict-host-key-checking": True, "--ssh-key-expiration": True,
+       "--ssh-key-expire-after": True}
+COMMANDS = {  # (command words): (positionals min, max, flags, required flags)
+    ("compute", "tpus", "queued-resources", "create"): (1, 1, QR_CREATE, ("--runtime-version",)),
+    ("alpha", "compute", "tpus", "queued-resources", "create"):
+        (1, 1, QR_CREATE_ALPHA, ("--runtime-version",)),
+    # .../queued-resources/describe, delete, list.
+    ("compute", "tpus", "queued-resources", "describe"): (1, 1, {"--zone": True}, ()),
+    ("compute", "tpus", "queued-resources", "delete"):
+        (1, 1, {"--zone": True, "--async": False, "--force": False}, ()),
+    ("compute", "tpus", "queued-resources", "list"):
+        (0, 0, {"--zone": True, "--filter": True, "--limit": True, "--page-size": True,
+                "--sort-by": True, "--uri": False}, ()),
+    ("compute", "tpus", "tpu-vm", "ssh"): (1, 1, SSH, ()),
+    ("compute", "tpus", "tpu-vm", "scp"): (2, 99, SCP, ()),
+    # reference/storage/cat.
+    ("storage", "cat"): (1, 99, {"--additional-headers": True, "--display-url": False,
+                                 "-d": False, "--range": True, "-r": True,
+                                 "--decryption-keys": True}, ()),
+}
+# What the TPU API accepts as an accelerator type (cloud.google.com/tpu/docs: v5e is
+# "v5litepod-N"); the API, not gcloud's parser, refuses other names, so this error is
+# the API's (status INVALID_ARGUMENT; its wording here is ours).
+ACCELERATOR = re.compile(r"(v2|v3|v4|v5litepod|v5p|v6e)-\d+")
+
+ROOT = os.environ["FAKE_GCLOUD_DIR"]
 args = sys.argv[1:]
-state_file = os.path.join(os.environ["FAKE_GCLOUD_DIR"], "states.json")
 with open(os.environ["FAKE_GCLOUD_LOG"], "a") as f:
   f.write(json.dumps(["gcloud"] + args) + "\n")
 
 
-def kind():
-  if args[:3] == ["compute", "tpus", "queued-resources"]:
-    return args[3]
-  if args[:4] == ["compute", "tpus", "tpu-vm", "scp"]:
-    return "upload"
-  command = next(a for a in args if a.startswith("--command="))
-  return "install" if "pip install" in command else "run"
+def fail(command, message, code=1):
+  print(f"ERROR: (gcloud.{'.'.join(command)}) {message}", file=sys.stderr)
+  sys.exit(code)
+
+
+def parse():
+  """(command words, positionals, {flag: [values]}) or a gcloud-style refusal."""
+  words = []
+  rest = list(args)
+  while rest and not rest[0].startswith("-") and tuple(words + [rest[0]]) in {
+      c[:len(words) + 1] for c in COMMANDS}:
+    words.append(rest.pop(0))
+  command = tuple(words)
+  if command not in COMMANDS:
+    fail(command or ("",), f"Invalid choice: '{rest[0] if rest else ''}'.", 2)
+  low, high, known, required = COMMANDS[command]
+  allowed = dict(WIDE, **known)
+  positionals, given, unknown = [], {}, []
+  while rest:
+    arg = rest.pop(0)
+    if not arg.startswith("-"):
+      positionals.append(arg)
+      continue
+    name, eq, value = arg.partition("=")
+    if name not in allowed:
+      unknown.append(arg)
+      continue
+    if allowed[name] and not eq:
+      if not rest:
+        fail(command, f"argument {name}: expected one argument", 2)
+      value = rest.pop(0)
+    elif not allowed[name] and eq:
+      unknown.append(arg)
+      continue
+    given.setdefault(name, []).append(value)
+  if unknown:
+    fail(command, "unrecognized arguments: " + " ".join(unknown), 2)
+  if not low <= len(positionals) <= high:
+    fail(command, f"expected {low} to {high} positional arguments, got {positionals}", 2)
+  for name in required:
+    if name not in given:
+      fail(command, f"argument {name}: Must be specified.", 2)
+  return command, positionals, given
 
 
 def states():
-  if not os.path.exists(state_file):
-    return []
-  with open(state_file) as f:
-    return json.load(f)
+  path = os.path.join(ROOT, "states.json")
+  return json.load(open(path)) if os.path.exists(path) else []
 
 
 def save(new):
-  with open(state_file + ".tmp", "w") as f:
+  path = os.path.join(ROOT, "states.json")
+  with open(path + ".tmp", "w") as f:
     json.dump(new, f)
-  os.replace(state_file + ".tmp", state_file)
+  os.replace(path + ".tmp", path)
 
 
 def exists():
   return bool(states()) and states()[0] is not None
 
 
-def not_found():
-  print(f"ERROR: (gcloud.compute.tpus.queued-resources.{kind()}) NOT_FOUND: "
-        "Requested entity was not found.", file=sys.stderr)
-  sys.exit(1)
+def kind(command, given):
+  """The launcher step a command is (FAKE_GCLOUD_FAIL and FAKE_SSH_255 name these)."""
+  if command[-1] != "ssh":
+    return {"scp": "upload", "cat": "job_state"}.get(command[-1], command[-1])
+  script = given["--command"][0]
+  return ("install" if "pip install" in script else "start" if "setsid nohup" in script
+          else "logs")
 
 
-step = kind()
-if step == os.environ.get("FAKE_GCLOUD_FAIL"):
+def maybe_fail(step):
+  failing = os.environ.get("FAKE_GCLOUD_FAIL", "").split(",")
+  if step not in failing:
+    return
+  counter = os.path.join(ROOT, f"failures_{step}")
+  done = int(open(counter).read()) if os.path.exists(counter) else 0
+  if done >= int(os.environ.get("FAKE_GCLOUD_FAIL_TIMES", "1000000")):
+    return
+  open(counter, "w").write(str(done + 1))
   print("some progress output")
   print(f"ERROR: (gcloud.fake.{step}) {os.environ['FAKE_GCLOUD_FAIL_MESSAGE']}", file=sys.stderr)
   sys.exit(1)
-if step == "describe":
+
+
+command, positionals, given = parse()
+step = kind(command, given)
+maybe_fail(step)
+verb = command[-1]
+if verb == "create":
+  if not ACCELERATOR.fullmatch(given["--accelerator-type"][0]):
+    fail(command, "INVALID_ARGUMENT: accelerator type "
+         f"{given['--accelerator-type'][0]!r} is not known in this zone.")
+  if exists():
+    fail(command, "ALREADY_EXISTS: the queued resource already exists.")
+  save(os.environ.get("FAKE_GCLOUD_PROVISION", "ACTIVE").split(","))
+elif verb == "describe":
   if not exists():
-    not_found()
+    fail(command, "NOT_FOUND: Requested entity was not found.")
   print(states()[0])
   if len(states()) > 1:
     save(states()[1:])
-elif step == "create":
-  if exists():
-    print("ERROR: ALREADY_EXISTS", file=sys.stderr)
-    sys.exit(1)
-  save(os.environ.get("FAKE_GCLOUD_PROVISION", "ACTIVE").split(","))
-elif step == "delete":
+elif verb == "delete":
   if not exists():
-    not_found()
+    fail(command, "NOT_FOUND: Requested entity was not found.")
   save(["DELETING", None])
-elif step == "run":
-  worker = int(next(a for a in args if a.startswith("--worker=")).split("=")[1])
-  mode = os.environ.get("FAKE_GCLOUD_PREEMPT", "")
-  print(f"hello from worker {worker}", flush=True)
-  print(f"a warning on stderr from worker {worker}", file=sys.stderr, flush=True)
-  marker = os.path.join(os.environ["FAKE_GCLOUD_DIR"], f"preempted_{worker}")
-  if mode == "always" or (mode in ("exit", "suspend") and not os.path.exists(marker)):
-    open(marker, "w").close()
-    if mode == "suspend":
-      if worker == 0:
-        save(["SUSPENDED"])
-      print("Connection closed by remote host.", file=sys.stderr)
-      sys.exit(255)
-    print("SIGTERM: saved step 3, exiting", flush=True)
-    sys.exit(143)
+elif verb == "list":
+  print("NAME" if not exists() else f"NAME\n{os.environ.get('FAKE_NAME', '')}")
+elif verb == "cat":
+  url = positionals[0]
+  local = os.path.join(ROOT, "gcs", url[len("gs://"):])
+  if not os.path.exists(local):
+    fail(command, f"The following URLs matched no objects or files:\n-{url}")
+  sys.stdout.write(open(local).read())
+elif verb == "scp":
+  if not os.path.isdir(positionals[0]):
+    fail(command, f"{positionals[0]}: No such file or directory")
+else:  # ssh: each worker is a directory (its $HOME) where the command runs for real
+  if states()[:1] != ["ACTIVE"]:
+    print("ssh: connect to host: Connection timed out", file=sys.stderr)
+    sys.exit(255)
+  count = int(os.environ.get("FAKE_WORKERS", "4"))
+  worker = given.get("--worker", ["0"])[0]
+  codes = []
+  for w in (range(count) if worker == "all" else [int(worker)]):
+    home = os.path.join(ROOT, f"worker_{w}")
+    os.makedirs(home, exist_ok=True)
+    env = dict(os.environ, HOME=home, FAKE_WORKER=str(w))
+    if step == "install":  # stands in for apt/venv/pip: a venv whose python is the fake job
+      os.makedirs(os.path.join(home, "bert_jax"), exist_ok=True)
+      os.makedirs(os.path.join(home, "bert_jax_venv", "bin"), exist_ok=True)
+      job = os.path.join(home, "bert_jax_venv", "bin", "python")
+      open(job, "w").write(open(os.environ["FAKE_JOB_SCRIPT"]).read())
+      os.chmod(job, 0o755)
+      print(f"worker-{w} python 3.11.0 jax 0.7.2 [TpuDevice(id={w})]")
+      codes.append(0)
+      continue
+    # Bounded, so that a `tail -F` (or anything) never outlives the test.
+    codes.append(subprocess.run(["timeout", "60", "bash", "-c", given["--command"][0]],
+                                env=env).returncode)
+  if step in os.environ.get("FAKE_SSH_255", "").split(","):
+    print("Connection to 10.0.0.2 closed by remote host.", file=sys.stderr)
+    sys.exit(255)
+  sys.exit(max(codes))
+'''
+
+# The job a fake worker's venv python runs instead of bert_jax.main: worker 0 (process 0)
+# writes the record with the real bert_jax.job_state.Tracker; FAKE_JOB says how it ends.
+FAKE_JOB = r'''
+import json, os, sys, time
+root, worker = os.environ["FAKE_GCLOUD_DIR"], int(os.environ["FAKE_WORKER"])
+job_id, attempt = os.environ.get("BERT_JAX_JOB_ID"), int(os.environ["BERT_JAX_JOB_ATTEMPT"])
+workdir = next(a for a in sys.argv if a.startswith("--workdir=")).split("=", 1)[1]
+local = os.path.join(root, "gcs", workdir[len("gs://"):])
+starts = os.path.join(root, "starts.jsonl")
+previous = sum(1 for line in open(starts) if json.loads(line)["worker"] == worker) \
+    if os.path.exists(starts) else 0
+with open(starts, "a") as f:
+  f.write(json.dumps({"worker": worker, "job_id": job_id, "attempt": attempt, "pid": os.getpid(),
+                      "argv": sys.argv[1:]}) + "\n")
+print(f"hello from worker {worker}, attempt {attempt}", flush=True)
+mode = os.environ.get("FAKE_JOB", "done")
+first = previous == 0
+tracker = None
+if worker == 0:  # process 0 (the others skip the import: it costs a second of CPU each)
+  sys.path.insert(0, os.environ["FAKE_REPO"])
+  from bert_jax import job_state
+  assert job_state.identity() == (job_id, attempt)
+  job_state.HEARTBEAT_S = 0.2
+  tracker = job_state.Tracker(local, False, job_id, attempt)
+  tracker.start()
+  time.sleep(0.3)  # the 'running' record is written
+
+
+def set_states(new):
+  path = os.path.join(root, "states.json")
+  with open(path + ".tmp", "w") as f:
+    json.dump(new, f)
+  os.replace(path + ".tmp", path)
+
+
+code = 0
+if mode == "fail":
+  print("ValueError: boom", flush=True)
+  code = 1
+elif mode == "preempt_always" or (mode == "preempt_first" and first):
+  print("SIGTERM: saved step 3, exiting", flush=True)
+  code = 143
+elif mode == "suspend_first" and first:
+  if worker == 0:
+    set_states(["SUSPENDED"])
+  os._exit(0)  # the VM is gone: no final record, the heartbeat stops
+else:
+  if mode == "blip" and first and worker == 0:
+    set_states(["FAILED", "ACTIVE"])  # one odd read of the queued resource
+  hold = os.path.join(root, "release")
+  deadline = time.time() + (60 if os.environ.get("FAKE_JOB_HOLD") else 0.6)
+  while time.time() < deadline and not os.path.exists(hold):
+    time.sleep(0.05)
   print(f"worker {worker} finished", flush=True)
+if tracker:
+  tracker.finish(code)
+sys.exit(code)
 '''
 
 NAME = "bert-test"
+JOB_ID = f"tpu:proj/us-central2-b/{NAME}"
 WHERE = ["--project=proj", "--zone=us-central2-b"]
 QR = ["gcloud", "compute", "tpus", "queued-resources"]
 VM = ["gcloud", "compute", "tpus", "tpu-vm"]
+KEEPALIVE = ["--ssh-flag=-oServerAliveInterval=30", "--ssh-flag=-oServerAliveCountMax=4"]
 DESCRIBE = QR + ["describe", NAME] + WHERE + ["--format=value(state.state)"]
 CREATE = QR + ["create", NAME, f"--node-id={NAME}"] + WHERE + [
     "--accelerator-type=v4-32", "--runtime-version=tpu-ubuntu2204-base"]
-INSTALL = VM + ["ssh", NAME, "--worker=all"] + WHERE + [
-    "--command=rm -rf bert_jax && mv bert_jax_upload bert_jax && cd bert_jax && "
-    "python3 -m pip install --quiet --upgrade pip && python3 -m pip install --quiet -e '.[tpu]'"]
 DELETE = QR + ["delete", NAME] + WHERE + ["--force", "--async", "--quiet"]
-MAIN = ("--command=cd bert_jax && python3 -m bert_jax.main"
-        " --config=experiments/configs/pretrain.py:base --workdir=gs://bucket/run1"
-        " --config.distributed.enabled=True --config.total_steps=7"
-        " '--config.data.corpus=gs://bucket/text/*.txt'")
+CAT = ["gcloud", "storage", "cat", "gs://bucket/run1/job_state.json"]
+# The install and start scripts, written out (not taken from launch_plan).
+GUARD = ('if [ -f $HOME/bert_jax_job.pid ] && kill -0 "$(cut -d\' \' -f1 $HOME/bert_jax_job.pid)"'
+         ' 2>/dev/null; then echo "bert_jax job already running: $(cat $HOME/bert_jax_job.pid)";'
+         ' exit 0; fi; ')
+PY = "$HOME/bert_jax_venv/bin/python"
+INSTALL = VM + ["ssh", NAME, "--worker=all"] + WHERE + [
+    "--command=cd $HOME; " + GUARD + "set -e; rm -rf bert_jax && mv bert_jax_upload bert_jax && "
+    "cd bert_jax && if ! python3.11 -c 'import ensurepip' >/dev/null 2>&1; then "
+    "sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq && "
+    "sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "
+    "python3.11 python3.11-venv; fi && if ! $HOME/bert_jax_venv/bin/python -c "
+    "'import sys; assert sys.version_info >= (3, 11)' >/dev/null 2>&1; then "
+    "python3.11 -m venv --clear $HOME/bert_jax_venv; fi && "
+    f"{PY} -m pip install --quiet --upgrade pip && {PY} -m pip install --quiet -e '.[tpu]' && "
+    f"{PY} -c 'import socket, sys, jax; print(socket.gethostname(), \"python\", "
+    "sys.version.split()[0], \"jax\", jax.__version__, jax.devices())'"]
+MAIN_ARGS = ("-m bert_jax.main --config=experiments/configs/pretrain.py:base"
+             " --workdir=gs://bucket/run1 --config.distributed.enabled=True"
+             " --config.total_steps=7 '--config.data.corpus=gs://bucket/text/*.txt'")
 
 
-def run_command(worker: int) -> list[str]:
-  return VM + ["ssh", NAME, f"--worker={worker}"] + WHERE + [
-      "--ssh-flag=-oServerAliveInterval=30", "--ssh-flag=-oServerAliveCountMax=4", MAIN]
+def start_command(attempt: str = "ATTEMPT") -> list[str]:
+  return VM + ["ssh", NAME, "--worker=all"] + WHERE + KEEPALIVE + [
+      "--command=" + GUARD + "cd $HOME/bert_jax || exit 1; "
+      f'echo "=== attempt {attempt} $(date -u +%FT%TZ)" >> $HOME/bert_jax_job.log; '
+      f"env BERT_JAX_JOB_ID={JOB_ID} BERT_JAX_JOB_ATTEMPT={attempt} setsid nohup {PY} "
+      f"{MAIN_ARGS} >> $HOME/bert_jax_job.log 2>&1 < /dev/null & "
+      f'echo "$! {attempt}" > $HOME/bert_jax_job.pid; '
+      'echo "bert_jax job started: $(cat $HOME/bert_jax_job.pid)"']
+
+
+def _attempts_as_placeholder(command: list[str]) -> list[str]:
+  """The attempt number is the start's Unix time: the one part a test cannot write out."""
+  return [re.sub(r"(attempt |ATTEMPT=|\$! )\d+", r"\1ATTEMPT", a) for a in command]
 
 
 class FakeGcloud:
@@ -140,93 +358,178 @@ class FakeGcloud:
     script = bin_dir / "gcloud"
     script.write_text(f"#!{sys.executable}\n{FAKE_GCLOUD}")
     script.chmod(0o755)
+    job = root / "fake_job.py"
+    job.write_text(f"#!{sys.executable}\n{FAKE_JOB}")
     self.logdir = root / "logs"
     self.upload = f"{self.logdir}/staging/bert_jax_upload"
+    self.record = root / "gcs" / "bucket" / "run1" / "job_state.json"
     self.env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-                    FAKE_GCLOUD_DIR=str(root), FAKE_GCLOUD_LOG=str(self.log))
+                    FAKE_GCLOUD_DIR=str(root), FAKE_GCLOUD_LOG=str(self.log),
+                    FAKE_JOB_SCRIPT=str(job), FAKE_REPO=str(REPO), FAKE_NAME=NAME)
 
-  def launch(self, *flags: str, accelerator_type: str = "v4-32", **env: str):
-    """Runs `python -m bert_jax.launch` with the standard flags plus `flags`."""
-    argv = [sys.executable, "-m", "bert_jax.launch", f"--name={NAME}", "--project=proj",
+  def argv(self, *flags: str, accelerator_type: str = "v4-32") -> list[str]:
+    """`python -m bert_jax.launch` with the standard flags (fast polls) plus `flags`."""
+    return [sys.executable, "-m", "bert_jax.launch", f"--name={NAME}", "--project=proj",
             "--zone=us-central2-b", f"--accelerator_type={accelerator_type}",
             "--config=experiments/configs/pretrain.py:base", "--workdir=gs://bucket/run1",
-            "--poll_s=0", f"--logdir={self.logdir}", "--config.total_steps=7",
-            "--config.data.corpus=gs://bucket/text/*.txt", *flags]
-    return subprocess.run(argv, cwd=REPO, env={**self.env, **env}, capture_output=True,
-                          text=True, timeout=120)
+            "--poll_s=0.05", "--retry_s=0.01", "--preemption_window_s=0", "--stale_after_s=30",
+            "--start_timeout_s=20", "--skip_preflight", f"--logdir={self.logdir}",
+            "--config.total_steps=7", "--config.data.corpus=gs://bucket/text/*.txt", *flags]
+
+  def launch(self, *flags: str, accelerator_type: str = "v4-32", **env: str):
+    """Runs the launcher to its end."""
+    return subprocess.run(self.argv(*flags, accelerator_type=accelerator_type), cwd=REPO,
+                          env={**self.env, **env}, capture_output=True, text=True, timeout=120)
+
+  def popen(self, *flags: str, **env: str) -> subprocess.Popen:
+    """Starts the launcher in the background (its output in a file: see `output`)."""
+    out = open(self.root / f"launcher_{len(list(self.root.glob('launcher_*')))}.out", "w")
+    self.out_path = out.name
+    return subprocess.Popen(self.argv(*flags), cwd=REPO, env={**self.env, **env}, stdout=out,
+                            stderr=subprocess.STDOUT, text=True)
+
+  def output(self) -> str:
+    return pathlib.Path(self.out_path).read_text()
 
   def commands(self) -> list[list[str]]:
-    """The logged commands, each batch of parallel per-worker runs sorted by worker."""
-    commands = [json.loads(line) for line in self.log.read_text().splitlines()]
-    ordered, batch = [], []
-    for command in commands + [None]:
-      if command is not None and any(a.startswith("--command=cd bert_jax") for a in command):
-        batch.append(command)
-        continue
-      ordered += sorted(batch, key=lambda c: next(a for a in c if a.startswith("--worker=")))
-      batch = []
-      if command is not None:
-        ordered.append(command)
-    return ordered
+    """Every logged command, in order."""
+    if not self.log.exists():
+      return []
+    return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+  def steps(self) -> list[str]:
+    """Each command's launcher step: create, describe, upload, install, start, logs, ..."""
+    names = []
+    for c in self.commands():
+      script = next((a for a in c if a.startswith("--command=")), "")
+      names.append("install" if "pip install" in script else "start" if "setsid" in script
+                   else "logs" if "tail" in script else "cat" if c[1] == "storage" else
+                   "upload" if "scp" in c else c[4] if c[1] != "alpha" else c[5])
+    return names
 
   def upload_command(self) -> list[str]:
     return VM + ["scp", "--recurse", self.upload, f"{NAME}:", "--worker=all"] + WHERE
 
+  def starts(self) -> list[dict]:
+    """One line per job process a fake worker started."""
+    path = self.root / "starts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+  def wait_for(self, predicate, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+      assert time.monotonic() < deadline, f"no {what} within {timeout}s"
+      time.sleep(0.05)
+
+  def running(self) -> bool:
+    return self.record.exists() and '"running"' in self.record.read_text()
+
 
 @pytest.fixture
 def gcloud(tmp_path) -> FakeGcloud:
-  return FakeGcloud(tmp_path)
+  fake = FakeGcloud(tmp_path)
+  yield fake
+  (tmp_path / "release").write_text("")  # no fake job outlives its test
 
 
 def _error_line(result) -> str:
   return result.stderr.strip().splitlines()[-1]
 
 
-def test_workers_per_accelerator_type():
+def _collapse_watch(commands: list[list[str]]) -> list[list[str]]:
+  """Repeated looks at the slice and the job (how many depends on timing) counted once."""
+  out = []
+  for c in commands:
+    if out[-2:] == [DESCRIBE, CAT] and c == DESCRIBE:
+      out.pop()
+      out.pop()
+    out.append(c)
+  return out
+
+
+def test_workers_per_accelerator_type_and_the_v5e_alias():
   from bert_jax import launch_plan
   expected = {"v2-8": 1, "v2-32": 4, "v3-8": 1, "v3-128": 16, "v4-8": 1, "v4-32": 4,
               "v4-4096": 512, "v5litepod-1": 1, "v5litepod-8": 1, "v5litepod-16": 4,
               "v5e-256": 64, "v5p-8": 1, "v5p-128": 16, "v6e-4": 1, "v6e-8": 1, "v6e-16": 4,
               "v6e-256": 64}
   assert {t: launch_plan.num_workers(t) for t in expected} == expected
+  assert [launch_plan.canonical_accelerator_type(t) for t in ("v5e-16", "v5litepod-8", "v4-32")
+          ] == ["v5litepod-16", "v5litepod-8", "v4-32"]
   with pytest.raises(ValueError, match="unknown accelerator type 'v9-8'.*--num_workers"):
     launch_plan.num_workers("v9-8")
   with pytest.raises(ValueError, match="--num_workers"):
     launch_plan.num_workers("tpu-32")
 
 
-def test_run_on_v4_32_creates_installs_runs_every_worker_and_deletes(gcloud):
-  result = gcloud.launch(FAKE_GCLOUD_PROVISION="WAITING_FOR_RESOURCES,ACTIVE")
+def test_the_fake_refuses_what_gcloud_refuses(gcloud):
+  """Fails if the fake accepted an unknown flag or a v5e-N accelerator type (issue 22)."""
+  def run(*argv):
+    return subprocess.run(["gcloud", *argv], env=gcloud.env, capture_output=True, text=True)
+  result = run(*QR[1:], "create", NAME, "--node-id=x", "--zone=z", "--accelerator-type=v4-8",
+               "--runtime-version=r", "--foo")
+  assert (result.returncode, result.stderr.strip()) == (
+      2, "ERROR: (gcloud.compute.tpus.queued-resources.create) unrecognized arguments: --foo")
+  # --autocheckpoint-enabled is an alpha flag: refused on the GA track, accepted on alpha.
+  create = ["create", NAME, "--node-id=x", "--zone=z", "--runtime-version=r"]
+  result = run(*QR[1:], *create, "--accelerator-type=v4-8", "--autocheckpoint-enabled")
+  assert result.returncode == 2 and "unrecognized arguments: --autocheckpoint-enabled" in (
+      result.stderr)
+  result = run(*QR[1:], *create, "--accelerator-type=v5e-16")
+  assert result.returncode == 1 and "INVALID_ARGUMENT: accelerator type 'v5e-16'" in result.stderr
+  result = run("alpha", *QR[1:], *create, "--accelerator-type=v5litepod-16",
+               "--autocheckpoint-enabled")
   assert result.returncode == 0, result.stderr
-  assert gcloud.commands() == (
-      [DESCRIBE, CREATE, DESCRIBE, DESCRIBE, gcloud.upload_command(), INSTALL]
-      + [run_command(w) for w in range(4)] + [DELETE])
+  result = run(*VM[1:], "ssh", NAME, "--zone=z", "--workers=all")
+  assert result.returncode == 2 and "unrecognized arguments: --workers=all" in result.stderr
+
+
+def test_dry_run_prints_the_written_out_sequence_and_runs_nothing(gcloud):
+  """The expected list is written out here; the real run (jobs done at once) issues it too."""
+  expected = [CAT, DESCRIBE, CREATE, DESCRIBE, gcloud.upload_command(), INSTALL,
+              start_command(), DESCRIBE, CAT, DELETE]
+  dry = gcloud.launch("--dry_run")
+  assert dry.returncode == 0, dry.stderr
+  assert not gcloud.log.exists()
+  printed = [_attempts_as_placeholder(shlex.split(line)) for line in dry.stdout.splitlines()]
+  assert printed == expected
+  real = gcloud.launch("--nofollow_logs")
+  assert real.returncode == 0, real.stderr
+  assert _collapse_watch([_attempts_as_placeholder(c) for c in gcloud.commands()]) == expected
   # What was uploaded is an installable tree, without the local build litter.
   upload = pathlib.Path(gcloud.upload)
   assert (upload / "setup.cfg").read_text() == (REPO / "setup.cfg").read_text()
   assert (upload / "bert_jax" / "launch.py").is_file()
   assert not list(upload.rglob("__pycache__")) and not (upload / "tests").exists()
-  for w in range(4):
-    log = (gcloud.logdir / f"worker_{w}.log").read_text().splitlines()
-    # stdout and stderr of the worker, prefixed, in the log and on the terminal.
-    for line in (f"[worker {w}] hello from worker {w}",
-                 f"[worker {w}] a warning on stderr from worker {w}",
-                 f"[worker {w}] worker {w} finished"):
-      assert line in log
-      assert line in result.stdout.splitlines()
-    others = [f"from worker {other}" for other in range(4) if other != w]
-    assert not any(other in line for line in log for other in others)
+  # Each worker printed its Python, JAX and devices during the install.
+  assert "[launch] install: worker-3 python 3.11.0 jax 0.7.2 [TpuDevice(id=3)]" in real.stdout
 
 
-def test_dry_run_prints_the_real_sequence_and_runs_nothing(gcloud):
-  dry = gcloud.launch("--dry_run")
-  assert dry.returncode == 0, dry.stderr
-  assert not gcloud.log.exists()
-  printed = [shlex.split(line) for line in dry.stdout.splitlines()]
-  real = gcloud.launch()
-  assert real.returncode == 0, real.stderr
-  assert printed == gcloud.commands()
-  assert len(printed) == 10 and printed[0] == DESCRIBE and printed[-1] == DELETE
+def test_one_job_per_worker_with_the_lock_identity_in_its_environment(gcloud):
+  result = gcloud.launch("--nofollow_logs")
+  assert result.returncode == 0, result.stderr
+  starts = gcloud.starts()
+  assert sorted(s["worker"] for s in starts) == [0, 1, 2, 3]
+  # BERT_JAX_JOB_ID / BERT_JAX_JOB_ATTEMPT reach the job (the workdir lock reads them).
+  assert {s["job_id"] for s in starts} == {JOB_ID}
+  (attempt,) = {s["attempt"] for s in starts}
+  assert abs(attempt - time.time()) < 120
+  record = json.loads(gcloud.record.read_text())
+  assert (record["state"], record["exit_code"], record["attempt"]) == ("done", 0, attempt)
+  # The job's output is in its log on the worker, not in the ssh that started it.
+  log = (gcloud.root / "worker_2" / "bert_jax_job.log").read_text()
+  assert f"=== attempt {attempt}" in log and "worker 2 finished" in log
+  assert "worker 2 finished" not in result.stdout
+
+
+def test_v5e_is_sent_as_v5litepod_and_autocheckpoint_uses_the_alpha_track(gcloud):
+  result = gcloud.launch("--nofollow_logs", "--autocheckpoint", accelerator_type="v5e-16")
+  assert result.returncode == 0, result.stderr
+  (create,) = [c for c in gcloud.commands() if "create" in c]
+  assert create == ["gcloud", "alpha"] + QR[1:] + [
+      "create", NAME, f"--node-id={NAME}"] + WHERE + [
+      "--accelerator-type=v5litepod-16", "--runtime-version=v2-alpha-tpuv5-lite",
+      "--autocheckpoint-enabled"]
 
 
 def test_failed_create_names_the_step_and_gcloud_error(gcloud):
@@ -236,81 +539,236 @@ def test_failed_create_names_the_step_and_gcloud_error(gcloud):
   assert _error_line(result) == (
       "error: launch failed at step 'create': gcloud exited 1: "
       "ERROR: (gcloud.fake.create) RESOURCE_EXHAUSTED: Quota TPUV4_POD exceeded.")
-  # Nothing was created, so nothing is uploaded, run or deleted.
-  assert gcloud.commands() == [DESCRIBE, CREATE]
+  assert gcloud.commands() == [CAT, DESCRIBE, CREATE]
 
 
-def test_failed_install_names_the_step_and_deletes_the_slice(gcloud):
+def test_one_failed_install_is_retried(gcloud):
+  """A PyPI hiccup during an install: the second try goes through, nothing is deleted early."""
+  result = gcloud.launch("--nofollow_logs", FAKE_GCLOUD_FAIL="install", FAKE_GCLOUD_FAIL_TIMES="1",
+                         FAKE_GCLOUD_FAIL_MESSAGE="Read timed out. (read timeout=15)")
+  assert result.returncode == 0, result.stderr
+  assert gcloud.steps().count("install") == 2 and gcloud.steps().count("delete") == 1
+  assert gcloud.steps().index("delete") == len(gcloud.steps()) - 1
+
+
+def test_an_install_that_keeps_failing_stops_and_leaves_the_slice(gcloud):
   result = gcloud.launch(FAKE_GCLOUD_FAIL="install",
                          FAKE_GCLOUD_FAIL_MESSAGE="No matching distribution found for libtpu")
   assert result.returncode == 1
   assert _error_line(result) == (
       "error: launch failed at step 'install': gcloud exited 1: "
       "ERROR: (gcloud.fake.install) No matching distribution found for libtpu")
-  assert gcloud.commands() == [DESCRIBE, CREATE, DESCRIBE, gcloud.upload_command(), INSTALL, DELETE]
+  assert gcloud.steps().count("install") == 3 and "delete" not in gcloud.steps()
 
 
-def test_failing_worker_stops_without_relaunch(gcloud):
-  result = gcloud.launch(FAKE_GCLOUD_FAIL="run", FAKE_GCLOUD_FAIL_MESSAGE="ValueError: boom")
+def test_one_transient_describe_failure_is_retried(gcloud):
+  """Fails if one failed state read ended (or deleted) anything."""
+  result = gcloud.launch("--nofollow_logs", FAKE_GCLOUD_FAIL="describe",
+                         FAKE_GCLOUD_FAIL_TIMES="1",
+                         FAKE_GCLOUD_FAIL_MESSAGE="UNAVAILABLE: The service is currently unavailable.")
+  assert result.returncode == 0, result.stderr
+  assert "describe: gcloud exited 1 (ERROR: (gcloud.fake.describe) UNAVAILABLE" in result.stdout
+  assert gcloud.commands()[:3] == [CAT, DESCRIBE, DESCRIBE]
+  assert gcloud.steps().count("create") == 1 and gcloud.commands()[-1] == DELETE
+
+
+def test_state_reads_that_keep_failing_exit_without_deleting(gcloud):
+  (gcloud.root / "states.json").write_text('["ACTIVE"]')
+  result = gcloud.launch("--nofollow_logs", FAKE_GCLOUD_FAIL="describe",
+                         FAKE_GCLOUD_FAIL_MESSAGE="There was a problem refreshing your auth tokens")
   assert result.returncode == 1
   line = _error_line(result)
-  assert line.startswith("error: launch failed at step 'run': worker 0 exited 1 "
-                         "(exit codes [1, 1, 1, 1], slice ACTIVE)"), line
-  assert line.endswith("ValueError: boom"), line
-  kinds = [c[4] for c in gcloud.commands()]
-  assert kinds.count("create") == 1 and gcloud.commands()[-1] == DELETE
+  assert "gcloud failed 5 times in a row" in line and "Nothing was deleted" in line, line
+  assert "re-run the same command to attach" in line
+  assert "delete" not in gcloud.steps() and "create" not in gcloud.steps()
 
 
-def test_worker_exit_143_relaunches_the_identical_command(gcloud):
-  result = gcloud.launch(FAKE_GCLOUD_PREEMPT="exit")
+def test_a_failed_job_stops_with_its_last_lines_and_leaves_the_slice(gcloud):
+  result = gcloud.launch("--nofollow_logs", FAKE_JOB="fail")
+  assert result.returncode == 1
+  line = _error_line(result)
+  assert line.startswith("error: launch failed at step 'run': the job failed (exit code 1 on "), line
+  assert "ValueError: boom" in line and "--action=delete" in line, line
+  assert gcloud.steps().count("start") == 1 and "delete" not in gcloud.steps()
+
+
+def test_a_preempted_job_restarts_on_the_same_active_slice(gcloud):
+  """Exit 143 with the slice ACTIVE (a maintenance event): start again, same identity."""
+  result = gcloud.launch("--nofollow_logs", FAKE_JOB="preempt_first")
   assert result.returncode == 0, result.stderr
-  runs = [run_command(w) for w in range(4)]
-  relaunch = [DESCRIBE, DELETE, DESCRIBE, DESCRIBE, CREATE, DESCRIBE]
-  assert gcloud.commands() == (
-      [DESCRIBE, CREATE, DESCRIBE, gcloud.upload_command(), INSTALL] + runs + [DESCRIBE]
-      + relaunch + [gcloud.upload_command(), INSTALL] + runs + [DELETE])
-  assert "relaunch 1 of at most 10" in result.stdout
-  log = (gcloud.logdir / "worker_2.log").read_text()
-  assert log.index("[worker 2] SIGTERM: saved step 3, exiting") < log.index(
-      "[worker 2] worker 2 finished")
+  steps = gcloud.steps()
+  assert (steps.count("create"), steps.count("install"), steps.count("start")) == (1, 1, 2)
+  assert "relaunch 1 of at most 10, on the same slice" in result.stdout
+  first, second = [[s for s in gcloud.starts() if s["worker"] == 0][i] for i in (0, 1)]
+  assert first["job_id"] == second["job_id"] == JOB_ID and second["attempt"] > first["attempt"]
+  assert steps[-1] == "delete"
 
 
-def test_suspended_slice_relaunches(gcloud):
-  result = gcloud.launch(FAKE_GCLOUD_PREEMPT="suspend")
+def test_a_suspended_slice_is_recreated(gcloud):
+  result = gcloud.launch("--nofollow_logs", FAKE_JOB="suspend_first")
   assert result.returncode == 0, result.stderr
-  assert "preempted (exit codes [255, 255, 255, 255], slice SUSPENDED)" in result.stdout
-  kinds = [c[4] for c in gcloud.commands()]
-  assert kinds.count("create") == 2 and kinds.count("ssh") == 2 * (1 + 4)
-  assert gcloud.commands()[-1] == DELETE
+  steps = gcloud.steps()
+  assert (steps.count("create"), steps.count("install"), steps.count("start")) == (2, 2, 2)
+  assert "on a new slice" in result.stdout
+  # The broken slice is deleted (and awaited) before it is created again.
+  assert steps.index("delete") < len(steps) - 1 - steps[::-1].index("create")
+  assert steps[-1] == "delete"
+
+
+def test_one_failed_state_read_is_not_a_preemption(gcloud):
+  """One FAILED read of the queued resource, then ACTIVE again: nothing is relaunched."""
+  result = gcloud.launch("--nofollow_logs", FAKE_JOB="blip")
+  assert result.returncode == 0, result.stderr
+  assert "slice FAILED; job running" in result.stdout and "(watching whether this lasts)" in (
+      result.stdout)
+  steps = gcloud.steps()
+  assert (steps.count("create"), steps.count("start")) == (1, 1)
+  assert "relaunch" not in result.stdout
 
 
 def test_relaunches_are_bounded(gcloud):
-  result = gcloud.launch("--max_relaunches=1", FAKE_GCLOUD_PREEMPT="always")
+  result = gcloud.launch("--nofollow_logs", "--max_relaunches=1", FAKE_JOB="preempt_always")
   assert result.returncode == 1
   assert _error_line(result).startswith(
-      "error: launch failed at step 'run': preempted again after 1 relaunches")
-  kinds = [c[4] for c in gcloud.commands()]
-  assert kinds.count("create") == 2 and gcloud.commands()[-1] == DELETE
+      "error: launch failed at step 'run': the job was lost again after 1 relaunches")
+  assert gcloud.steps().count("start") == 2 and "delete" not in gcloud.steps()
 
 
-def test_active_slice_is_reused_and_kept(gcloud):
+def test_ssh_255_while_the_slice_is_active_deletes_nothing_and_rerun_attaches(gcloud):
+  """Every ssh ends with 255 (the laptop's network drops) while the slice stays ACTIVE.
+
+  Fails if the launcher deleted the slice, stopped watching on its own, started a
+  second job, or a re-run started anything instead of attaching.
+  """
+  env = {"FAKE_SSH_255": "start,logs", "FAKE_JOB_HOLD": "1"}
+  launcher = gcloud.popen(**env)
+  gcloud.wait_for(gcloud.running, "'running' record")
+  time.sleep(0.5)  # several more polls with ssh failing
+  assert launcher.poll() is None, gcloud.output()
+  assert "delete" not in gcloud.steps()
+  assert "lost the ssh while starting attempt" in gcloud.output()
+  launcher.send_signal(signal.SIGINT)  # the user stops watching
+  assert launcher.wait(timeout=30) == 1
+  assert "nothing was deleted and the job keeps running: re-run the same command to attach" in (
+      gcloud.output())
+  assert "delete" not in gcloud.steps()
+  before = len(gcloud.commands())
+  again = gcloud.popen(**env)
+  gcloud.wait_for(lambda: "attaching to the running job" in gcloud.output(), "attach")
+  (gcloud.root / "release").write_text("")
+  assert again.wait(timeout=60) == 0, gcloud.output()
+  later = gcloud.steps()[before:]
+  assert "start" not in later and "install" not in later and "create" not in later, later
+  assert later[-1] == "delete" and gcloud.steps().count("delete") == 1
+  assert len(gcloud.starts()) == 4  # one job per worker, ever
+  assert json.loads(gcloud.record.read_text())["state"] == "done"
+
+
+def test_a_launcher_killed_mid_run_is_re_run_and_attaches(gcloud):
+  """kill -9 while the job runs; the re-run attaches and no second job starts."""
+  launcher = gcloud.popen(FAKE_JOB_HOLD="1")
+  gcloud.wait_for(gcloud.running, "'running' record")
+  launcher.kill()
+  launcher.wait(timeout=30)
+  assert "delete" not in gcloud.steps()
+  before = len(gcloud.commands())
+  again = gcloud.popen(FAKE_JOB_HOLD="1")
+  gcloud.wait_for(lambda: "attaching to the running job" in gcloud.output(), "attach")
+  (gcloud.root / "release").write_text("")
+  assert again.wait(timeout=60) == 0, gcloud.output()
+  later = gcloud.steps()[before:]
+  assert "start" not in later and "install" not in later, later
+  assert len(gcloud.starts()) == 4 and later[-1] == "delete"
+  # Worker 0's log was streamed to the terminal while watching.
+  assert "[worker 0] hello from worker 0" in pathlib.Path(gcloud.logdir / "worker_0.log").read_text()
+
+
+def test_a_done_workdir_only_deletes(gcloud):
+  gcloud.record.parent.mkdir(parents=True)
+  gcloud.record.write_text(json.dumps({"state": "done", "job_id": JOB_ID, "attempt": 5,
+                                       "time": time.time(), "host": "h", "exit_code": 0}))
   (gcloud.root / "states.json").write_text('["ACTIVE"]')
-  result = gcloud.launch("--keep", "--num_workers=2", accelerator_type="v5litepod-16")
+  result = gcloud.launch("--nofollow_logs")
   assert result.returncode == 0, result.stderr
-  commands = gcloud.commands()
-  assert [c[4] for c in commands] == ["describe", "scp", "ssh", "ssh", "ssh"]
-  assert [c[6] for c in commands[3:]] == ["--worker=0", "--worker=1"]
+  assert gcloud.commands() == [CAT, DESCRIBE, DELETE]
 
 
-def test_status_and_delete_actions(gcloud):
+def test_the_start_script_never_starts_a_second_job(tmp_path):
+  """Run on a "worker" twice while the first job lives: the second run adopts it."""
+  from bert_jax import launch_plan
+  (tmp_path / "bert_jax").mkdir()
+  (tmp_path / "bert_jax_venv" / "bin").mkdir(parents=True)
+  job = tmp_path / "bert_jax_venv" / "bin" / "python"
+  job.write_text("#!/bin/sh\necho \"job $BERT_JAX_JOB_ID $BERT_JAX_JOB_ATTEMPT\"\nsleep 30\n")
+  job.chmod(0o755)
+  env = dict(os.environ, HOME=str(tmp_path))
+  first = subprocess.run(["bash", "-c", launch_plan.start_script("tpu:p/z/n", 11, ["--x"])],
+                         env=env, capture_output=True, text=True, timeout=30)
+  second = subprocess.run(["bash", "-c", launch_plan.start_script("tpu:p/z/n", 12, ["--x"])],
+                          env=env, capture_output=True, text=True, timeout=30)
+  pid = int((tmp_path / "bert_jax_job.pid").read_text().split()[0])
+  try:
+    assert first.stdout.startswith("bert_jax job started: ") and first.stdout.endswith(" 11\n")
+    assert second.stdout == f"bert_jax job already running: {pid} 11\n"
+    # The job is in a session of its own: what ends the ssh's session does not reach it.
+    assert os.getsid(pid) == pid != os.getsid(0)
+    time.sleep(0.3)
+    assert "job tpu:p/z/n 11" in (tmp_path / "bert_jax_job.log").read_text()
+  finally:
+    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow  # creating a venv (ensurepip) takes seconds of CPU
+def test_the_install_makes_and_uses_a_python_3_11_environment(tmp_path):
+  """The environment part of the worker's install, run here; and every python the job uses
+  is that environment's (never the image's python3 3.10)."""
+  from bert_jax import launch_plan
+  script = launch_plan.install_script()
+  assert "python3.11 -m venv --clear $HOME/bert_jax_venv" in script
+  assert "apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3.11 python3.11-venv" in script
+  assert script.index("-m venv") < script.index("pip install --quiet -e '.[tpu]'")
+  assert "$HOME/bert_jax_venv/bin/python -m pip install --quiet -e '.[tpu]'" in script
+  assert "print(socket.gethostname(), \"python\", sys.version.split()[0], \"jax\", " \
+      "jax.__version__, jax.devices())" in script
+  assert "python3 " not in script and " python3 -m" not in launch_plan.start_script("j", 1, [])
+  assert "setsid nohup $HOME/bert_jax_venv/bin/python -m bert_jax.main" in (
+      launch_plan.start_script("j", 1, []))
+  python311 = shutil.which("python3.11")
+  assert python311, "the dev environment has python3.11"
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  (bin_dir / "python3.11").symlink_to(python311)
+  # A sudo that fails: with python3.11 present, apt must not be needed.
+  (bin_dir / "sudo").write_text("#!/bin/sh\necho sudo called >&2\nexit 1\n")
+  (bin_dir / "sudo").chmod(0o755)
+  env = dict(os.environ, HOME=str(tmp_path), PATH=f"{bin_dir}:/usr/bin:/bin")
+  env.pop("VIRTUAL_ENV", None)
+  result = subprocess.run(["bash", "-c", launch_plan.python_env_script()], env=env,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr
+  version = subprocess.run([str(tmp_path / "bert_jax_venv" / "bin" / "python"), "-c",
+                            "import sys; print(sys.version_info[:2] >= (3, 11), sys.prefix)"],
+                           capture_output=True, text=True, check=True).stdout.split()
+  assert version == ["True", str(tmp_path / "bert_jax_venv")]
+
+
+def test_status_logs_and_delete_actions(gcloud):
   result = gcloud.launch("--action=status")
-  assert (result.returncode, result.stdout.splitlines()[-1]) == (0, f"{NAME}: not found")
+  assert (result.returncode, result.stdout.splitlines()) == (
+      0, [f"{NAME}: not found", "job: no job record"])
   (gcloud.root / "states.json").write_text('["WAITING_FOR_RESOURCES"]')
   result = gcloud.launch("--action=status")
-  assert result.stdout.splitlines()[-1] == f"{NAME}: WAITING_FOR_RESOURCES"
+  assert result.stdout.splitlines()[0] == f"{NAME}: WAITING_FOR_RESOURCES"
   result = gcloud.launch("--action=delete")
   assert (result.returncode, result.stdout.splitlines()[-1]) == (0, f"{NAME}: deleting")
-  assert gcloud.commands() == [DESCRIBE, DESCRIBE, DELETE]
+  assert gcloud.commands() == [DESCRIBE, CAT, DESCRIBE, CAT, DELETE]
+  (gcloud.root / "states.json").write_text('["ACTIVE"]')
+  (gcloud.root / "worker_1").mkdir()
+  (gcloud.root / "worker_1" / "bert_jax_job.log").write_text("line 1\nline 2\n")
+  result = gcloud.launch("--action=logs", "--worker=1", "--nofollow")
+  assert (result.returncode, result.stdout) == (0, "line 1\nline 2\n")
+  assert gcloud.commands()[-1] == VM + ["ssh", NAME, "--worker=1"] + WHERE + KEEPALIVE + [
+      "--command=tail -n 200 $HOME/bert_jax_job.log"]
 
 
 def test_flag_errors_are_one_clear_line(gcloud):
@@ -322,142 +780,68 @@ def test_flag_errors_are_one_clear_line(gcloud):
   assert not gcloud.log.exists()
 
 
-# --- SLURM ---
-
-FAKE_SRUN = r'''
-import json, os, signal, subprocess, sys, time
-
-args = sys.argv[1:]
-while args and args[0].startswith("-"):  # srun's own options (all --opt=value here)
-  args = args[1:]
-n = int(os.environ["SLURM_NTASKS"])
-record = {"argv": sys.argv[1:], "job_id": os.environ["SLURM_JOB_ID"]}
-if "FAKE_SRUN_EXIT" in os.environ:
-  codes = [int(os.environ["FAKE_SRUN_EXIT"])] * n
-elif "FAKE_SRUN_ON_TERM" in os.environ:
-  # Tasks that run until SIGTERM, save for a moment, then exit with the given status.
-  terminated = []
-  signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))
-  open(os.environ["FAKE_SRUN_LOG"] + ".started", "w").close()
-  while not terminated:
-    time.sleep(0.02)
-  time.sleep(0.5)
-  codes = [int(os.environ["FAKE_SRUN_ON_TERM"])] * n
-else:
-  tasks = []
-  for i in range(n):
-    # What srun sets for task i of a one-node step.
-    env = dict(os.environ, SLURM_PROCID=str(i), SLURM_LOCALID=str(i), SLURM_NODEID="0",
-               SLURM_STEP_ID="0", SLURM_STEP_NODELIST=os.environ["SLURM_JOB_NODELIST"],
-               SLURM_STEP_NUM_NODES="1", SLURM_STEP_NUM_TASKS=str(n),
-               SLURM_STEP_TASKS_PER_NODE=str(n))
-    tasks.append(subprocess.Popen(args, env=env))
-  signal.signal(signal.SIGTERM, lambda *_: [t.send_signal(signal.SIGTERM) for t in tasks])
-  codes = [t.wait() for t in tasks]
-record["codes"] = codes
-with open(os.environ["FAKE_SRUN_LOG"], "a") as f:
-  f.write(json.dumps(record) + "\n")
-sys.exit(max(codes))  # srun exits with the highest task exit code
-'''
-
-FAKE_SCONTROL = r'''
-import json, os, sys
-with open(os.environ["FAKE_SCONTROL_LOG"], "a") as f:
-  f.write(json.dumps(sys.argv[1:]) + "\n")
-'''
+# --- the job's record (bert_jax.job_state) ---
 
 
-def _slurm_env(tmp_path: pathlib.Path, job_id: int, **extra: str) -> dict:
-  bin_dir = tmp_path / "bin"
-  bin_dir.mkdir(exist_ok=True)
-  for name, body in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
-    (bin_dir / name).write_text(f"#!{sys.executable}\n{body}")
-    (bin_dir / name).chmod(0o755)
-  env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-  # What sbatch gives the batch script of a 1-node, 2-task allocation; `python` is this venv's.
-  env.update(PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), env["PATH"]]),
-             SLURM_JOB_ID=str(job_id), SLURM_NTASKS="2", SLURM_NNODES="1",
-             SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="localhost", SLURM_SUBMIT_DIR=str(REPO),
-             SLURM_JOB_NAME="bert_jax", FAKE_SRUN_LOG=str(tmp_path / "srun.jsonl"),
-             FAKE_SCONTROL_LOG=str(tmp_path / "scontrol.jsonl"), **extra)
-  return env
+def test_job_state_records_running_then_the_final_state(tmp_path, monkeypatch):
+  """Fails if a tracked job wrote nothing, wrote without a launcher, or a refused second start
+  overwrote a live attempt's record."""
+  from bert_jax import job_state
+  from bert_jax import jobs
+  assert jobs.run.__wrapped__  # bert_jax.jobs.run is the tracked function
+  config = type("C", (), {"distributed": type("D", (), {"enabled": False})()})()
+  monkeypatch.setattr(job_state, "HEARTBEAT_S", 0.05)
+  seen = []
+
+  def job(code):
+    def run(config, workdir):
+      time.sleep(0.3)
+      seen.append(job_state.read(workdir))
+      return code
+    return job_state.tracked(run)
+
+  monkeypatch.delenv("BERT_JAX_JOB_ID", raising=False)
+  assert job(0)(config, str(tmp_path / "untracked")) == 0
+  assert not (tmp_path / "untracked").exists()
+  monkeypatch.setenv("BERT_JAX_JOB_ID", "tpu:p/z/n")
+  monkeypatch.setenv("BERT_JAX_JOB_ATTEMPT", "7")
+  for code, state in ((0, "done"), (143, "preempted"), (1, "failed")):
+    assert job(code)(config, str(tmp_path / state)) == code
+    running, final = seen[-1], job_state.read(str(tmp_path / state))
+    assert (running["state"], running["attempt"], running["job_id"]) == ("running", 7, "tpu:p/z/n")
+    assert time.time() - running["time"] < 0.2  # the heartbeat keeps it fresh
+    assert (final["state"], final["exit_code"], final["pid"]) == (state, code, os.getpid())
+  # Another attempt's live record is not overwritten by a start that failed (the lock refused it).
+  live = tmp_path / "live"
+  live.mkdir()
+  record = {"state": "running", "attempt": 6, "job_id": "tpu:p/z/n", "time": time.time()}
+  (live / "job_state.json").write_text(json.dumps(record))
+  monkeypatch.setattr(job_state, "HEARTBEAT_S", 60.0)
+
+  def refused(config, workdir):
+    return 1
+  with monkeypatch.context() as m:
+    m.setattr(job_state.Tracker, "start", lambda self: None)
+    assert job_state.tracked(refused)(config, str(live)) == 1
+  assert json.loads((live / "job_state.json").read_text()) == record
 
 
-def _jsonl(path: pathlib.Path) -> list:
-  return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-@pytest.mark.parametrize("srun_exit, restarts, script_exit, requeued", [
-    (0, "0", 0, False), (1, "0", 1, False), (143, "0", 0, True), (143, "20", 143, False)])
-def test_sbatch_requeues_only_after_a_saved_preemption(tmp_path, srun_exit, restarts, script_exit,
-                                                       requeued):
-  env = _slurm_env(tmp_path, 4242, FAKE_SRUN_EXIT=str(srun_exit), SLURM_RESTART_COUNT=restarts)
-  result = subprocess.run(["bash", str(SBATCH), "--config=c.py", "--workdir=/w", "--config.x=1"],
-                          env=env, capture_output=True, text=True, timeout=60)
-  assert result.returncode == script_exit, result.stderr
-  (srun,) = _jsonl(tmp_path / "srun.jsonl")
-  assert srun["argv"] == ["--kill-on-bad-exit=1", "python", "-m", "bert_jax.main", "--config=c.py",
-                          "--workdir=/w", "--config.x=1", "--config.distributed.enabled=True"]
-  assert _jsonl(tmp_path / "scontrol.jsonl") == ([["requeue", "4242"]] if requeued else [])
-
-
-def test_sbatch_outlives_sigterm_to_requeue(tmp_path):
-  """Preemption signals the whole job: the script must wait for the saving tasks, then requeue."""
-  env = _slurm_env(tmp_path, 4243, FAKE_SRUN_ON_TERM="143")
-  job = subprocess.Popen(["bash", str(SBATCH), "--config=c.py", "--workdir=/w"], env=env,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
-  started = tmp_path / "srun.jsonl.started"
-  deadline = time.monotonic() + 30
-  while not started.exists() and time.monotonic() < deadline:
-    time.sleep(0.02)
-  os.killpg(job.pid, signal.SIGTERM)  # the batch shell and srun alike, as SLURM does
-  _, stderr = job.communicate(timeout=30)
-  assert job.returncode == 0, stderr
-  assert "SIGTERM; waiting for the trainer to save" in stderr
-  assert _jsonl(tmp_path / "scontrol.jsonl") == [["requeue", "4243"]]
-
-
-def _free_slurm_job_id() -> tuple[int, int]:
-  """A job id whose JAX coordinator port (61440 + id % 4096, slurm_cluster.py) is free here.
-
-  That port is fixed by the job id, not picked by the OS, so the test picks the
-  id: one whose port nothing on this machine is bound to at the moment.
-  """
-  start = random.randrange(4096)
-  for k in range(4096):
-    job_id = 900_000 + (start + k) % 4096
-    port = 61440 + job_id % 4096
-    with socket.socket() as s:
-      try:
-        s.bind(("localhost", port))
-      except OSError:
-        continue
-    return job_id, port
-  raise RuntimeError("no free port in 61440-65535")
-
-
-@pytest.mark.slow
-def test_sbatch_runs_a_two_process_pretraining(tmp_path, pretrain_test_config):
-  config = pretrain_test_config(**{"total_steps": 20, "checkpoint.every_steps": 10})
-  config_file = tmp_path / "tiny_test_config.py"
-  config_file.write_text("import json\nimport ml_collections\n\n\ndef get_config():\n"
-                         f"  return ml_collections.ConfigDict(json.loads({config.to_json()!r}))\n")
-  workdir = tmp_path / "workdir"
-  job_id, port = _free_slurm_job_id()
-  env = _slurm_env(tmp_path, job_id, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
-                   XLA_FLAGS="--xla_force_host_platform_device_count=1")
-  with open(tmp_path / "job.out", "w") as out:
-    # Both ways of passing fields: the config file, and --config.X flags through the script.
-    result = subprocess.run(["bash", str(SBATCH), f"--config={config_file}", f"--workdir={workdir}",
-                             "--config.total_steps=4", "--config.checkpoint.every_steps=2"],
-                            env=env, stdout=out, stderr=subprocess.STDOUT, timeout=600)
-  output = (tmp_path / "job.out").read_text()
-  (srun,) = _jsonl(tmp_path / "srun.jsonl")
-  assert (srun["codes"], result.returncode) == ([0, 0], 0), output[-4000:]
-  # jax.distributed found the 2-process cluster in SLURM's environment alone.
-  assert output.count("over 2 devices (2 processes)") == 2, output[-4000:]
-  # ... on the port it derives from the job id, which the sbatch documents.
-  assert output.count(f"Connecting to JAX distributed service on localhost:{port}") == 2, output
-  steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
-  assert steps[-1] == 4, steps
-  assert _jsonl(tmp_path / "scontrol.jsonl") == []
+def test_the_judge_needs_a_lasting_loss():
+  from bert_jax import launch_state
+  judge = launch_state.Judge(window_s=10, stale_after_s=100, start_timeout_s=50)
+  judge.watch(3, started=0.0)
+  running = {"state": "running", "attempt": 3, "time": 0.0}
+  look = lambda state, job, t: judge.verdict(launch_state.Observation(state, job, t))
+  assert look("ACTIVE", None, 1) == launch_state.STARTING
+  assert look("ACTIVE", running, 2) == launch_state.RUNNING
+  assert look("SUSPENDED", running, 3) == launch_state.WAIT  # one read
+  assert look("SUSPENDED", running, 9) == launch_state.WAIT  # inside the window
+  assert look("ACTIVE", dict(running, time=10), 10) == launch_state.RUNNING  # it recovered
+  assert look("SUSPENDED", running, 20) == launch_state.WAIT
+  assert look("SUSPENDED", running, 31) == launch_state.RECREATE
+  judge.watch(4, started=40.0)
+  old = dict(running, state="preempted")  # attempt 3's record says nothing about attempt 4
+  assert look("ACTIVE", old, 41) == launch_state.STARTING
+  assert look("ACTIVE", None, 91) == launch_state.WAIT  # never started
+  assert look("ACTIVE", None, 102) == launch_state.RESTART
+  assert look("ACTIVE", {"state": "done", "attempt": 4}, 103) == launch_state.DONE
