@@ -365,7 +365,10 @@ def dry_run(config: ml_collections.ConfigDict, runs: list[Run]) -> str:
     target_kind, n = target.rsplit(":", 1)
     targets.append((f"{n} x {target_kind}",
                     metrics_io.PEAK_TFLOPS[target_kind] * 1e12 * int(n) * config.report.mfu))
-  header = ["run", "P", "GFLOP/step", "total PFLOP", f"here ({here})"] + \
+  # FLOPs with every prediction slot counted (bert_jax.cost.run_flops): an upper bound;
+  # the report counts the predictions the runs actually make.
+  header = ["run", "steps", "P", "GFLOP/step (all P slots)", "total PFLOP",
+            f"here ({here})"] + \
       [f"{name} at MFU {config.report.mfu:.0%}" for name, _ in targets]
   rows, total = [], 0.0
   for run in runs:
@@ -373,16 +376,18 @@ def dry_run(config: ml_collections.ConfigDict, runs: list[Run]) -> str:
     phases = ablation_report.phase_flops(run.config, bert_config)
     flops = sum(steps * per_step for steps, per_step, _ in phases)
     total += flops
-    rows.append([run.name, "/".join(str(p) for _, _, p in phases),
+    rows.append([run.name, f"{run.config.total_steps:,}", "/".join(str(p) for _, _, p in phases),
                  "/".join(f"{per_step / 1e9:.1f}" for _, per_step, _ in phases),
                  f"{flops / 1e15:.3f}", ablation_report.duration(flops / here_rate)]
                 + [ablation_report.duration(flops / rate) for _, rate in targets])
-  rows.append(["all", "", "", f"{total / 1e15:.3f}", ablation_report.duration(total / here_rate)]
+  rows.append(["all", "", "", "", f"{total / 1e15:.3f}",
+               ablation_report.duration(total / here_rate)]
               + [ablation_report.duration(total / rate) for _, rate in targets])
   tasks = sum(len(c.learning_rates or [0]) * len(c.seeds) for c in config.downstream.values())
   return (ablation_report.markdown_table(header, rows)
           + f"\n\n{len(runs)} pretraining runs; then {tasks} fine-tuning runs per pretraining run "
-          f"({len(runs) * tasks} in all), not counted above.")
+          + ("and for random init " if config.random_init else "")
+          + f"({(len(runs) + int(config.random_init)) * tasks} in all), not counted above.")
 
 
 # --------------------------------------------------------------------------

@@ -123,7 +123,10 @@ def _describe(spec: masking.MaskingSpec) -> dict[str, str]:
   unit = "span" if spec.span else "whole word" if spec.whole_word else "token"
   if spec.predict_ratio:
     mix += f", predict {spec.predict_ratio:.2f}"  # Wettig et al.'s prediction rate
-  return {"ratio": f"{spec.ratio:.2f}", "schedule": schedule, "mix": mix, "unit": unit}
+  return {"ratio": f"{spec.ratio:.2f}", "schedule": schedule, "mix": mix, "unit": unit,
+          # Expected share of predictions whose input token is unchanged (keep_prob, plus
+          # predict_ratio's uncorrupted predictions).
+          "uncorrupted_fraction": round(spec.uncorrupted_fraction(), 4)}
 
 
 def collect(workdir: str, plan: dict[str, Any], unfinished: tuple[str, ...] = ()
@@ -220,21 +223,22 @@ def matched_tables(rows: list[dict[str, Any]]) -> list[str]:
   budget = min(r["curve"][-1][1] for r in done)
   lines = [f"## At equal steps ({steps:,}) and at equal model FLOPs ({budget / 1e15:.4g} PFLOP, "
            "the smallest finished run's)", "",
-           "| run | step | MLM acc (15%) at equal steps | step | PFLOP | MLM acc (15%) at equal "
-           "FLOPs |", "|---|---|---|---|---|---|"]
+           "| setting | seed | step | MLM acc (15%) at equal steps | step | PFLOP | MLM acc (15%) "
+           "at equal FLOPs |", "|---|---|---|---|---|---|---|"]
   for r in done:
     at_steps = [c for c in r["curve"] if c[0] <= steps]
     at_flops = [c for c in r["curve"] if c[1] <= budget * (1 + 1e-9)]
     a = at_steps[-1] if at_steps else ("-", 0.0, "-")
     b = at_flops[-1] if at_flops else ("-", 0.0, "-")
-    lines.append(f"| {r['run']} | {a[0]} | {_fmt(a[2])} | {b[0]} | {b[1] / 1e15:.4g} | "
-                 f"{_fmt(b[2])} |")
+    lines.append(f"| {r['setting']} | {r['seed']} | {a[0]} | {_fmt(a[2])} | {b[0]} | "
+                 f"{b[1] / 1e15:.4g} | {_fmt(b[2])} |")
   return lines + [""]
 
 
 def results_csv(rows: list[dict[str, Any]], tasks: list[str]) -> str:
   """results.csv: one line per run (curves and per-seed values stay in the workdirs)."""
   columns = ["run", "setting", "seed", "ratio", "schedule", "mean_ratio", "mix", "unit",
+             "uncorrupted_fraction",
              "prediction_slots", "steps", "total_steps", "tokens", "predictions", "model_flops",
              "wall_time_s", "achieved_tflops", "mfu", "eval_mlm_loss", "eval_mlm_accuracy",
              "eval_nsp_accuracy", "eval_own_mlm_loss", "eval_own_mlm_accuracy"]
@@ -302,6 +306,9 @@ def report_markdown(plan: dict[str, Any], rows: list[dict[str, Any]], tasks: lis
                               for name, s in by_setting.items()]), ""]
   lines += ["## Plots", ""] + [f"![{p}](plots/{p}.png)" for p in plots] + [""]
   lines += ["## What the numbers are", "",
+            "- uncorrupted_fraction (results.csv): the expected share of predictions whose input "
+            "token is left unchanged (keep_prob, plus the uncorrupted predictions of "
+            "predict_ratio); masking.MaskingSpec.uncorrupted_fraction.",
             "- held-out MLM at 15%: the fixed held-out set (BERT masking at 15%, the same masks "
             "for every run), at the last step; own ratio: the same pairs masked with the run's "
             "own knobs at the ratio it ends training at.",

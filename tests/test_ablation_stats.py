@@ -82,3 +82,32 @@ def test_a_learning_rate_at_the_grid_edge_is_warned_about():
   assert "nothing was swept" in warnings[2]
   md = ablation_stats.comparison_markdown(_rows([0.0, 0.0, 0.0]), ["sentiment"], "r15", {})
   assert "r15_seed0 / sentiment: the chosen learning rate 0.001 is the largest" in md
+
+
+def _report_row(setting, seed, acc, *, finished=True, flops_per_step=1e9, steps=4):
+  curve = [(s, s * flops_per_step, acc * s / steps) for s in range(1, steps + 1)]
+  return {"run": f"{setting}_seed{seed}", "setting": setting, "seed": seed,
+          "finished": finished, "ratio": "0.15", "schedule": "constant", "mix": "80/10/10",
+          "unit": "token", "prediction_slots": "5", "steps": steps, "total_steps": steps,
+          "tokens": 100, "predictions": 10, "model_flops": steps * flops_per_step,
+          "wall_time_s": 1.0, "achieved_tflops": "", "mfu": "", "eval_mlm_loss": 1.0,
+          "eval_mlm_accuracy": acc, "eval_own_mlm_accuracy": acc, "mean_ratio": 0.15,
+          "curve": curve, "downstream": {}}
+
+
+def test_report_names_unfinished_runs_and_compares_at_equal_steps_and_flops():
+  from experiments import ablation_report  # pylint: disable=g-import-not-at-top
+  rows = [_report_row("r15", s, 0.14 + 0.001 * s) for s in (0, 1, 2)]
+  rows += [_report_row("r40", s, 0.15 + 0.001 * s, flops_per_step=2e9) for s in (0, 1, 2)]
+  # Unfinished, and far better: it must not enter the comparison.
+  rows.append(_report_row("r60", 0, 0.9, finished=False))
+  plan = {"variant": "synthetic", "settings": {"r15": {}, "r40": {}, "r60": {}},
+          "pretrain_seeds": [0, 1, 2], "tasks": {}, "baseline": "r15",
+          "runs": [{"name": r["run"]} for r in rows]}
+  md = ablation_report.report_markdown(plan, rows, [], [])
+  assert "Unfinished (listed above, left out of every comparison below): r60_seed0." in md
+  assert "r60 beats" not in md and "| r60 |" not in md.split("## Runs")[1].split("## At")[1]
+  assert "r40 beats r15" in md
+  # Equal FLOPs is the smallest finished run's total (r15: 4e9): r40 is read at step 2.
+  assert "equal model FLOPs (4e-06 PFLOP" in md
+  assert "| r40 | 0 | 4 | 0.1500 | 2 | 4e-06 | 0.0750 |" in md
