@@ -42,6 +42,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax import checkpoint
+from bert_jax import errors
 from bert_jax import metrics_io
 from bert_jax import model as model_lib
 from bert_jax import optim
@@ -98,9 +99,11 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if not seeds:
     raise ValueError("config.seeds is empty: give at least one seed")
   several = len(learning_rates) * len(seeds) > 1
-  mesh, _ = state_lib.setup_mesh(config)
-  check_config(config, mesh)  # before any data is read
-  prepared = prepare(config)  # every input read and checked before anything is written
+  with errors.judging_input():  # every ValueError here is a refusal of the input
+    workdir_lib.check_family(workdir, config)  # not another job's workdir (reads only)
+    mesh, _ = state_lib.setup_mesh(config)
+    check_config(config, mesh)  # before any data is read
+    prepared = prepare(config)  # every input read and checked before anything is written
   lock = workdir_lib.lock(workdir)  # one sweep per workdir; its runs share the lock
   by_lr = {}
   try:
@@ -180,6 +183,26 @@ class Prepared:
   task: task_kind.Task
 
 
+def check_vocab(config: ml_collections.ConfigDict, own_vocab: Any) -> None:
+  """Refuses a config.vocab_file that is not the vocabulary the checkpoint was trained with
+  (`own_vocab`, the vocab.txt beside it; our workdirs and exports keep theirs there): the
+  same ids would mean other words. config.allow_vocab_change=True says it is intended."""
+  if not config.vocab_file or own_vocab is None or config.allow_vocab_change:
+    return
+  if not paths.exists(config.vocab_file):
+    raise errors.UsageError(f"config.vocab_file={config.vocab_file!r} does not exist")
+  ours = paths.read_text(config.vocab_file).splitlines()
+  theirs = paths.read_text(str(own_vocab)).splitlines()
+  if ours != theirs:
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                 min(len(ours), len(theirs)))
+    raise errors.UsageError(
+        f"config.vocab_file={config.vocab_file!r} is not the vocabulary of "
+        f"config.init_checkpoint={config.init_checkpoint!r} ({own_vocab}): {len(ours)} vs "
+        f"{len(theirs)} entries, first difference at id {first}; drop config.vocab_file to "
+        "use the checkpoint's, or set config.allow_vocab_change=True if the change is intended")
+
+
 def prepare(config: ml_collections.ConfigDict) -> Prepared:
   """Reads the checkpoint (if any) and its vocabulary, then the task data into features."""
   kind = registry.get_kind(config.task.kind)  # an unknown kind fails before any reading
@@ -190,6 +213,7 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
         config.init_checkpoint, task_heads=(kind.head_name,),
         vocab_file=config.vocab_file or None)
     loaded_config, _, _, vocab_path = loaded
+    check_vocab(config, convert.checkpoint_vocab(config.init_checkpoint))
     if vocab_path is None and not config.spm_model_file:
       raise ValueError(f"{config.init_checkpoint} has no vocab.txt; give config.vocab_file")
     tokenizer = tokenization.load_word_tokenizer(

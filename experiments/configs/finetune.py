@@ -93,6 +93,9 @@ def get_config(arg: str = "sst2") -> ml_collections.ConfigDict:
   # --- checkpoint, tokenizer, model ---
   config.init_checkpoint = ""  # pretrained start; "" -> random init of model_size
   config.vocab_file = ""  # "" -> the checkpoint's vocab.txt
+  # A vocab_file that differs from the checkpoint's vocab.txt is refused (its ids would mean
+  # other words); True says the change is intended (vocabulary surgery).
+  config.allow_vocab_change = False
   config.spm_model_file = ""  # SentencePiece model instead of a WordPiece vocab
   config.do_lower_case = True  # uncased checkpoints (the BERT default)
   config.model_size = "base"  # row of bert_jax.model.SIZES, random init only

@@ -1,0 +1,114 @@
+"""Cloud TPU slices as compile targets: gcloud accelerator type -> topology and HBM per chip.
+
+bert_jax.preflight compiles the train step for a slice on a machine without a
+TPU, through libtpu's compile-only client (jax.experimental.topologies), as
+MaxText's train_compile.py does. That client wants a topology name
+("v4:2x2x4") and a chip configuration; this module turns the names gcloud and
+bert_jax.launch use ("v4-32", "v5litepod-16", "v6e-8"; "v5e-16" is an alias
+of "v5litepod-16") into them.
+"""
+
+import dataclasses
+import os
+import re
+
+# TPU v4 and v5p types count TensorCores; each chip (two cores run as one "megacore"
+# device) is one JAX device. v5e (v5litepod) and v6e types count chips, one core each.
+# Topology names and bounds as MaxText's src/maxtext/utils/accelerator_to_spec_map.py
+# gives them to jax.experimental.topologies.get_topology_desc.
+_CUBES = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8",
+          256: "4x8x8", 512: "8x8x8"}  # v4 / v5p chips -> 3-D torus shape
+_PLANES = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
+           256: "16x16"}  # v5e / v6e chips -> 2-D shape
+_PLANE_WRAP = {128: (False, True, False), 256: (True, True, False)}  # wraparound links
+
+# HBM per chip in GiB, as Google's Cloud TPU system-architecture pages state it:
+#   v4   32 GiB  https://cloud.google.com/tpu/docs/v4   ("32 GiB HBM2" per chip)
+#   v5e  16 GiB  https://cloud.google.com/tpu/docs/v5e  ("16 GiB HBM2" per chip)
+#   v5p  95 GiB  https://cloud.google.com/tpu/docs/v5p  ("95 GiB HBM2e" per chip)
+#   v6e  32 GiB  https://cloud.google.com/tpu/docs/v6e  ("32 GB HBM" per chip)
+# (MaxText's table says the same in its comments.) The compiler keeps a little for
+# itself: libtpu's own limit, when a program exceeds it, is in its error (15.75G on v5e).
+HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5p": 95.0, "v6e": 32.0}
+# (topology prefix, chip config, devices per unit of the type's number)
+_FAMILIES = {"v4": ("v4", "megacore", 0.5), "v5p": ("v5", "megacore", 0.5),
+             "v5e": ("v5e", "default", 1.0), "v6e": ("v6e", "default", 1.0)}
+
+
+class PreflightError(Exception):
+  """A slice or configuration preflight refuses; str() is one line saying what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """One slice as jax.experimental.topologies.get_topology_desc wants it."""
+  accelerator_type: str       # gcloud's name, e.g. "v5litepod-16"
+  family: str                 # key of HBM_GIB
+  topology_name: str          # e.g. "v5e:4x4"
+  chip_config_name: str       # "megacore" (v4, v5p) or "default"
+  chips_per_host_bounds: tuple[int, int, int]
+  wrap: tuple[bool, bool, bool]
+  num_devices: int
+
+  @property
+  def hbm_gib(self) -> float:
+    """HBM per device (chip), GiB."""
+    return HBM_GIB[self.family]
+
+
+def target(accelerator_type: str) -> Target:
+  """The Target of a gcloud accelerator type ("v4-32", "v5litepod-16", "v5e-16", "v6e-8").
+
+  Raises:
+    PreflightError: naming the types this module knows.
+  """
+  match = re.fullmatch(r"(v4|v5p|v5litepod|v5e|v6e)-(\d+)", accelerator_type.strip())
+  if not match:
+    raise PreflightError(f"accelerator type {accelerator_type!r}: preflight knows v4-N, v5p-N, "
+                         "v5litepod-N (alias v5e-N) and v6e-N")
+  family = "v5e" if match.group(1) == "v5litepod" else match.group(1)
+  prefix, chip_config, per_unit = _FAMILIES[family]
+  chips = int(int(match.group(2)) * per_unit)
+  shapes = _CUBES if family in ("v4", "v5p") else _PLANES
+  if chips not in shapes:
+    sizes = ", ".join(f"{family if family != 'v5e' else 'v5litepod'}-{int(c / per_unit)}"
+                      for c in shapes)
+    raise PreflightError(f"accelerator type {accelerator_type!r}: no topology known for "
+                         f"{chips} chips (known: {sizes})")
+  if family in ("v4", "v5p"):
+    wrap = (True, True, True) if chips >= 64 else (False, False, False)
+  else:
+    wrap = _PLANE_WRAP.get(chips, (False, False, False))
+  return Target(accelerator_type=accelerator_type, family=family,
+                topology_name=f"{prefix}:{shapes[chips]}", chip_config_name=chip_config,
+                chips_per_host_bounds=(1, 1, 1) if chips == 1 else (2, 2, 1), wrap=wrap,
+                num_devices=chips)
+
+
+def devices(tpu: Target) -> list:
+  """The slice's devices from libtpu's compile-only client (no TPU needed).
+
+  Raises:
+    PreflightError: when libtpu is not installed (pip install '.[dev]' or jax[tpu]).
+  """
+  # A process that already initialised libtpu (any JAX process on a machine where libtpu
+  # is installed tries to) holds /tmp/libtpu_lockfile; the compile-only client touches no
+  # chip, so a second loader is safe, and without this it fails with ABORTED.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  # Without it libtpu asks the GCE metadata server what it runs on.
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  try:
+    import libtpu  # pylint: disable=g-import-not-at-top,unused-import  # noqa: F401
+  except ImportError:
+    raise PreflightError(
+        "preflight needs libtpu to compile for a TPU slice: pip install -e '.[dev]' (or "
+        "'jax[tpu]'), or skip the check with --skip_preflight") from None
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  desc = topologies.get_topology_desc(
+      platform="tpu", topology_name=tpu.topology_name, chip_config_name=tpu.chip_config_name,
+      chips_per_host_bounds=tpu.chips_per_host_bounds, wrap=tpu.wrap)
+  found = list(desc.devices)
+  if len(found) != tpu.num_devices:
+    raise PreflightError(f"{tpu.accelerator_type}: libtpu's topology {tpu.topology_name} has "
+                         f"{len(found)} devices, expected {tpu.num_devices}")
+  return found

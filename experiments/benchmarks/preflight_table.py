@@ -1,0 +1,77 @@
+r"""The README's preflight table: which pretraining recipes fit which TPU slices, and the fix.
+
+  nice -n 10 python -m experiments.benchmarks.preflight_table \
+      --variants=base,base_fast,large,large_fast --slices=v4-8,v4-32,v5litepod-16,v6e-8
+
+For every (variant, slice) it runs bert_jax.preflight (the real train step compiled for the
+slice with libtpu's compile-only client, every phase, the knob search where a phase does
+not fit) and prints one markdown row as soon as it is done, then the whole table. Global
+batch as the config says (256). Per-device GiB is arguments + outputs - donated +
+temporaries; ">=" marks a figure from libtpu's refusal (its temporaries alone exceeded the
+chip, so the compile stopped there).
+"""
+
+import argparse
+import datetime
+import sys
+import time
+
+import jax
+
+from bert_jax import preflight
+
+HEADER = ("| model | recipe | slice | phase 1 (128 tok) GiB/chip | phase 2 (512 tok) GiB/chip "
+          "| as configured | cheapest knob that fits (worst phase after) |\n"
+          "|---|---|---|---|---|---|---|")
+MODELS = {"base": ("BERT-Base", "paper"), "base_fast": ("BERT-Base", "fast"),
+          "large": ("BERT-Large", "paper"), "large_fast": ("BERT-Large", "fast")}
+
+
+def _gib(m: preflight.Measurement) -> str:
+  return f"{'>=' if m.refused else ''}{m.total_bytes / preflight.GIB:.1f}"
+
+
+def row(variant: str, accelerator_type: str) -> tuple[str, float]:
+  """One markdown row for `variant` on `accelerator_type`, and the seconds it took."""
+  started = time.time()
+  config = preflight.load_config(f"experiments/configs/pretrain.py:{variant}")
+  report = preflight.run(config, accelerator_type, name=variant, progress=lambda line: print(
+      f"  {variant} on {accelerator_type}: {line}", file=sys.stderr, flush=True))
+  by_phase = {m.phase: m for m in report.measurements}
+  hbm = report.measurements[0].available_bytes / preflight.GIB if report.measurements else 0
+  cells = [_gib(by_phase[p]) if p in by_phase else "-" for p in (1, 2)]
+  if not report.refusal:
+    verdict, fix = f"fits ({hbm:g} GiB)", "-"
+  elif report.fix is not None:
+    verdict = "does not fit"
+    fix = f"`{report.fix.flags}` ({report.fix.worst_gib:.1f})"
+  else:
+    verdict, fix = "does not fit", "none tried fits"
+  model, recipe = MODELS.get(variant, (variant, ""))
+  line = f"| {model} | {recipe} | {accelerator_type} | {cells[0]} | {cells[1]} | {verdict} | {fix} |"
+  return line, time.time() - started
+
+
+def main(argv=None) -> None:
+  """Prints the table (rows as they finish, then all of it with the versions and the date)."""
+  parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+  parser.add_argument("--variants", default="base,base_fast,large,large_fast")
+  parser.add_argument("--slices", default="v4-8,v4-32,v5litepod-16,v6e-8")
+  args = parser.parse_args(argv)
+  rows = []
+  for variant in args.variants.split(","):
+    for accelerator_type in args.slices.split(","):
+      line, seconds = row(variant, accelerator_type)
+      rows.append(line)
+      print(f"{line}  <!-- {seconds:.0f} s -->", flush=True)
+  print(f"\n{datetime.date.today().isoformat()}, jax {jax.__version__}, "
+        f"libtpu {preflight.libtpu_version()}; `python -m experiments.benchmarks.preflight_table "
+        f"--variants={args.variants} --slices={args.slices}`\n")
+  print(HEADER)
+  print("\n".join(rows))
+
+
+if __name__ == "__main__":
+  import os  # pylint: disable=g-import-not-at-top
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  main(sys.argv[1:])
