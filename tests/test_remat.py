@@ -47,7 +47,12 @@ def _activation_residuals(params, batch, cfg) -> list[tuple[int, str]]:
 
 @pytest.mark.parametrize("policy", [p for p in model_lib.REMAT_POLICIES if p != "none"])
 def test_policies_give_the_same_loss_and_gradients(policy):
+  """Fails if a policy changes the numbers (e.g. a replay with other dropout masks), or if
+  remat is not on at all: the traced program must hold one remat per layer."""
   params, batch = _case()
+  jaxpr = lambda cfg: str(jax.make_jaxpr(_loss, static_argnums=2)(params, batch, cfg))
+  assert jaxpr(CFG.replace(remat_policy=policy)).count("remat2[") == CFG.num_hidden_layers
+  assert "remat2[" not in jaxpr(CFG)
   grad = jax.jit(jax.value_and_grad(_loss), static_argnums=2)
   want_loss, want = grad(params, batch, CFG)
   loss, got = grad(params, batch, CFG.replace(remat_policy=policy))
