@@ -469,7 +469,7 @@ def test_per_example_ratio_masks_as_a_constant_spec_at_that_ratio():
         got = masking.mask_tokens(*row, masking.example_seed(5, 0, n), scheduled,
                                   ratio=tf.constant(ratio, tf.float64), **args)
         want = masking.mask_tokens(*row, masking.example_seed(5, 0, n), constant, **args)
+        # The counts themselves are checked once, for the constant spec
+        # (test_fixed_strategy_predicts_exactly_round_ratio_per_sequence).
         for key in want:
           np.testing.assert_array_equal(got[key].numpy(), want[key].numpy(), err_msg=key)
-        if not kwargs:  # fixed token-level count: exactly Python's round
-          assert got["masked_lm_weights"].numpy().sum() == max(1, round(ratio * row[1].sum()))
