@@ -29,6 +29,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
+from bert_jax import errors
 from bert_jax import model as model_lib
 from bert_jax import paths
 from bert_jax import workdir as workdir_lib
@@ -39,8 +40,9 @@ CORRUPT_DIR = "corrupt_checkpoints"
 _STATE_BYTES = 4096  # room for one process's pipeline position as JSON
 
 
-class CheckpointError(RuntimeError):
-  """No checkpoint of a workdir restores (each step's cause is in the message)."""
+class CheckpointError(errors.UsageError, RuntimeError):
+  """No checkpoint of a workdir restores (each step's cause is in the message); a refusal
+  (bert_jax.jobs prints it as one line), and a RuntimeError as before."""
 
 
 def make_manager(workdir: str, ckpt_config: Any) -> ocp.CheckpointManager:

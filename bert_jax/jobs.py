@@ -7,18 +7,25 @@ define no flags.
 Exit codes, for schedulers and bert_jax.launch:
   0    the run finished (re-running the command does nothing more)
   143  preempted (SIGTERM): the step was saved; re-run the same command to resume
+  130  interrupted (Ctrl-C): the step was saved the same way (a second Ctrl-C
+       aborts at once, without saving)
   75   workdir locked by another live run; retry later (workdir.LockHeld, one
        line on stderr; nothing was written; the SLURM template requeues on it)
-  1    failed: a config or workdir refused (nothing was written), a storage
-       error (one line names the path and the cause); any other error raises
+  1    failed: the user's input refused (errors.UsageError: a config, flag, data
+       file, checkpoint or workdir; nothing was written) or a storage error,
+       each as one line on stderr ("error: ..."; BERT_JAX_VERBOSE=1 or
+       bert_jax.main --verbose adds the traceback); any other error raises
 """
 
 import logging as std_logging
+import os
 import sys
+import traceback
 
 from absl import logging
 
 from bert_jax import checkpoint
+from bert_jax import errors
 from bert_jax import job_state
 from bert_jax import preemption
 from bert_jax import pretrain as pretrain_lib
@@ -55,24 +62,44 @@ def _drop_unretrieved_storage_errors(record: std_logging.LogRecord) -> bool:
 @job_state.tracked  # WORKDIR/job_state.json for bert_jax.launch (only when it set BERT_JAX_JOB_ID)
 def run(config, workdir_path: str) -> int:
   """Runs the job and returns the process exit code (see the module docstring)."""
-  if config.family not in TRAINERS:
-    raise ValueError(f"config.family={config.family!r}: expected one of {sorted(TRAINERS)}")
   preemption.clear()  # the exit code describes this run, not an earlier one in this process
   try:
+    if config.family not in TRAINERS:
+      raise errors.UsageError(f"config.family={config.family!r}: expected one of "
+                              f"{sorted(TRAINERS)}")
     TRAINERS[config.family](config, workdir_path)
   except workdir.LockHeld as e:  # not wrong input: the workdir is busy, so "retry later"
-    logging.error("%s", e)
+    refuse(e)
     return LOCK_HELD_EXIT_CODE
-  except (workdir.WorkdirError, checkpoint.CheckpointError) as e:
-    logging.error("%s", e)  # refusals are complete sentences; a traceback would bury them
-    return 1
+  except errors.UsageError as e:  # workdir.WorkdirError and checkpoint.CheckpointError too
+    return refuse(e)
+  except KeyboardInterrupt:  # Ctrl-C while the loop's stop request was not listening
+    print("interrupted (Ctrl-C) outside the training loop: nothing was saved since the last "
+          "checkpoint", file=sys.stderr, flush=True)
+    return preemption.INTERRUPTED_EXIT_CODE
   except Exception as e:  # pylint: disable=broad-except  # re-raised unless it is storage
     cause = checkpoint.describe_storage_error(e)
     if cause is None:
       raise
-    logging.error("storage error: %s", cause)
-    return 1
-  return preemption.PREEMPTED_EXIT_CODE if preemption.was_preempted() else 0
+    return refuse(e, f"storage error: {cause}")
+  return preemption.stopped_exit_code() if preemption.was_preempted() else 0
+
+
+def verbose() -> bool:
+  """Whether refusals show their traceback (BERT_JAX_VERBOSE=1; bert_jax.main --verbose)."""
+  return os.environ.get(errors.VERBOSE_ENV, "") not in ("", "0")
+
+
+def refuse(error: BaseException, message: str | None = None) -> int:
+  """Prints a refusal as one line on stderr and returns exit code 1; with verbose(), the
+  traceback first. Every refusal of a job (bert_jax.main's flags included) goes through here."""
+  sys.stdout.flush()
+  sys.stderr.flush()  # after the log lines already written, never inside them
+  if verbose():
+    traceback.print_exception(error, file=sys.stderr)
+  print(f"error: {errors.one_line(message or str(error)) or repr(error)}", file=sys.stderr,
+        flush=True)
+  return 1
 
 
 def configure_logging() -> None:

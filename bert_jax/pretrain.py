@@ -9,6 +9,14 @@ Where a run starts, decided once (in "restore"):
   1. the latest complete checkpoint in workdir/checkpoints (auto-resume), else
   2. config.init_checkpoint through bert_jax.convert.load_pretrained, else
   3. random initialisation from config.seed.
+
+Validate everything, then write: the "validate" section judges the whole
+config (first what needs neither vocabulary nor data, then the vocabulary, then
+every phase), reads and checks the data (the tokenized corpus it reads is
+memoised, so the input pipeline does not read it again) and reads a new run's
+init checkpoint, all inside errors.judging_input(): any refusal there is one
+line and leaves the workdir untouched, so the corrected command on the same
+--workdir just works.
 """
 
 import contextlib
@@ -25,6 +33,7 @@ from bert_jax import attention
 from bert_jax import batch_log
 from bert_jax import checkpoint
 from bert_jax import cost
+from bert_jax import errors
 from bert_jax import heads
 from bert_jax import losses
 from bert_jax import metrics_io
@@ -123,13 +132,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   A run stopped by SIGTERM or a pod preemption saves its step and returns;
   bert_jax.preemption.was_preempted() then tells bert_jax.main to exit with 143.
   """
-  # ----------------------------------------------------------------- mesh
-  mesh, rules = state_lib.setup_mesh(config)
-  bert_config = build_bert_config(config)
-  check_config(config, bert_config, mesh)  # the whole run, before anything is written
+  # ------------------------------------------------------------- validate
+  with errors.judging_input():  # every ValueError here is a refusal of the input
+    mesh, rules = state_lib.setup_mesh(config)
+    # What needs no vocabulary first: a typo must not wait for the embedded corpus's harvest.
+    check_config(config, _provisional_bert_config(config), mesh)
+    bert_config = build_bert_config(config)  # reads (or for the embedded corpus, makes) the vocab
+    check_config(config, bert_config, mesh)
+    check_data(config)
+    init = None
+    if config.init_checkpoint and not paths.exists(paths.join(workdir, checkpoint.CHECKPOINT_DIR)):
+      init = _read_init_checkpoint(config, bert_config)  # a new run's start, read before writing
 
   # -------------------------------------------------------------- workdir
   vocab_file, spm_model_file = pretraining.resolve_vocab(config.data)
+  previous = workdir_lib.previous_config(workdir)  # read only: the total a resume changes
   lock = workdir_lib.open_workdir(
       workdir, config, bert_config, vocab_file=vocab_file or None,
       spm_model_file=spm_model_file or None,
@@ -194,11 +211,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     cleanup.callback(manager.close)
     # A pending async save must finish (or fail loudly) whatever else fails.
     cleanup.callback(manager.wait_until_finished)
-    load_init = (functools.partial(_load_init_checkpoint, config, bert_config)
+    load_init = (functools.partial(_load_init_checkpoint, config, bert_config, init)
                  if config.init_checkpoint else None)
     state, data_state = state_lib.start(manager, layout, model, tx, init_rng, load_init,
                                         config.init_checkpoint)
     step = int(state.step)
+    if previous and step and previous.get("total_steps", config.total_steps) != config.total_steps:
+      _announce_new_total(config, previous["total_steps"], step, lr_schedule)
     writer = metrics_io.MetricWriter(workdir, start_step=step)
     cleanup.callback(writer.close)
     # What each step read (unmasked-batch fingerprints): ablations check runs against it.
@@ -290,9 +309,44 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   return result
 
 
-def _load_init_checkpoint(config: ml_collections.ConfigDict, bert_config: model_lib.BertConfig,
-                          fresh: Any) -> Any:
-  """`fresh` params with everything config.init_checkpoint holds loaded over them."""
+def _announce_new_total(config: ml_collections.ConfigDict, old_total: int, step: int,
+                        lr_schedule: Any) -> None:
+  """One line: what a resume's new total_steps does to the schedules at the resume step
+  (they follow the new end: the learning rate, the masking ratio and phase 2's start jump)."""
+  _, old_schedule = optim.make_optimizer(config.optimizer, old_total)
+  spec = pretraining.masking_spec(config.data)
+  masking = ""
+  if spec.schedule != "constant":
+    masking = (f"; masking ratio {spec.ratio_at(step, old_total):.4g} -> "
+               f"{spec.ratio_at(step, config.total_steps):.4g}")
+  logging.warning("total_steps %d -> %d, resuming at step %d: learning rate %.3g -> %.3g%s",
+                  old_total, config.total_steps, step, float(old_schedule(step)),
+                  float(lr_schedule(step)), masking)
+
+
+def _provisional_bert_config(config: ml_collections.ConfigDict) -> model_lib.BertConfig:
+  """The run's network before its vocabulary is read (check_config needs no vocab_size)."""
+  overrides = dict(config.model.to_dict())
+  overrides["vocab_size"] = overrides["vocab_size"] or 1
+  return model_lib.BertConfig.from_size(config.model_size, **overrides)
+
+
+def check_data(config: ml_collections.ConfigDict) -> None:
+  """Reads and checks every phase's data before anything is written (pretraining.check_corpus:
+  this process's training documents and the held-out set, memoised for the pipeline)."""
+  seen = set()
+  for step in sorted({0, phase2_start(config) % config.total_steps}):
+    _, data_config = phase_data_config(config, step)
+    key = (data_config.objective, data_config.max_seq_length)
+    if key not in seen:
+      seen.add(key)
+      pretraining.check_corpus(data_config, process_index=jax.process_index(),
+                               process_count=jax.process_count())
+
+
+def _read_init_checkpoint(config: ml_collections.ConfigDict,
+                          bert_config: model_lib.BertConfig) -> Any:
+  """config.init_checkpoint's params, checked against this run's network."""
   from bert_jax import convert  # pylint: disable=g-import-not-at-top  # only needed here
   # Padded like this model's table (an HF or TF checkpoint holds the true vocabulary).
   loaded_config, loaded, _ = convert.load_pretrained(
@@ -300,5 +354,12 @@ def _load_init_checkpoint(config: ml_collections.ConfigDict, bert_config: model_
       vocab_multiple=bert_config.vocab_multiple)
   state_lib.check_architecture(loaded_config, bert_config,
                                f"config.init_checkpoint={config.init_checkpoint!r}")
-  loaded = dict(loaded, bert=state_lib.stack_if_scanned(loaded["bert"], bert_config))
+  return dict(loaded, bert=state_lib.stack_if_scanned(loaded["bert"], bert_config))
+
+
+def _load_init_checkpoint(config: ml_collections.ConfigDict, bert_config: model_lib.BertConfig,
+                          init: Any, fresh: Any) -> Any:
+  """`fresh` params with everything config.init_checkpoint holds (`init`, read by the
+  validation, or read now) loaded over them."""
+  loaded = init if init is not None else _read_init_checkpoint(config, bert_config)
   return state_lib.merge_params(fresh, loaded)  # heads absent from it keep their init

@@ -21,6 +21,8 @@ import jax
 import numpy as np
 
 from bert_jax import checkpoint
+from bert_jax import errors
+from bert_jax import preemption
 from bert_jax import workdir_lock
 
 
@@ -48,7 +50,7 @@ class StepMetrics:
     self._pending = None
     m = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
     if not m["finite"] and not self._skip_nonfinite:
-      raise FloatingPointError(
+      raise errors.NonFiniteLoss(
           f"non-finite loss ({m['loss']}) or gradient norm ({m['grad_norm']}) at step {at}; "
           f"stopped without saving, last good checkpoint: {self._last_good()} "
           "(config.skip_nonfinite_steps=True skips such steps)")
@@ -107,4 +109,5 @@ def last_good(manager: Any) -> Callable[[], str]:
 
 
 def preempted(step: int) -> None:
-  logging.warning("preempted (SIGTERM): saved step %d; the same command resumes", step)
+  """The last line of a run stopped on request (SIGTERM, or Ctrl-C: preemption.stop_reason)."""
+  logging.warning("%s: saved step %d; the same command resumes", preemption.stop_reason(), step)

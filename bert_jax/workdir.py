@@ -41,6 +41,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
+from bert_jax import errors
 from bert_jax import paths
 from bert_jax import workdir_lock
 
@@ -184,6 +185,21 @@ def read_record(workdir: str, new: dict) -> dict | None:
   return legacy
 
 
+_JOB_NAMES = {"pretrain": "pretraining", "finetune": "fine-tuning"}
+
+
+def check_family(workdir: str, config: Any) -> None:
+  """Refuses, reading only, a workdir made by another kind of job (fine-tuning into a
+  pretraining workdir), before that job reads any data."""
+  previous = previous_config(workdir)
+  family = previous and previous.get("family")
+  if family and family != config.family:
+    raise WorkdirError(
+        f"workdir {workdir} is a {_JOB_NAMES.get(family, family)} workdir; a "
+        f"{_JOB_NAMES.get(config.family, config.family)} run needs its own "
+        f"--workdir (to start from its weights: --config.init_checkpoint={workdir})")
+
+
 def check_record(workdir: str, old: dict, new: dict) -> None:
   """Refuses, in one message, a run whose record differs from the workdir's."""
   if old.get("code_version") != new["code_version"]:
@@ -269,7 +285,52 @@ def open_workdir(workdir: str, config: Any, bert_config: Any, *, vocab_file: str
     if old is None or "created" not in old:  # new, or made before records: write it once
       write_run_files(workdir, config, bert_config, record=record, vocab_file=vocab_file,
                       spm_model_file=spm_model_file)
+    else:
+      record_changes(workdir, old, record, config)
   return _on_process_zero(workdir, create_or_check, take_lock=take_lock)
+
+
+# The record's "history": one entry per resume that changed RESUMABLE fields,
+# {"at": time, "by": host:pid, "fields": {"total_steps": [old, new], ...}}. The record's
+# "config" stays what the workdir was created with; current_config applies the history.
+HISTORY = "history"
+
+
+def current_config(record: dict) -> dict[str, Any]:
+  """The flattened config of the latest run on a workdir: its record's config with every
+  recorded change applied."""
+  config = dict(record.get("config", {}))
+  for entry in record.get(HISTORY, []):
+    config.update({key: new for key, (_, new) in entry["fields"].items()})
+  return config
+
+
+def previous_config(workdir: str) -> dict[str, Any] | None:
+  """current_config of `workdir`'s record (read only), or None for a workdir without one."""
+  record_file = paths.join(workdir, RECORD_FILE)
+  if not paths.exists(record_file):
+    return None
+  return current_config(json.loads(paths.read_text(record_file)))
+
+
+def record_changes(workdir: str, old: dict, new: dict, config: Any) -> None:
+  """Logs one line per RESUMABLE field this run changes (old -> new) and appends them to
+  the record's history; config.json is rewritten to say what now runs."""
+  previous = current_config(old)
+  fields = {key: [previous[key], value] for key, value in sorted(new["config"].items())
+            if _resumable(key) and key in previous and previous[key] != value}
+  if not fields:
+    return
+  for key, (was, now) in fields.items():
+    logging.warning("workdir %s: config.%s changes %r -> %r on this resume (recorded in %s)",
+                    workdir, key, was, now, RECORD_FILE)
+  old = dict(old)
+  old[HISTORY] = list(old.get(HISTORY, [])) + [{
+      "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "by": f"{socket.gethostname()}:{os.getpid()}", "fields": fields}]
+  paths.write_atomic(paths.join(workdir, RECORD_FILE), json.dumps(old, indent=2, sort_keys=True))
+  paths.write_atomic(paths.join(workdir, CONFIG_FILE),
+                     config.to_json_best_effort(indent=2, sort_keys=True))
 
 
 def _on_process_zero(workdir: str, action, take_lock: bool = True) -> Lock | None:

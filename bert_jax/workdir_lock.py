@@ -40,6 +40,7 @@ import uuid
 
 from absl import logging
 
+from bert_jax import errors
 from bert_jax import paths
 
 LOCK_FILE = ".lock"
@@ -47,8 +48,9 @@ HEARTBEAT_S = 30.0  # how often the holder refreshes the lock
 STALE_AFTER_S = 600.0  # a lock not refreshed for this long is free (its holder is gone)
 
 
-class WorkdirError(ValueError):
-  """A workdir that must not be written by this run (another run's, or locked)."""
+class WorkdirError(errors.UsageError):
+  """A workdir that must not be written by this run (another run's, or locked); a refusal
+  that bert_jax.jobs prints as one line."""
 
 
 class LockHeld(WorkdirError):

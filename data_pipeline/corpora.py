@@ -26,9 +26,14 @@ Held-out evaluation text: a document belongs to the evaluation split when the
 MD5 of its text is 0 modulo ``heldout_modulus``; training never sees those
 documents, whatever the process count.
 
+Files ending in ``.gz``, ``.bz2`` or ``.xz`` are decompressed as they are read.
+
 Bad input never crashes an epoch; it is skipped and counted in
 :class:`CorpusStats` (logged once a pass is complete):
-* a line that is not valid UTF-8 is skipped (``undecodable_lines``);
+* a line that is not valid UTF-8 is skipped (``undecodable_lines``) and counted
+  per file (one warning names each file with such lines); a file where more
+  than ``max_undecodable_fraction`` of the lines are undecodable is refused by
+  name (ValueError): it is binary or compressed, not text;
 * a line longer than ``max_line_bytes`` is skipped without being held in memory
   (``overlong_lines``) -- such lines are minified code or binary, not prose;
 * empty files and empty documents are skipped (``empty_files``,
@@ -42,13 +47,17 @@ Bad input never crashes an epoch; it is skipped and counted in
 """
 
 import ast
+import bz2
 import collections
+import contextlib
 import dataclasses
 import glob as globlib
+import gzip
 import hashlib
 import html.parser
 import json
 import logging
+import lzma
 import os
 import pathlib
 import re
@@ -72,6 +81,7 @@ _EMBEDDED_FILE = "corpus.txt"
 class CorpusStats:
   """Counters of what a pass over a corpus read and skipped (all bad input is counted)."""
   files: int = 0
+  lines: int = 0
   documents: int = 0
   sentences: int = 0
   undecodable_lines: int = 0
@@ -126,13 +136,20 @@ def _lines(path: str, max_line_bytes: int, stats: CorpusStats) -> Iterator[str]:
   """Decoded lines of a file; undecodable and over-long lines are skipped and counted.
 
   ``readline(limit)`` keeps memory bounded by ``max_line_bytes`` however long a
-  line is.
+  line is. Compressed files (_DECOMPRESSORS) are read decompressed.
   """
-  with paths.open_binary(path) as f:
+  opener = _DECOMPRESSORS.get(os.path.splitext(path)[1].lower())
+  with paths.open_binary(path) as raw_file, (
+      opener(raw_file) if opener else contextlib.nullcontext(raw_file)) as f:
     while True:
-      raw = f.readline(max_line_bytes + 1)
+      try:
+        raw = f.readline(max_line_bytes + 1)
+      except (OSError, EOFError, lzma.LZMAError) as e:  # a truncated or corrupt archive
+        raise ValueError(f"{path}: cannot decompress ({e}); re-create the file or remove "
+                         "it from the corpus glob") from e
       if not raw:
         return
+      stats.lines += 1
       if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
         stats.overlong_lines += 1
         while raw and not raw.endswith(b"\n"):  # discard the rest of the line
@@ -142,6 +159,27 @@ def _lines(path: str, max_line_bytes: int, stats: CorpusStats) -> Iterator[str]:
         yield raw.decode("utf-8").rstrip("\r\n")
       except UnicodeDecodeError:
         stats.undecodable_lines += 1
+
+
+# Suffix -> opener of a binary file object: read transparently, like plain text.
+_DECOMPRESSORS = {".gz": lambda f: gzip.GzipFile(fileobj=f, mode="rb"),
+                  ".bz2": lambda f: bz2.BZ2File(f, mode="rb"),
+                  ".xz": lambda f: lzma.LZMAFile(f, mode="rb")}
+
+
+def _check_decodable(path: str, lines: int, undecodable: int, max_fraction: float) -> None:
+  """Refuses a file whose share of undecodable lines is over `max_fraction`; warns (naming
+  the file) when it has any."""
+  if not undecodable:
+    return
+  if undecodable > max_fraction * lines:
+    raise ValueError(
+        f"corpus file {path}: {undecodable} of its {lines} lines ({undecodable / lines:.0%}) "
+        f"are not UTF-8 text (more than config.data.max_undecodable_fraction="
+        f"{max_fraction:g}): a binary or compressed file (.gz/.bz2/.xz are read)? Remove it "
+        "from the corpus glob")
+  logging.warning("corpus file %s: skipped %d of its %d lines (not UTF-8)", path, undecodable,
+                  lines)
 
 
 def _bert_format_documents(path, max_line_bytes, stats) -> Iterator[list[str]]:
@@ -230,6 +268,7 @@ def read_documents(corpus: str, *, split: str = "train", process_index: int = 0,
                    text_field: str = "text", max_line_bytes: int = 1 << 20,
                    max_sentences_per_document: int = 2048,
                    embedded_cache_dir: str = "",
+                   max_undecodable_fraction: float = 0.01,
                    stats: CorpusStats | None = None) -> Iterator[list[str]]:
   """Yields the documents (lists of sentences) of this process's part of a corpus.
 
@@ -243,11 +282,12 @@ def read_documents(corpus: str, *, split: str = "train", process_index: int = 0,
     tfds_data_dir, tfds_split, text_field: for tfds / JSONL sources.
     max_line_bytes, max_sentences_per_document: memory bounds (see module doc).
     embedded_cache_dir: cache of the embedded corpus ("" -> default).
+    max_undecodable_fraction: a file with a larger share of undecodable lines is refused.
     stats: counters to update (a fresh one is made and logged when None).
 
   Raises:
-    ValueError: on an unknown split, a glob matching no file, or a corpus part
-      without a single document.
+    ValueError: on an unknown split, a glob matching no file, a file that is
+      mostly undecodable, or a corpus part without a single document.
   """
   if split not in ("train", "eval", "all"):
     raise ValueError(f"split must be 'train', 'eval' or 'all', got {split!r}")
@@ -258,7 +298,7 @@ def read_documents(corpus: str, *, split: str = "train", process_index: int = 0,
   count = 0
   for document in _source_documents(
       corpus, process_index, process_count, tfds_data_dir, tfds_split, text_field,
-      max_line_bytes, embedded_cache_dir, stats):
+      max_line_bytes, embedded_cache_dir, stats, max_undecodable_fraction):
     if not document:
       stats.empty_documents += 1
       continue
@@ -277,14 +317,17 @@ def read_documents(corpus: str, *, split: str = "train", process_index: int = 0,
   if own_stats:
     stats.log(corpus)
   if not count:
+    hint = (f"about one document in config.data.heldout_modulus={heldout_modulus} is held "
+            "out: give more documents or a smaller modulus" if split == "eval" else "")
     raise ValueError(
         f"corpus {corpus!r} (split {split!r}, process {process_index} of "
-        f"{process_count}) has no document: {dataclasses.asdict(stats)}")
+        f"{process_count}) has no document" + (f"; {hint}" if hint else "")
+        + f": {dataclasses.asdict(stats)}")
 
 
 def _source_documents(corpus, process_index, process_count, tfds_data_dir,
                       tfds_split, text_field, max_line_bytes, embedded_cache_dir,
-                      stats) -> Iterator[list[str]]:
+                      stats, max_undecodable_fraction=0.01) -> Iterator[list[str]]:
   """Raw documents of a corpus spec, already restricted to this process's part."""
   if corpus.startswith("tfds:"):
     yield from _tfds_documents(corpus[5:], tfds_data_dir, tfds_split, text_field,
@@ -293,7 +336,7 @@ def _source_documents(corpus, process_index, process_count, tfds_data_dir,
   kind, pattern = _source_pattern(corpus, embedded_cache_dir)
   files = _files(pattern)
   if not files:
-    raise ValueError(f"corpus glob {pattern!r} matches no file")
+    raise ValueError(f"corpus glob {pattern!r} (config.data.corpus) matches no file")
   by_file = len(files) >= process_count
   if by_file:
     files = files[process_index::process_count]
@@ -309,10 +352,13 @@ def _source_documents(corpus, process_index, process_count, tfds_data_dir,
       documents = _raw_documents(path, max_line_bytes, stats)
     else:
       documents = _jsonl_documents(path, max_line_bytes, stats, text_field)
+    lines, undecodable = stats.lines, stats.undecodable_lines
     for document in documents:
       if by_file or index % process_count == process_index:
         yield document
       index += 1
+    _check_decodable(path, stats.lines - lines, stats.undecodable_lines - undecodable,
+                     max_undecodable_fraction)
 
 
 # --------------------------------------------------------------------------

@@ -268,6 +268,7 @@ def load_tokenized_corpus(data_config, tokenizer, *, split: str, process_index: 
   c = data_config
   key = (c.corpus, c.embedded_cache_dir, c.tfds_data_dir, c.tfds_split, c.text_field,
          c.heldout_modulus, c.max_line_bytes, c.max_sentences_per_document,
+         c.max_undecodable_fraction,
          tokenizer.__class__.__name__, getattr(tokenizer, "vocab_file", ""),
          getattr(tokenizer, "model_file", ""), c.do_lower_case, split, process_index,
          process_count, max_documents)
@@ -278,7 +279,8 @@ def load_tokenized_corpus(data_config, tokenizer, *, split: str, process_index: 
         heldout_modulus=c.heldout_modulus, tfds_data_dir=c.tfds_data_dir,
         tfds_split=c.tfds_split, text_field=c.text_field, max_line_bytes=c.max_line_bytes,
         max_sentences_per_document=c.max_sentences_per_document,
-        embedded_cache_dir=c.embedded_cache_dir, stats=stats)
+        embedded_cache_dir=c.embedded_cache_dir,
+        max_undecodable_fraction=c.max_undecodable_fraction, stats=stats)
     if max_documents:
       documents = itertools.islice(documents, max_documents)
     _CORPUS_CACHE[key] = tokenize_documents(documents, tokenizer)
@@ -286,6 +288,31 @@ def load_tokenized_corpus(data_config, tokenizer, *, split: str, process_index: 
     while len(_CORPUS_CACHE) > 4:
       _CORPUS_CACHE.popitem(last=False)
   return _CORPUS_CACHE[key]
+
+
+def check_corpus(data_config, *, process_index: int = 0, process_count: int = 1) -> None:
+  """Refuses (ValueError naming the corpus and what to do) data a run cannot train or
+  evaluate on: a glob matching nothing, unreadable or undecodable files (corpora.py), no
+  document with the 2 sentences NSP/SOP pairs need, an empty held-out split.
+
+  It reads and tokenizes what the run reads first -- this process's training
+  documents and the held-out set -- through load_tokenized_corpus, so the
+  PretrainingInput and eval set built afterwards take them from its memo: the
+  trainer calls this before writing its workdir, at no extra cost.
+  """
+  tokenizer = make_tokenizer(data_config)
+  for split, index, count, limit in (("train", process_index, process_count, 0),
+                                     ("eval", 0, 1, data_config.eval.max_documents)):
+    corpus = load_tokenized_corpus(data_config, tokenizer, split=split, process_index=index,
+                                   process_count=count, max_documents=limit)
+    sentences = np.diff(corpus.document_starts)
+    if data_config.objective != "none" and not (sentences >= 2).any():
+      raise ValueError(
+          f"corpus {data_config.corpus!r} ({split} split): objective "
+          f"{data_config.objective!r} needs documents of at least 2 sentences and none has "
+          f"({corpus.num_documents} documents); BERT format is one sentence per line with a "
+          "blank line between documents (raw:<glob> splits one document per line), or set "
+          "config.data.objective='none'")
 
 
 # --------------------------------------------------------------------------

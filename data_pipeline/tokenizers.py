@@ -396,3 +396,11 @@ def tokenize_file(tokenizer, input_file: str, output_file: str, batch_size: int 
     logging.warning("%s: %d of %d lines were not UTF-8 (empty output lines)",
                     input_file, non_utf8, lines)
   return {"lines": lines, "non_utf8_lines": non_utf8}
+
+
+if __name__ == "__main__":
+  # The command line moved to data_pipeline.vocab_cli (same flags); this module only
+  # tokenizes. Running it says so instead of doing nothing with exit status 0.
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.exit("data_pipeline.tokenizers is not a command any more: run\n  python -m "
+           "data_pipeline.vocab_cli " + " ".join(sys.argv[1:]))

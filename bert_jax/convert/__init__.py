@@ -227,6 +227,19 @@ def load_for_finetuning(path, *, task_heads: tuple[str, ...], vocab_file=None,
   return _per_layer_config(config), params, heads, vocab
 
 
+def checkpoint_vocab(path) -> paths.Path | None:
+  """The vocab.txt a checkpoint was trained with (beside it: HF and TF directories, our
+  exports, a training workdir), or None; reads no weights."""
+  path = paths.path(path)
+  if _is_workdir(path) and not is_own_dir(path):
+    path = path if (path / _WORKDIR_CHECKPOINTS).is_dir() else (
+        path.parent if path.name == _WORKDIR_CHECKPOINTS else path.parent.parent)
+  elif not path.is_dir():
+    path = path.parent  # a TF checkpoint prefix
+  vocab = path / VOCAB_NAME
+  return vocab if vocab.is_file() else None
+
+
 def load_checkpoint(path, target, allow_missing_heads, vocab_file, vocab_multiple=None):
   """load_pretrained's work, also returning what was read: (params, config, vocab, kind, target)."""
   kind, fmt, config, tensors, display, ignored, vocab = _read(path)

@@ -1,0 +1,248 @@
+"""Refusals a person can read: one line on stderr, exit 1, nothing written; then the fix works.
+
+The README's "Refusals" table is the list of bad inputs and what each gets: the
+test reads it and runs every row (a row whose message the code no longer gives,
+or a case without a row, fails), so the table cannot drift from the code.
+"""
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import checkpoint
+from bert_jax import errors
+from bert_jax import jobs
+from bert_jax import preemption
+from bert_jax import pretrain as pretrain_lib
+from bert_jax import train_loop
+from bert_jax import workdir as workdir_lib
+from data_pipeline import corpora
+from experiments.configs import finetune as finetune_configs
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _readme_rows() -> dict[str, str]:
+  """{bad input: message fragment} from the README table between the refusal markers."""
+  text = (ROOT / "README.md").read_text()
+  table = text.split("<!-- refusals table -->")[1]
+  rows = {}
+  for line in table.splitlines():
+    match = re.match(r"\| (.+?) \| `(.+?)` \|$", line.strip())
+    if match:
+      rows[match.group(1)] = match.group(2)
+  return rows
+
+
+def _one_line_refusal(capsys, code: int) -> str:
+  """The refusal printed by jobs.refuse: exit code 1, exactly one 'error:' line, no traceback."""
+  err = capsys.readouterr().err
+  assert code == 1, err
+  assert "Traceback" not in err, err
+  lines = [l for l in err.splitlines() if l.startswith("error: ")]
+  assert len(lines) == 1, err
+  return lines[0]
+
+
+def _pretrain_cases(config, tmp_path) -> dict:
+  """README row -> the config of a pretraining run that must be refused."""
+  good = pathlib.Path(config().data.corpus)
+  one = tmp_path / "one_sentence"
+  one.mkdir()
+  (one / "c.txt").write_text("".join(f"only sentence number {i} .\n\n" for i in range(40)))
+  mixed = tmp_path / "mixed"
+  mixed.mkdir()
+  shutil.copy(good, mixed / "a.txt")
+  (mixed / "blob.bin").write_bytes(np.random.default_rng(0).bytes(1 << 16))
+  no_step = tmp_path / "no_step"  # a workdir whose run never saved a step
+  (no_step / "checkpoints").mkdir(parents=True)
+  (no_step / "bert_config.json").write_text(json.dumps(dataclasses.asdict(
+      pretrain_lib.build_bert_config(config()))))
+  return {
+      "a negative learning rate": config(**{"optimizer.learning_rate": -1.0}),
+      "a nonexistent `init_checkpoint`": config(init_checkpoint=str(tmp_path / "nowhere")),
+      "an init checkpoint without a complete step": config(init_checkpoint=str(no_step)),
+      "a corpus glob that matches nothing": config(**{"data.corpus": str(tmp_path / "no-*.txt")}),
+      "a corpus of one-sentence documents (NSP)": config(**{"data.corpus": str(one / "*.txt")}),
+      "a binary file in the corpus glob": config(**{"data.corpus": str(mixed / "*")}),
+      "no held-out document": config(**{"data.heldout_modulus": 1 << 40}),
+      "an unknown `config.family`": config(family="pretrian"),
+  }
+
+
+@pytest.mark.slow
+def test_every_bad_input_is_one_line_writes_nothing_and_the_fix_then_works(
+    pretrain_test_config, minilm_dir, tmp_path, capsys, caplog, monkeypatch):
+  """Fails if a row of the README table gets a traceback, another message, more than one
+  line, exit code != 1 or a workdir; or if the corrected command on the same workdir is
+  refused; or if a resume's new total_steps is not announced and recorded."""
+  rows = _readme_rows()
+  cases = _pretrain_cases(pretrain_test_config, tmp_path)
+  run = tmp_path / "run"
+  for name, config in cases.items():
+    line = _one_line_refusal(capsys, jobs.run(config, str(run)))
+    assert rows[name] in line, (name, line)
+    assert not run.exists(), name
+
+  # A non-finite loss: the loop's own check, raised inside a job.
+  def diverging(config, workdir):
+    metrics = train_loop.StepMetrics(lambda: "step 4 in /w/checkpoints", skip_nonfinite=False)
+    metrics.add(5, {"finite": 0.0, "loss": float("nan"), "grad_norm": float("inf")})
+    metrics.settle()
+  with monkeypatch.context() as patch:
+    patch.setitem(jobs.TRAINERS, "pretrain", diverging)
+    line = _one_line_refusal(capsys, jobs.run(pretrain_test_config(), str(run)))
+  assert rows["a non-finite loss"] in line, line
+
+  # Fine-tuning: a vocabulary in another order than the checkpoint's, a pretraining workdir.
+  finetune_rows = _finetune_cases(tmp_path, minilm_dir)
+  for name, (config, workdir) in finetune_rows.items():
+    line = _one_line_refusal(capsys, jobs.run(config, str(workdir)))
+    assert rows[name] in line, (name, line)
+  assert not (tmp_path / "ft").exists()
+
+  # The corrected command on the same workdir just works, then a longer resume is announced.
+  assert jobs.run(pretrain_test_config(total_steps=2), str(run)) == 0
+  caplog.set_level("WARNING")
+  assert jobs.run(pretrain_test_config(total_steps=3), str(run)) == 0
+  assert re.search(r"config\.total_steps changes 2 -> 3 on this resume", caplog.text)
+  assert re.search(r"total_steps 2 -> 3, resuming at step 2: learning rate \S+ -> \S+",
+                   caplog.text), caplog.text
+  record = json.loads((run / "record.json").read_text())
+  assert [e["fields"] for e in record["history"]] == [{"total_steps": [2, 3]}]
+  assert record["config"]["total_steps"] == 2  # what the workdir was created with
+  assert json.loads((run / "config.json").read_text())["total_steps"] == 3
+
+  covered = set(cases) | {"a non-finite loss"} | set(finetune_rows) | set(_FLAG_CASES)
+  assert covered == set(rows), set(rows) ^ covered
+
+
+def _finetune_cases(tmp_path, minilm) -> dict:
+  """README row -> (fine-tuning config, workdir) that must be refused before any data."""
+  vocab = (minilm / "vocab.txt").read_text().splitlines()
+  reordered = tmp_path / "reordered_vocab.txt"
+  reordered.write_text("\n".join(vocab[:1000] + [vocab[1001], vocab[1000]] + vocab[1002:]) + "\n")
+  config = finetune_configs.get_config("sst2")
+  config.init_checkpoint = str(minilm)
+  config.vocab_file = str(reordered)
+  pretraining_dir = tmp_path / "pretraining_workdir"
+  pretraining_dir.mkdir()
+  (pretraining_dir / "record.json").write_text(json.dumps({"config": {"family": "pretrain"}}))
+  into_pretraining = finetune_configs.get_config("sst2")
+  return {"a fine-tuning vocabulary in another order than the checkpoint's":
+              (config, tmp_path / "ft"),
+          "fine-tuning into a pretraining workdir": (into_pretraining, pretraining_dir)}
+
+
+# README row -> bert_jax.main's flags (each a process: the flags are parsed once per process).
+_FLAG_CASES = {
+    "a mistyped config field": ["--config=experiments/configs/pretrain.py:tiny",
+                                "--config.data.masking.ratoi=0.2"],
+    "an unknown config variant": ["--config=experiments/configs/pretrain.py:tinny"],
+    "a config file that is not there": ["--config=experiments/configs/pretrian.py"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(_FLAG_CASES))
+def test_flags_that_do_not_parse_are_one_line(name, tmp_path):
+  """Fails if `python -m bert_jax.main` prints a traceback, escaped quotes, more than one line,
+  or exits other than 1 for a flag that does not parse, or creates the workdir."""
+  result = subprocess.run(
+      [sys.executable, "-m", "bert_jax.main", *_FLAG_CASES[name], f"--workdir={tmp_path / 'w'}"],
+      capture_output=True, text=True, cwd=ROOT, timeout=300,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert result.returncode == 1, result.stderr
+  lines = [l for l in result.stderr.splitlines() if l.strip()]
+  assert lines == [lines[0]] and lines[0].startswith("error: "), result.stderr
+  assert _readme_rows()[name] in lines[0] and "\\'" not in lines[0], lines[0]
+  assert not (tmp_path / "w").exists()
+
+
+def test_verbose_adds_the_traceback(monkeypatch, capsys):
+  """Fails if BERT_JAX_VERBOSE=1 does not show the traceback before the one line."""
+  monkeypatch.setenv(errors.VERBOSE_ENV, "1")
+  try:
+    raise errors.UsageError("config.x=1 is wrong")
+  except errors.UsageError as e:
+    assert jobs.refuse(e) == 1
+  err = capsys.readouterr().err
+  assert "Traceback" in err and err.rstrip().endswith("error: config.x=1 is wrong")
+
+
+def test_every_refusal_type_is_the_one_type():
+  """Fails if a refusal type stops being a UsageError (jobs.run would print a traceback)."""
+  for kind in (workdir_lib.WorkdirError, checkpoint.CheckpointError, errors.NonFiniteLoss):
+    assert issubclass(kind, errors.UsageError), kind
+  assert issubclass(errors.NonFiniteLoss, FloatingPointError)  # what callers caught before
+
+
+def test_compressed_corpus_files_are_read_and_undecodable_ones_named(tmp_path):
+  """Fails if a .gz/.bz2 file is not read as its text, or a mostly binary file is not refused
+  by name."""
+  import bz2
+  import gzip
+  text = "".join(f"Sentence {i} of document {d}.\n" + ("\n" if i == 2 else "")
+                 for d in range(30) for i in range(3))
+  (tmp_path / "plain").mkdir()
+  (tmp_path / "plain" / "a.txt").write_text(text)
+  (tmp_path / "packed").mkdir()
+  (tmp_path / "packed" / "a.txt.gz").write_bytes(gzip.compress(text.encode()))
+  (tmp_path / "packed" / "b.txt.bz2").write_bytes(bz2.compress(text.encode()))
+  plain = list(corpora.read_documents(str(tmp_path / "plain" / "*"), split="all"))
+  packed = list(corpora.read_documents(str(tmp_path / "packed" / "*"), split="all"))
+  assert packed == plain + plain and len(plain) == 30
+  (tmp_path / "packed" / "c.zip").write_bytes(np.random.default_rng(1).bytes(1 << 15))
+  with pytest.raises(ValueError, match=r"corpus file \S+c\.zip: \d+ of its \d+ lines .* are not "
+                                       r"UTF-8 text"):
+    list(corpora.read_documents(str(tmp_path / "packed" / "*"), split="all"))
+
+
+def test_the_old_tokenizer_command_says_where_it_went():
+  """Fails if `python -m data_pipeline.tokenizers` exits 0 or does not name vocab_cli."""
+  result = subprocess.run([sys.executable, "-m", "data_pipeline.tokenizers", "--vocab_file=v"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+  assert result.returncode != 0
+  assert "python -m data_pipeline.vocab_cli --vocab_file=v" in result.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_and_the_rerun_is_bit_identical(pretrain_reference_run, pretrain_test_config,
+                                                     pretrain_subprocess, tmp_path):
+  """Fails if the first SIGINT does not save the step and exit 130 with the resume line, or
+  if the same command then does not reproduce the uninterrupted run bit for bit."""
+  run = tmp_path / "run"
+  process = pretrain_subprocess(pretrain_test_config(), run)
+  deadline = time.time() + 300
+  while not (run / "metrics.jsonl").exists() or '"loss"' not in (run / "metrics.jsonl").read_text():
+    assert process.poll() is None and time.time() < deadline, (tmp_path / "run.log").read_text()
+    time.sleep(0.02)
+  process.send_signal(signal.SIGINT)
+  assert process.wait(timeout=300) == preemption.INTERRUPTED_EXIT_CODE, (
+      (tmp_path / "run.log").read_text()[-3000:])
+  log = (tmp_path / "run.log").read_text()
+  saved = int(re.search(r"interrupted \(Ctrl-C\): saved step (\d+); the same command resumes",
+                        log).group(1))
+  assert "Traceback" not in log and saved < 20
+  assert str(saved) in [p.name for p in (run / "checkpoints").iterdir()]  # the step was saved
+  rerun = pretrain_subprocess(pretrain_test_config(), run, name="rerun")
+  assert rerun.wait(timeout=300) == 0, (tmp_path / "rerun.log").read_text()[-3000:]
+
+  def losses(workdir):
+    rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+  assert losses(run) == losses(pretrain_reference_run)
+  _, params = checkpoint.load_params_from_workdir(str(run))
+  _, reference = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
+  jax.tree.map(np.testing.assert_array_equal, params, reference)
