@@ -45,13 +45,18 @@ def test_record_is_written_once_and_changes_are_refused_by_name(tmp_path):
   record = json.loads((run / "record.json").read_text())
   assert record["config"]["data.masking.ratio"] == 0.15
   assert (run / "vocab.txt").read_text() == vocab.read_text()
-  before = {p.name: p.read_bytes() for p in run.iterdir()}
 
-  # Allowed on resume: more steps, other cadence, another mesh, the same vocab elsewhere.
+  # Allowed on resume: more steps, other cadence, another mesh, the same vocab elsewhere;
+  # each change is kept in the record's history (the created config stays as it was).
   moved = tmp_path / "moved_vocab.txt"
   moved.write_text(vocab.read_text())
   _open(run, _config(**{"total_steps": 20, "log_every_steps": 7, "mesh.data": 2,
                         "data.vocab_file": str(moved)}), vocab=moved).release()
+  resumed = json.loads((run / "record.json").read_text())
+  assert resumed["history"][0]["fields"] == {"total_steps": [10, 20], "log_every_steps": [1, 7],
+                                             "mesh.data": [-1, 2]}
+  assert resumed["config"] == record["config"]
+  before = {p.name: p.read_bytes() for p in run.iterdir()}
 
   # A different ratio, model size, or a vocab with the same size in another order: refused,
   # naming the field and both values, and nothing on disk changes.
