@@ -5,7 +5,7 @@ axis names, take optimizer updates (with gradient accumulation and the
 non-finite guard) and decide where a run starts through these functions, so
 there is one copy of each:
 
-  setup_mesh          distributed init, device mesh, axis rules
+  setup_mesh          distributed init, accelerator check, device mesh, axis rules
   make_layout         shardings and abstract shapes of {params, opt_state, step}
   start               resume from the workdir, else init from a checkpoint, else random
   dropout_key         the dropout key in config.rng_impl's generator
@@ -26,6 +26,7 @@ import numpy as np
 import optax
 
 from bert_jax import checkpoint
+from bert_jax import errors
 from bert_jax import model as model_lib
 from bert_jax import sharding
 
@@ -50,6 +51,7 @@ def setup_mesh(config: ml_collections.ConfigDict) -> tuple[jax.sharding.Mesh,
               "process_id": None if config.distributed.process_id < 0
                             else config.distributed.process_id}
     jax.distributed.initialize(**kwargs)
+  check_accelerator(config.require_accelerator)
   mesh = sharding.make_mesh(config.mesh)
   # JSON round trips turn the rules' tuples into lists; flax wants tuples.
   rules = [(name, tuple(axes) if isinstance(axes, list) else axes)
@@ -59,6 +61,26 @@ def setup_mesh(config: ml_collections.ConfigDict) -> tuple[jax.sharding.Mesh,
   logging.info("mesh %s over %d devices (%d processes) of kind %s", dict(mesh.shape),
                jax.device_count(), jax.process_count(), ", ".join(kinds))
   return mesh, rules
+
+
+def check_accelerator(required: bool) -> None:
+  """Refuses a job that requires a GPU or TPU (config.require_accelerator) but finds only CPUs.
+
+  JAX falls back to its CPU backend when no CUDA/TPU build is installed or the
+  build cannot see the devices; a GPU job would then train on CPUs for days without
+  complaint. Called after jax.distributed.initialize (a GPU cluster's backend must
+  not start before it) and before anything is written.
+  """
+  platform = jax.default_backend()
+  if not required or platform != "cpu":
+    return
+  kinds = ", ".join(sorted({d.device_kind for d in jax.devices()}))
+  raise errors.UsageError(
+      f"config.require_accelerator=True but JAX {jax.__version__} found only {platform} devices "
+      f"({jax.local_device_count()} x {kinds}): install JAX for the accelerator in this "
+      "environment (`pip install -e '.[gpu]'` for NVIDIA GPUs, `pip install -e '.[tpu]'` on a "
+      "Cloud TPU VM) and check `python -c 'import jax; print(jax.devices())'`, or set "
+      "--config.require_accelerator=False to run on CPUs")
 
 
 @dataclasses.dataclass

@@ -65,6 +65,7 @@ RESUMABLE = (
     "checkpoint.",  # save period, retention, async writes
     "mesh.", "distributed.", "logical_axis_rules",  # placement and launch: restore
                                                     # reshards onto any mesh
+    "require_accelerator",  # a launch check (the SLURM template turns it on)
     "grad_accum_steps",  # the same update in more micro-batches (fits memory)
     "peak_tflops_per_device",  # only the MFU report
     "model.remat", "model.remat_policy",  # recomputation: the same numbers, less memory

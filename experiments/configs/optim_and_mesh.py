@@ -27,7 +27,7 @@ def optimizer_config() -> ml_collections.ConfigDict:
 
 
 def add_sharding(config: ml_collections.ConfigDict) -> None:
-  """Adds config.mesh, config.logical_axis_rules and config.distributed."""
+  """Adds config.mesh, config.logical_axis_rules, config.distributed and config.require_accelerator."""
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1  # data-parallel axis; -1 takes the devices left over
   config.mesh.fsdp = 1  # parameter/optimizer-state sharding axis (also splits the batch)
@@ -56,3 +56,4 @@ def add_sharding(config: ml_collections.ConfigDict) -> None:
   config.distributed.coordinator_address = ""  # "host:port"; "" -> discovered from the environment
   config.distributed.num_processes = 0  # 0 -> discovered from the environment
   config.distributed.process_id = -1  # -1 -> discovered from the environment
+  config.require_accelerator = False  # True: stop when JAX finds only CPUs (SLURM template sets it)
