@@ -21,6 +21,16 @@ def test_every_pipeline_module_takes_tensorflow_from_tf_cpu():
 
 
 def test_accelerators_are_hidden_from_tensorflow(monkeypatch):
+  """hide_accelerators asks TensorFlow to hide every GPU it lists, and survives being late.
+
+  What this cannot prove, on a CPU machine: that a real GPU or TPU ends up hidden, or
+  that TensorFlow claims no accelerator memory before JAX. TensorFlow's device functions
+  are monkeypatched here, so the test shows only the calls tf_cpu makes; it fails if
+  tf_cpu stops calling set_visible_devices([], "GPU") for a listed GPU or crashes when
+  TensorFlow was initialised first. The real check runs where a device exists:
+  `python -m experiments.benchmarks.accelerator` prints "TensorFlow check ok/FAILED"
+  (TensorFlow's visible GPUs and TPUs after data_pipeline.tf_cpu, beside JAX's devices).
+  """
   from data_pipeline import tf_cpu  # pylint: disable=g-import-not-at-top
   hidden = []
   monkeypatch.setattr(tf_cpu.tf.config, "list_physical_devices",

@@ -31,7 +31,13 @@ that fails (out of memory, a kernel this device lacks) is recorded with its erro
 
 Only jax, flax, optax, numpy, ml_collections and bert_jax modules that need no
 more (no TensorFlow, no transformers) are imported, so an accelerator image with
-the jax stack alone runs it. Targets on one NVIDIA H200 (bf16, fast recipe):
+the jax stack alone runs it.
+
+TensorFlow check (--tf_check, on by default wherever JAX sees an accelerator): in a
+child process, after JAX has taken its devices, `from data_pipeline.tf_cpu import tf`
+must leave TensorFlow no visible GPU or TPU and JAX its devices; the line is printed
+first and stored in every row (tf_check). A CPU machine cannot show this (there is
+nothing to hide; tests/test_tf_cpu.py says so), hence here. Targets on one NVIDIA H200 (bf16, fast recipe):
 BERT-Base @128 >= 5,000 seq/s, BERT-Large @512 >= 400 seq/s.
 """
 
@@ -44,7 +50,9 @@ import functools
 import io
 import json
 import math
+import os
 import re
+import subprocess
 import sys
 import time
 import traceback
@@ -73,6 +81,53 @@ CPU_BATCHES = {"tiny": (8,), "base": (8,), "large": (4,)}
 # --quick: the two target shapes, fast recipe, two batch sizes each.
 QUICK = (("base", 128, (256, 512)), ("large", 512, (32, 64)))
 VOCAB_SIZE = 30522
+
+
+# Run in a child so that this process never imports TensorFlow. JAX first, as in the
+# trainers: it takes its devices, then the pipeline's TensorFlow must see none of them.
+_TF_CHECK = """
+import json, jax
+jax_devices = [d.platform for d in jax.devices()]
+try:
+  from data_pipeline.tf_cpu import tf
+except ImportError as e:
+  print(json.dumps({"tensorflow": None, "why": str(e)})); raise SystemExit
+int(tf.constant(1) + 1)  # TensorFlow initialised and ran an op
+print(json.dumps({"tensorflow": tf.__version__, "jax_devices": jax_devices,
+                  "tf_visible": {k: len(tf.config.get_visible_devices(k)) for k in ("GPU", "TPU")},
+                  "tf_physical": {k: len(tf.config.list_physical_devices(k)) for k in ("GPU", "TPU")}}))
+"""
+
+
+def tensorflow_check() -> dict:
+  """What TensorFlow sees after data_pipeline.tf_cpu, beside JAX's devices; "ok" is whether
+  it sees no GPU or TPU while JAX keeps every device it had."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get(
+      "PYTHONPATH")]))}
+  done = subprocess.run([sys.executable, "-c", _TF_CHECK], cwd=root, env=env,
+                        capture_output=True, text=True, timeout=600)
+  if done.returncode:
+    return {"ok": False, "error": done.stderr.strip().splitlines()[-1:]}
+  found = json.loads(done.stdout.strip().splitlines()[-1])
+  if found["tensorflow"] is None:  # an image with the jax stack only: nothing to hide
+    return {"ok": True, **found}
+  want = [d.platform for d in jax.devices()]
+  found["ok"] = not any(found["tf_visible"].values()) and found["jax_devices"] == want
+  return found
+
+
+def describe_tensorflow_check(found: dict) -> str:
+  """One line for the terminal."""
+  if found.get("error"):
+    return f"TensorFlow check FAILED to run: {found['error']}"
+  if found.get("tensorflow") is None:
+    return f"TensorFlow check: not installed ({found.get('why')}), nothing to hide"
+  return (f"TensorFlow check {'ok' if found['ok'] else 'FAILED'}: after data_pipeline.tf_cpu, "
+          f"TensorFlow {found['tensorflow']} sees GPU {found['tf_visible']['GPU']}, "
+          f"TPU {found['tf_visible']['TPU']} (physical: GPU {found['tf_physical']['GPU']}, "
+          f"TPU {found['tf_physical']['TPU']}); JAX keeps {len(found['jax_devices'])} x "
+          f"{sorted(set(found['jax_devices']))}")
 
 
 def matmul_rate(dtype, seconds: float = 2.0) -> float:
@@ -206,8 +261,8 @@ def run_row(row: dict, args, peak: float | None, measured: float) -> dict:
     state = layout.init(jax.random.key(0))
     batch = sharding.global_batch(host, mesh)
     for _ in range(args.warmup_steps):
-      state, metrics = compiled(state, batch, rng)
-    jax.block_until_ready((state, metrics))
+      state, _ = compiled(state, batch, rng)
+    jax.block_until_ready(state)  # --warmup_steps=0 is allowed: nothing to wait for but state
     start = time.perf_counter()
     for _ in range(args.steps):
       state, metrics = compiled(state, batch, rng)
@@ -332,6 +387,9 @@ def main(argv=None) -> list[dict]:
                       "remat policy buys, from the traced program of the kernel this device "
                       "resolves), compile nothing")
   p.add_argument("--output", default="accelerator_benchmark.jsonl", help="JSON lines out")
+  p.add_argument("--tf_check", default="auto", choices=("auto", "yes", "no"),
+                 help="check TensorFlow sees no accelerator after data_pipeline.tf_cpu "
+                      "(auto: where JAX has one)")
   args = p.parse_args(argv)
   start = time.perf_counter()
   args.dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
@@ -343,6 +401,9 @@ def main(argv=None) -> list[dict]:
             "jax": jax.__version__, "dtype": args.dtype,
             "peak_tflops_table": peak / 1e12 if peak else None,
             "matmul_tflops_measured": measured / 1e12}
+  if args.tf_check == "yes" or (args.tf_check == "auto" and jax.default_backend() != "cpu"):
+    header["tf_check"] = tensorflow_check()
+    print(describe_tensorflow_check(header["tf_check"]), flush=True)
   print(f"{jax.device_count()} x {device.device_kind} ({device.platform}), jax {jax.__version__}; "
         f"{args.dtype} matmul measured {measured / 1e12:.2f} TFLOP/s per device, table peak "
         f"{peak / 1e12 / jax.device_count() if peak else 'n/a'}", flush=True)
