@@ -130,24 +130,39 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(
 
 @pytest.mark.slow
 def test_sigterm_saves_and_returns(pretrain_test_config, tmp_path):
+  """SIGTERM after step 3 is logged: the run saves its last step and returns, handler
+  restored. Bounded both ways: the run has 2,000 steps, not 100,000 (a run that ignores
+  SIGTERM ends there and fails `last < 2000`), and if step 3 is never logged within 300 s the
+  thread signals anyway and the test fails on that, instead of training on."""
   workdir = tmp_path / "run"
-  config = pretrain_test_config(**{"total_steps": 100_000, "checkpoint.every_steps": 100_000})
+  total = 2_000
+  config = pretrain_test_config(**{"total_steps": total, "checkpoint.every_steps": total})
+  done = threading.Event()
+  outcome = []
 
   def preempt():
-    deadline = time.time() + 300
+    deadline = time.monotonic() + 300
     while not any(r.get("step", 0) >= 3 and "loss" in r for r in _records(workdir)):
-      if time.time() > deadline:
+      if done.is_set():
+        outcome.append("the run returned before logging step 3")
         return
+      if time.monotonic() > deadline:
+        outcome.append("step 3 not logged within 300 s")
+        break
       time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGTERM)
 
   handler_before = signal.getsignal(signal.SIGTERM)
   thread = threading.Thread(target=preempt, daemon=True)
   thread.start()
-  pretrain_lib.train_and_evaluate(config, str(workdir))
-  thread.join()
+  try:
+    pretrain_lib.train_and_evaluate(config, str(workdir))
+  finally:
+    done.set()
+    thread.join(timeout=60)
+  assert not thread.is_alive() and not outcome, outcome
   last = max(r["step"] for r in _records(workdir) if "loss" in r)
-  assert 3 <= last < 100_000
+  assert 3 <= last < total
   assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
                 if p.name.isdigit()) == [last]
   assert signal.getsignal(signal.SIGTERM) == handler_before
