@@ -27,11 +27,12 @@ Other variants:
            dropout mask; base_fast and large_fast also draw dropout bits with "rbg".
            The paper variants keep attention dropout 0.1 and so the exact einsum path.
 
-What the fast recipe costs in accuracy, measured on CPU (tests/test_fast_recipe.py,
-2026-12-01): the test's tiny model (L=2, H=64) on a generated corpus in which each
+What the fast recipe costs in accuracy, measured on CPU (experiments/benchmarks/
+fast_recipe.py, result and command in experiments/results/fast_recipe.md, 2026-12-01):
+the tests' tiny model (L=2, H=64) on a generated corpus in which each
 word is followed by a fixed successor 90% of the time, same data order, 300 steps
 of batch 32, seeds 0/1/2. Held-out MLM accuracy, paper 0.271 / 0.261 / 0.280
-(mean 0.270), fast 0.266 / 0.251 / 0.246 (mean 0.254): the mean gap (0.016) is
+(mean 0.271), fast 0.266 / 0.251 / 0.246 (mean 0.254): the mean gap (0.016) is
 within the seed range (0.019), but the fast recipe is lower on all three seeds, so
 this shows no large loss at this length, not equivalence. A corpus of independent
 random words says nothing (every run stops at the unigram guess, 0.107). The
