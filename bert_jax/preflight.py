@@ -15,7 +15,9 @@ written (the vocabulary size comes from the config: see `vocab_size`).
 Per device and phase it prints arguments, temporaries and total HBM against
 the chip's (bert_jax.preflight_targets.HBM_GIB), XLA's FLOPs per step and the
 collectives of the compiled program (counted as experiments/benchmarks/sharding.py
-counts them). A phase that does not fit is refused with one line naming the
+counts them). XLA's cost analysis counts a loop's body once: with gradient
+accumulation or config.model.scan_layers its FLOPs are one micro-batch's or one
+layer's, so bert_jax.cost's model FLOPs are printed beside them. A phase that does not fit is refused with one line naming the
 phase, the GiB needed and available, and the cheapest knob setting that fits:
 bert_jax.preflight_knobs tries them in order of extra compute (compiling each).
 

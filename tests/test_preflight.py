@@ -19,11 +19,17 @@ from bert_jax import preflight_targets
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = "experiments/configs/pretrain.py:tiny"
-# 8 sequences per v4 chip: what the tiny recipe (batch 32) gives on v4-8.
-SMALL = ["--config.batch_size=32"]
-# 65,536 sequences of 64 tokens per chip: the MLM logits alone (10 x 8,192 per sequence,
-# float32) are 20 GiB, so no v4 chip (32 GiB) holds the step, whatever is sharded.
-HUGE = ["--config.batch_size=262144"]
+# 64 sequences per v4 chip.
+SMALL = ["--config.batch_size=256"]
+# 65,537 sequences of 64 tokens per v4 chip: the MLM logits alone (10 x 8,192 per sequence,
+# float32) are 20 GiB, so no chip (32 GiB) holds the step, whatever is sharded or
+# rematerialised; an odd number per chip leaves no gradient accumulation to try, which
+# keeps the search to compiles libtpu stops early (out of memory). The whole search, with
+# 262,144 sequences, is in the README (it ends at accumulation 2, after 20 minutes here).
+HUGE = ["--config.batch_size=262148"]
+# ... with every knob already set: the launcher's refusal takes a single compile.
+HUGE_ALL_KNOBS = HUGE + ["--config.mesh.data=1", "--config.mesh.fsdp=-1",
+                         "--config.model.remat_policy=full"]
 
 
 def test_accelerator_types_map_to_libtpu_topologies():
@@ -59,7 +65,7 @@ def test_knob_candidates_come_cheapest_first():
   assert order[0] == {"mesh.data": 1, "mesh.fsdp": -1}
   assert [c.get("model.remat_policy") for c in order[1:5]] == list(preflight_knobs.REMAT_LADDER)
   accumulation = [c["grad_accum_steps"] for c in order[5:]]
-  assert accumulation == [2, 4, 8]  # 32 sequences over 4 chips: 8, 4, 2, 1 per micro-batch
+  assert accumulation == [2, 4, 8, 16, 32, 64]  # 256 sequences over 4 chips: 64 ... 1 each
   assert all(c["model.remat_policy"] == "full" for c in order[5:])
 
 
@@ -77,7 +83,9 @@ def test_tiny_model_compiles_for_v4_8_with_hbm_and_flops():
   report = preflight.run(config, "v4-8", name=TINY)
   assert not report.refusal, report.summary
   (m,) = report.measurements  # tiny has one phase (64 tokens)
-  assert m.argument_bytes > 0 and m.temp_bytes > 0 and m.total_bytes > m.temp_bytes
+  # libtpu reports 0 bytes of HBM temporaries for this small step (observed at 8 and 64
+  # sequences per chip): they live in the chip's on-core memory. Arguments and total are HBM.
+  assert m.argument_bytes > 0 and m.temp_bytes >= 0 and m.total_bytes >= m.argument_bytes > 0
   assert m.available_bytes == 32 * 2**30 and m.fits
   assert m.flops and m.flops > 0
   ratio = m.flops * 4 / m.model_flops
@@ -95,10 +103,18 @@ def test_oversized_batch_is_refused_in_one_line_naming_the_knob():
     preflight.check_launch(TINY, HUGE, "v4-8")
   line = str(error.value)
   assert "\n" not in line
-  assert line.startswith("preflight: phase 1 (64 tokens)")
-  assert "GiB of HBM per chip on v4-8, which has 31." in line or "which has 32.00" in line
-  assert "--config.grad_accum_steps=" in line and "GiB)" in line
-  assert "knobs tried" in error.value.summary
+  assert line.startswith("preflight: phase 1 (64 tokens) of experiments/configs/pretrain.py:tiny "
+                         "needs >= "), line
+  assert "GiB of HBM per chip on v4-8, which has 30.75 GiB" in line  # libtpu's usable HBM
+  assert "no knob tried fits (fsdp, remat policy, gradient accumulation)" in line
+  summary = error.value.summary
+  # Each knob compiled, cheapest first, with the figure it gave.
+  tried = [l.strip() for l in summary.splitlines() if l.startswith("    --config.")]
+  assert [t.split(":")[0] for t in tried] == [
+      "--config.mesh.data=1 --config.mesh.fsdp=-1"] + [
+      f"--config.mesh.data=1 --config.mesh.fsdp=-1 --config.model.remat_policy={p}"
+      for p in preflight_knobs.REMAT_LADDER], summary
+  assert all(" GiB: does not fit" in t for t in tried)
 
 
 FAKE_GCLOUD = textwrap.dedent("""\
@@ -128,7 +144,8 @@ def test_launcher_refuses_an_oversized_batch_before_creating_anything(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "bert_jax.launch", "--action=run", "--name=bert-tiny",
        "--project=p", "--zone=us-central2-b", "--accelerator_type=v4-8", f"--config={TINY}",
-       "--workdir=gs://bucket/run1", f"--logdir={tmp_path / 'logs'}", "--retry_s=0.01", *HUGE],
+       "--workdir=gs://bucket/run1", f"--logdir={tmp_path / 'logs'}", "--retry_s=0.01",
+       *HUGE_ALL_KNOBS],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert result.returncode != 0
   assert "preflight: phase 1 (64 tokens)" in result.stdout + result.stderr, result.stderr[-2000:]

@@ -31,12 +31,14 @@ def _gib(m: preflight.Measurement) -> str:
   return f"{'>=' if m.refused else ''}{m.total_bytes / preflight.GIB:.1f}"
 
 
-def row(variant: str, accelerator_type: str) -> tuple[str, float]:
+def row(variant: str, accelerator_type: str, search: bool = True,
+        overrides: tuple[str, ...] = ()) -> tuple[str, float]:
   """One markdown row for `variant` on `accelerator_type`, and the seconds it took."""
   started = time.time()
-  config = preflight.load_config(f"experiments/configs/pretrain.py:{variant}")
-  report = preflight.run(config, accelerator_type, name=variant, progress=lambda line: print(
-      f"  {variant} on {accelerator_type}: {line}", file=sys.stderr, flush=True))
+  config = preflight.load_config(f"experiments/configs/pretrain.py:{variant}", overrides)
+  report = preflight.run(config, accelerator_type, name=variant, search=search,
+                         progress=lambda line: print(f"  {variant} on {accelerator_type}: "
+                                                     f"{line}", file=sys.stderr, flush=True))
   by_phase = {m.phase: m for m in report.measurements}
   hbm = report.measurements[0].available_bytes / preflight.GIB if report.measurements else 0
   cells = [_gib(by_phase[p]) if p in by_phase else "-" for p in (1, 2)]
@@ -45,6 +47,8 @@ def row(variant: str, accelerator_type: str) -> tuple[str, float]:
   elif report.fix is not None:
     verdict = "does not fit"
     fix = f"`{report.fix.flags}` ({report.fix.worst_gib:.1f})"
+  elif not search:
+    verdict, fix = "does not fit", "(not searched: --no_search)"
   else:
     verdict, fix = "does not fit", "none tried fits"
   model, recipe = MODELS.get(variant, (variant, ""))
@@ -57,16 +61,22 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
   parser.add_argument("--variants", default="base,base_fast,large,large_fast")
   parser.add_argument("--slices", default="v4-8,v4-32,v5litepod-16,v6e-8")
-  args = parser.parse_args(argv)
+  parser.add_argument("--no_search", action="store_true",
+                      help="as configured only: no knob search (far fewer compiles)")
+  argv = sys.argv[1:] if argv is None else argv
+  overrides = tuple(a for a in argv if a.startswith("--config."))
+  args = parser.parse_args([a for a in argv if not a.startswith("--config.")])
   rows = []
   for variant in args.variants.split(","):
     for accelerator_type in args.slices.split(","):
-      line, seconds = row(variant, accelerator_type)
+      line, seconds = row(variant, accelerator_type, search=not args.no_search,
+                          overrides=overrides)
       rows.append(line)
       print(f"{line}  <!-- {seconds:.0f} s -->", flush=True)
   print(f"\n{datetime.date.today().isoformat()}, jax {jax.__version__}, "
         f"libtpu {preflight.libtpu_version()}; `python -m experiments.benchmarks.preflight_table "
-        f"--variants={args.variants} --slices={args.slices}`\n")
+        f"--variants={args.variants} --slices={args.slices}"
+        f"{' --no_search' if args.no_search else ''}{''.join(' ' + o for o in overrides)}`\n")
   print(HEADER)
   print("\n".join(rows))
 
