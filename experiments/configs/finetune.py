@@ -106,10 +106,17 @@ def get_config(arg: str = "sst2") -> ml_collections.ConfigDict:
   config.model.remat = False  # rematerialise blocks (long SQuAD windows on small memory)
   config.model.scan_layers = False  # nn.scan over layers
   config.max_seq_length = 128  # google-research value (SQuAD: KIND_RECIPES)
+  # "buckets": a batch is padded to the shortest bucket length holding its longest row
+  # (finetune/buckets.py; same dev metrics, less padding); "fixed": always max_seq_length.
+  config.padding = "buckets"
+  config.bucket_multiple = 32  # bucket lengths: its multiples below max_seq_length, and that
+  config.bucket_window_batches = 50  # train rows sorted by length within windows of this many
+                                     # batches (transformers' LengthGroupedSampler's 50)
 
   # --- optimization ---
   config.batch_size = 32  # paper value
-  config.eval_batch_size = 64  # dev batch (the last one is padded)
+  # Dev batch at max_seq_length; a shorter bucket takes as many more rows as fit the same tokens.
+  config.eval_batch_size = 64
   config.num_epochs = 3  # paper value (SQuAD: KIND_RECIPES)
   config.warmup_fraction = 0.1  # paper value: linear warmup over 10% of the steps
   config.grad_accum_steps = 1  # micro-batches per update (same update as the full batch)

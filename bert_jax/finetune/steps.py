@@ -1,0 +1,173 @@
+"""The fine-tuning steps and what a sweep's runs share to run them: compiled once per shape.
+
+train_step and eval_step are the pure step functions. build() makes, once per
+sweep (cached in Prepared.programs by everything but the rate and the seed),
+the optimizer, the state's shardings and the jitted steps; with_learning_rate
+puts a run's rate into its optimizer state; predict() runs eval_step over
+length-bucketed batches (buckets.eval_batches) and puts every output back at
+its row.
+"""
+
+import copy
+import dataclasses
+import functools
+import json
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from bert_jax import optim
+from bert_jax import sharding
+from bert_jax import train_state as state_lib
+from bert_jax import workdir as workdir_lib
+from bert_jax.finetune import buckets as buckets_lib
+from bert_jax.finetune import task_kind
+
+TrainState = state_lib.TrainState
+
+
+def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *, task: Any,
+               grad_accum_steps: int, skip_nonfinite: bool) -> tuple[TrainState, dict]:
+  """One update on the global batch: the task loss, averaged over the batch's weight."""
+  step_rng = jax.random.fold_in(rng, state.step)
+  # The normaliser is the whole batch's weight, so micro-batch losses add up exactly.
+  total_weight = jnp.maximum(task.loss_weight(batch), 1.0)
+
+  def loss_fn(params, micro, micro_rng):
+    out = state.apply_fn({"params": params}, *(micro[k] for k in task_kind.INPUTS),
+                         deterministic=False, rngs={"dropout": micro_rng})
+    loss_sum, weight = task.loss(out, micro)
+    return loss_sum / total_weight, {"loss_sum": loss_sum, "weight": weight}
+
+  (loss, sums), grads = state_lib.accumulated_grads(loss_fn, state.params, batch, step_rng,
+                                                    grad_accum_steps)
+  new_state, grad_norm, finite = state_lib.apply_update(state, grads, loss, skip_nonfinite)
+  return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite}
+
+
+def eval_step(params: Any, batch: dict[str, jax.Array], *, apply_fn: Any, task: Any) -> dict:
+  """The task's kept outputs on one dev batch (deterministic)."""
+  out = apply_fn({"params": params}, *(batch[k] for k in task_kind.INPUTS), deterministic=True)
+  return task.outputs(out)
+
+
+@dataclasses.dataclass
+class Programs:
+  """What every (learning rate, seed) run of a sweep shares, so each shape compiles once."""
+  tx: optax.GradientTransformation  # peak rate 1; the run's rate scales it from the state
+  schedule: Any                     # of peak 1: a run's rate is learning_rate x schedule(step)
+  layout: state_lib.StateLayout
+  train_step: Any                   # jitted train_step: one program per bucket length
+  eval_step: Any                    # jitted eval_step: one program per (batch, length)
+  buckets: tuple[int, ...]          # the lengths batches are padded to
+  sequence_outputs: tuple[str, ...]  # eval outputs with a length axis (padded back)
+  train_lengths: set = dataclasses.field(default_factory=set)  # bucket lengths trained on
+  eval_shapes: set = dataclasses.field(default_factory=set)    # (batch, length) evaluated
+
+  def compiled(self) -> dict[str, int]:
+    """Programs compiled so far by the jitted steps (their caches' sizes)."""
+    return {"train": self.train_step._cache_size(),  # pylint: disable=protected-access
+            "eval": self.eval_step._cache_size()}  # pylint: disable=protected-access
+
+
+# Config fields that differ between the runs of one sweep without changing any program.
+PER_RUN = ("seed", "seeds", "learning_rates", "optimizer.learning_rate",
+            "optimizer.end_learning_rate", "optimizer.warmup_steps")
+
+
+def build(config: ml_collections.ConfigDict, task: task_kind.Task, cache: dict, mesh,
+          rules, total_steps: int) -> Programs:
+  """The optimizer, layout and jitted steps for `config`, built by a sweep's first run.
+
+  The learning rate is not compiled in: the optimizer runs at peak 1 and ends in
+  optax.inject_hyperparams(optax.scale), whose step size (a leaf of the optimizer
+  state, set per run by with_learning_rate) is the run's rate; AdamW's and LAMB's
+  updates are linear in the rate, so this is the same update. The seed reaches the
+  steps as the dropout key argument and the init key. So the runs of a sweep differ
+  only in arrays, and every shape compiles once for the whole sweep.
+  """
+  rate = config.optimizer.learning_rate
+  end_ratio = config.optimizer.end_learning_rate / rate if rate else 0.0
+  key = json.dumps({k: v for k, v in workdir_lib.flatten(config).items() if k not in PER_RUN},
+                   sort_keys=True, default=str) + f"|{total_steps}|{end_ratio}"
+  if key in cache:
+    return cache[key]
+  opt_config = copy.deepcopy(config.optimizer)
+  with opt_config.unlocked():
+    opt_config.warmup_steps = int(config.warmup_fraction * total_steps)
+    optim.check_config(opt_config)  # the run's own values (e.g. the warning for rate 0)
+    opt_config.learning_rate, opt_config.end_learning_rate = 1.0, end_ratio
+  base, schedule = optim.make_optimizer(opt_config, total_steps)
+  tx = optax.chain(base, optax.inject_hyperparams(optax.scale)(step_size=1.0))
+  model = task.model
+
+  def init_params(rng):
+    ids = jnp.zeros((1, config.max_seq_length), jnp.int32)
+    return model.init({"params": rng}, ids, ids, ids, deterministic=True)["params"]
+
+  layout = state_lib.make_layout(model, init_params, tx, mesh, rules, jax.random.PRNGKey(0))
+  train = jax.jit(
+      functools.partial(train_step, task=task, grad_accum_steps=config.grad_accum_steps,
+                        skip_nonfinite=config.skip_nonfinite_steps),
+      in_shardings=(layout.state, layout.batch, layout.replicated),
+      out_shardings=(layout.state, layout.replicated), donate_argnums=(0,))
+  evaluate = functools.partial(eval_step, apply_fn=model.apply, task=task)
+
+  def out_shapes(length):
+    ids = jax.ShapeDtypeStruct((config.eval_batch_size, length), jnp.int32)
+    return jax.eval_shape(evaluate, layout.abstract_params, {k: ids for k in task_kind.INPUTS})
+
+  # Outputs whose shape follows the batch's length are padded back to max_seq_length.
+  full, shorter = out_shapes(config.max_seq_length), out_shapes(config.max_seq_length - 1)
+  programs = Programs(
+      tx=tx, schedule=schedule, layout=layout, train_step=train,
+      eval_step=jax.jit(evaluate, in_shardings=(layout.params, layout.batch),
+                        out_shardings=layout.replicated),
+      buckets=buckets_lib.bucket_lengths(config.max_seq_length, config.bucket_multiple,
+                                         config.padding),
+      sequence_outputs=tuple(k for k in full if full[k].shape != shorter[k].shape))
+  cache[key] = programs
+  return programs
+
+
+def with_learning_rate(state: TrainState, learning_rate: float,
+                        layout: state_lib.StateLayout) -> TrainState:
+  """`state` with the run's learning rate in the optimizer's final scale (see build)."""
+  base, injected = state.opt_state
+  rate = jax.device_put(np.asarray(learning_rate, np.float32), layout.replicated)
+  return state.replace(opt_state=(base, injected._replace(
+      hyperparams={**injected.hyperparams, "step_size": rate})))
+
+
+def predict(programs: Programs, params, features: dict[str, np.ndarray], eval_batch_size: int,
+             mesh) -> dict[str, np.ndarray]:
+  """Outputs for every feature row, in order, from length-bucketed batches
+  (buckets.eval_batches): each batch padded with empty rows to its size, its
+  outputs put back at their rows, sequence outputs padded back to max_seq_length."""
+  max_len = programs.buckets[-1]
+  unit = math.lcm(sharding.data_parallel_size(mesh), jax.process_count())
+  per = jax.process_index()
+  outputs = {}
+  for b in buckets_lib.eval_batches(buckets_lib.row_lengths(features), programs.buckets,
+                                    eval_batch_size, unit):
+    batch = buckets_lib.cut(features, task_kind.INPUTS, b.rows, b.length, max_len)
+    per_host = b.size // jax.process_count()
+    batch = {k: np.concatenate([v, np.zeros((b.size - len(v),) + v.shape[1:], v.dtype)])
+             [per * per_host:(per + 1) * per_host] for k, v in batch.items()}
+    programs.eval_shapes.add((b.size, b.length))
+    out = jax.device_get(programs.eval_step(params, sharding.global_batch(batch, mesh)))
+    for k, v in out.items():
+      v = v[:len(b.rows)]
+      if k in programs.sequence_outputs and b.length < max_len:
+        fill = buckets_lib.PAD_LOGIT if np.issubdtype(v.dtype, np.floating) else 0
+        v = np.concatenate([v, np.full((len(v), max_len - b.length) + v.shape[2:], fill,
+                                       v.dtype)], axis=1)
+      if k not in outputs:
+        outputs[k] = np.zeros((len(features["input_ids"]),) + v.shape[1:], v.dtype)
+      outputs[k][b.rows] = v
+  return outputs

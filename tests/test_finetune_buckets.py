@@ -1,0 +1,137 @@
+"""Tests of length bucketing (bert_jax/finetune/buckets.py): numpy only, no model.
+
+The trainer's end-to-end checks (bucketed logits equal fixed padding, a sweep
+compiles each bucket once, a bucketed run resumes exactly after kill -9) are
+in test_finetune_trainer.py, beside the toy task they train.
+"""
+
+import numpy as np
+import pytest
+
+from bert_jax.finetune import buckets
+
+
+def _lengths(n=1000, seed=0, low=4, high=128):
+  return np.random.default_rng(seed).integers(low, high + 1, size=n)
+
+
+def test_bucket_lengths():
+  assert buckets.bucket_lengths(128, 32, "buckets") == (32, 64, 96, 128)
+  assert buckets.bucket_lengths(100, 32, "buckets") == (32, 64, 96, 100)
+  assert buckets.bucket_lengths(128, 32, "fixed") == (128,)
+  assert buckets.bucket_lengths(16, 32, "buckets") == (16,)
+  with pytest.raises(ValueError, match="config.padding='none' must be one of"):
+    buckets.bucket_lengths(128, 32, "none")
+  np.testing.assert_array_equal(buckets.bucket_of(np.array([1, 32, 33, 128]), (32, 64, 96, 128)),
+                                [32, 32, 64, 128])
+
+
+def test_grouping_keeps_every_row_once_per_epoch_in_a_seed_determined_order():
+  """Would fail if a row were dropped or repeated within an epoch, if the order
+  depended on anything but (seed, epoch), or if grouping did not cut padding."""
+  lengths = _lengths(1024)
+  orders = {}
+  for seed in (0, 1):
+    for epoch in (0, 1):
+      order = buckets.train_order(lengths, seed, epoch, 32, window_batches=8, grouped=True)
+      assert order.shape == (32, 32)
+      np.testing.assert_array_equal(np.sort(order.ravel()), np.arange(1024))
+      again = buckets.train_order(lengths, seed, epoch, 32, window_batches=8, grouped=True)
+      np.testing.assert_array_equal(order, again)
+      orders[seed, epoch] = order
+  assert not np.array_equal(orders[0, 0], orders[1, 0])
+  assert not np.array_equal(orders[0, 0], orders[0, 1])
+
+  grouped = orders[0, 0]
+  plain = buckets.train_order(lengths, 0, 0, 32, window_batches=8, grouped=False)
+  # Ungrouped is the trainer's historical order: batch i = rows 32i.. of the permutation.
+  np.testing.assert_array_equal(
+      plain.ravel(), np.random.default_rng([0, 0]).permutation(1024))
+  padded = lambda order: buckets.bucket_of(lengths[order].max(axis=1), (32, 64, 96, 128)).sum()
+  assert padded(grouped) < 0.85 * padded(plain)
+  # Random order of batches: their lengths are not sorted over the epoch.
+  maxima = lengths[grouped].max(axis=1)
+  assert not np.all(np.diff(maxima) >= 0)
+
+
+def test_grouping_drops_the_same_tail_as_fixed_padding():
+  """1000 rows in batches of 32: 31 batches; the 8 rows left out are the permutation's tail."""
+  lengths = _lengths(1000)
+  grouped = buckets.train_order(lengths, 3, 0, 32, window_batches=5, grouped=True)
+  plain = buckets.train_order(lengths, 3, 0, 32, window_batches=5, grouped=False)
+  assert grouped.shape == plain.shape == (31, 32)
+  assert set(grouped.ravel()) == set(plain.ravel())
+  assert len(set(grouped.ravel())) == 992
+
+
+def test_train_batches_cut_sequences_to_the_bucket():
+  lengths = np.array([5, 9, 3, 16, 7, 2, 11, 4])
+  mask = (np.arange(16)[None] < lengths[:, None]).astype(np.int32)
+  features = {"input_ids": mask * 7, "input_mask": mask, "segment_ids": mask * 0,
+              "label_ids": np.arange(8), "label_weights": mask.astype(np.float32)}
+  batches = buckets.TrainBatches(features, seed=0, batch_size=2, buckets=(4, 8, 12, 16),
+                                 window_batches=4)
+  seen = []
+  for step in range(8):  # two epochs
+    rows, length = batches.rows(step)
+    batch = batches.batch(step, ("input_ids", "input_mask", "label_ids", "label_weights"))
+    assert length == min(b for b in (4, 8, 12, 16) if b >= lengths[rows].max())
+    assert batch["input_ids"].shape == batch["label_weights"].shape == (2, length)
+    np.testing.assert_array_equal(batch["label_ids"], rows)  # per-row arrays stay whole
+    # Nothing real is cut: every row's tokens are all inside the batch's length.
+    np.testing.assert_array_equal(batch["input_mask"].sum(1), lengths[rows])
+    seen.append(rows)
+  assert sorted(np.concatenate(seen[:4])) == list(range(8))
+  # Two processes each get their half of the same global batch.
+  halves = [batches.batch(5, ("label_ids",), p, 2)["label_ids"] for p in (0, 1)]
+  np.testing.assert_array_equal(np.concatenate(halves), batches.rows(5)[0])
+
+
+def test_eval_batches_cover_every_row_within_the_token_budget():
+  lengths = _lengths(2000, seed=2)
+  plan = buckets.eval_batches(lengths, (32, 64, 96, 128), 64, unit=8)
+  rows = np.concatenate([b.rows for b in plan])
+  np.testing.assert_array_equal(np.sort(rows), np.arange(2000))
+  for b in plan:
+    assert b.size % 8 == 0 and len(b.rows) <= b.size
+    assert b.size * b.length <= 64 * 128  # never more tokens than a full-length batch
+    assert lengths[b.rows].max() <= b.length
+  # Short rows go in big batches: length 32 takes 4x the rows of a full batch.
+  assert max(b.size for b in plan if b.length == 32) == 256
+  # Fixed padding: batches of eval_batch_size (one shape; the last holds 16 rows), and a
+  # dev set smaller than a batch takes a batch of its own size rounded up to `unit`.
+  fixed = buckets.eval_batches(lengths, (128,), 64, unit=8)
+  assert [b.size for b in fixed] == [64] * 32 and len(fixed[-1].rows) == 16
+  assert [b.size for b in buckets.eval_batches(lengths[:13], (128,), 64, unit=8)] == [16]
+
+
+def test_padding_stats():
+  stats = buckets.padding_stats(np.array([10, 30]), np.array([32, 32]), 128)
+  assert stats["real_tokens"] == 40 and stats["padded_tokens"] == 64
+  assert stats["pad_fraction"] == pytest.approx(1 - 40 / 64)
+  assert stats["fixed_pad_fraction"] == pytest.approx(1 - 40 / 256)
+
+
+def test_benchmark_sweep_report(capsys):
+  """experiments/benchmarks/finetune_vs_transformers.py --sweep's report on made-up runs:
+  the speed-up is reference / ours wall time, padding and real tokens/s come from the
+  runs' token counts, and the verdict compares medians with the larger seed spread."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks import finetune_vs_transformers as bench  # pylint: disable=g-import-not-at-top
+  args = argparse.Namespace(train_examples=2000, dev_examples=800, max_seq_length=128,
+                            batch_size=32, epochs=2, learning_rates=[5e-5, 1e-4],
+                            seeds=[0, 1, 2], padding="buckets")
+  def side(seconds, padded, acc):
+    return {"seconds": seconds, "backend_compiles": 7, "compile_seconds": 3.0,
+            "step_programs": 5, "shapes": "x",
+            "runs": {(lr, s): {"accuracy": acc + 0.01 * s, "f1": 0.5, "real_tokens": 100,
+                               "padded_tokens": padded}
+                     for lr in args.learning_rates for s in args.seeds}}
+  stats = bench.report_sweep(args, {"ours": side(100.0, 200, 0.60),
+                                    "reference": side(250.0, 400, 0.62)})
+  assert stats["speedup"] == pytest.approx(2.5)
+  assert stats["ours"]["pad_fraction"] == pytest.approx(0.5)
+  assert stats["reference"]["pad_fraction"] == pytest.approx(0.75)
+  assert stats["ours"]["real_tokens_per_s"] == pytest.approx(600 / 100.0)
+  assert stats["lr5e-05"]["within"] and stats["lr5e-05"]["diff"] == pytest.approx(-0.02)
+  assert "reference / ours = 2.50x" in capsys.readouterr().out
