@@ -309,7 +309,10 @@ def test_bad_input_never_crashes_an_epoch(corpus_dir, uncased_vocab, tmp_path):
   (tmp_path / "junk.txt").write_bytes(
       b"\xff\xfe\x00 not utf8.\nSolo document.\n\n" + b"y" * (2 << 20) + b"\n\n\n"
       + b"[CLS] [SEP] [MASK].\n[PAD] [PAD].\n\n" + b"\x01\x02\x03.\n\x07.\n")
-  config = _config(tmp_path, uncased_vocab, max_seq_length=32, shuffle_buffer=1000)
+  # junk.txt's stray byte line is 1 of its 11 lines: over the default refusal threshold
+  # (tested in test_refusals); here the pipeline must survive it, so the threshold is raised.
+  config = _config(tmp_path, uncased_vocab, max_seq_length=32, shuffle_buffer=1000,
+                   max_undecodable_fraction=0.2)
   source = pretraining.PretrainingInput(config, batch_size=16)
   while source.get_state()["epoch"] < 2:  # two whole epochs
     batch = next(source)
