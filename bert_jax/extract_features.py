@@ -22,13 +22,13 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tensorflow as tf
 
 from bert_jax import convert
 from bert_jax import model as model_lib
 from bert_jax import paths
 from bert_jax.finetune import packing
 from data_pipeline import tokenizers
+from data_pipeline.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 
 PAIR_SEPARATOR = " ||| "
 

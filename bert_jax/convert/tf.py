@@ -59,7 +59,8 @@ def read_tf_checkpoint(prefix, *, config_file=None):
     (config, {variable name: float32 array}, display (identity), ignored {name: reason},
      vocab path or None).
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  # heavy; only for this format.
+  # heavy; only for this format. From tf_cpu, so TensorFlow never claims an accelerator.
+  from data_pipeline.tf_cpu import tf  # pylint: disable=g-import-not-at-top
 
   directory = prefix.parent
   config_file = config_file or directory / CONFIG_NAME

@@ -30,7 +30,9 @@ def read_split(tfds_name: str, data_dir: str | None, tfds_split: str, *,
     labels: the task's class names (None for regression).
     regression: the label is a float.
   """
-  import tensorflow_datasets as tfds   # heavy; only this reader needs it
+  # pylint: disable=g-import-not-at-top  # heavy; only this reader needs it
+  from data_pipeline import tf_cpu  # pylint: disable=unused-import  # first: keeps TF off accelerators
+  import tensorflow_datasets as tfds
   try:
     builder = tfds.builder(tfds_name, data_dir=data_dir)
     ds = builder.as_dataset(split=tfds_split, shuffle_files=False)

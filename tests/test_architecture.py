@@ -1,0 +1,162 @@
+"""docs/architecture.md and the README's layout table, held to the code.
+
+The module map in docs/architecture.md and the layout table in README.md are
+where the next engineer learns which module holds what; both go stale silently
+when a module is added or removed. These tests walk the packages on disk and
+fail when a module is missing from either, when either names a module that does
+not exist, when the architecture's TensorFlow rule is broken, when modules
+import each other in a circle, or when docs/ links outside the repository.
+"""
+
+import ast
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The packages whose every module the map must name (recursively, so a new
+# sub-package such as a shared floor under bert_jax/ is covered as well).
+PACKAGES = ("bert_jax", "data_pipeline", "experiments")
+TENSORFLOW_IMPORT = re.compile(
+    r"^\s*(import|from)\s+tensorflow(_text|_datasets)?(\s|\.|$)")
+
+
+def _only_docstring(path: pathlib.Path) -> bool:
+  """True for a file that holds nothing or a docstring alone (an empty package face)."""
+  body = ast.parse(path.read_text()).body
+  return not body or (len(body) == 1 and isinstance(body[0], ast.Expr)
+                      and isinstance(body[0].value, ast.Constant))
+
+
+def _modules() -> set[str]:
+  """Every .py file of the packages, relative to the root; docstring-only __init__s left out."""
+  found = set()
+  for package in PACKAGES + tuple(
+      p.name for p in ROOT.iterdir()
+      if (p / "__init__.py").is_file() and p.name not in PACKAGES + ("tests",)):
+    for path in (ROOT / package).rglob("*.py"):
+      if path.name == "__init__.py" and _only_docstring(path):
+        continue
+      found.add(path.relative_to(ROOT).as_posix())
+  return found
+
+
+def _section(text: str, heading: str) -> str:
+  """The text under a markdown heading, up to the next heading of the same or a higher level."""
+  level = len(heading) - len(heading.lstrip("#"))
+  start = text.index(heading + "\n")
+  end = re.compile(r"^#{1,%d} " % level, re.M).search(text, start + len(heading) + 1)
+  return text[start:end.start() if end else len(text)]
+
+
+def _map_modules() -> set[str]:
+  """The modules docs/architecture.md's module map names (first cell of each row)."""
+  section = _section((ROOT / "docs/architecture.md").read_text(), "## The module map")
+  return set(re.findall(r"^\| `([\w/]+\.py)` \|", section, re.M))
+
+
+def _layout_modules() -> set[str]:
+  """The modules README's layout table names, as paths from the root.
+
+  A row's first cell lists paths; a bare name there is in the directory of the
+  path before it. A row whose first cell is one directory (`bert_jax/finetune/`)
+  names the modules its second cell lists by bare name.
+  """
+  section = _section((ROOT / "README.md").read_text(), "## Layout")
+  named = set()
+  for row in re.findall(r"^\|(.+)\|\s*$", section, re.M):
+    cells = row.split("|")
+    where, what = cells[0], "|".join(cells[1:])
+    directory = ""
+    for token in re.findall(r"`([^`]+)`", where):
+      if "/" in token:
+        directory = token if token.endswith("/") else token.rsplit("/", 1)[0] + "/"
+        if token.endswith(".py"):
+          named.add(token)
+      elif token.endswith(".py"):
+        named.add(directory + token)
+    tokens = re.findall(r"`([^`]+)`", where)
+    if len(tokens) == 1 and tokens[0].endswith("/"):
+      named.update(tokens[0] + name for name in re.findall(r"`([\w]+\.py)`", what))
+  return named
+
+
+def test_every_module_is_in_the_architecture_map_and_nothing_else():
+  """Fails when a module is added without a line in the map, or the map keeps a removed one."""
+  modules, mapped = _modules(), _map_modules()
+  assert len(mapped) > 50  # the map was found and parsed, not an empty section
+  assert sorted(modules - mapped) == [], "missing from docs/architecture.md's module map"
+  assert sorted(mapped - modules) == [], "in docs/architecture.md's module map, not on disk"
+
+
+def test_readme_layout_table_names_every_module_and_nothing_else():
+  """Fails when the README's layout table leaves out a module or names one that does not exist."""
+  modules, named = _modules(), _layout_modules()
+  assert sorted(modules - named) == [], "missing from README.md's layout table"
+  assert sorted(p for p in named if not (ROOT / p).is_file()) == [], (
+      "in README.md's layout table, not on disk")
+
+
+def test_tensorflow_is_taken_through_tf_cpu_everywhere():
+  """docs/architecture.md says every TensorFlow user goes through data_pipeline/tf_cpu.py.
+
+  Fails on a module that imports tensorflow, tensorflow_text or tensorflow_datasets
+  (at the top or in a function) with no `tf_cpu` import on an earlier line.
+  """
+  offenders = []
+  for module in sorted(_modules()):
+    if module == "data_pipeline/tf_cpu.py":
+      continue
+    lines = (ROOT / module).read_text().splitlines()
+    for number, line in enumerate(lines):
+      if TENSORFLOW_IMPORT.match(line) and not any(
+          re.match(r"\s*from data_pipeline(\.| import )tf_cpu", earlier) for earlier in lines[:number]):
+        offenders.append(f"{module}:{number + 1}: {line.strip()}")
+  assert offenders == []
+
+
+def test_no_import_circles():
+  """Fails when two of the project's modules import each other, directly or through others.
+
+  Imports inside functions count: a lazy import still ties the modules together.
+  """
+  def name(path: str) -> str:
+    parts = path[:-len(".py")].split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+  modules = {name(p): p for p in _modules()}
+  graph = {}
+  for module, path in modules.items():
+    targets = set()
+    for node in ast.walk(ast.parse((ROOT / path).read_text())):
+      if isinstance(node, ast.Import):
+        targets.update(a.name for a in node.names)
+      elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        targets.add(node.module)
+        targets.update(f"{node.module}.{a.name}" for a in node.names)
+    graph[module] = {t for t in targets if t in modules and t != module}
+
+  def reaches(start: str, goal: str) -> bool:
+    seen, todo = set(), [start]
+    while todo:
+      current = todo.pop()
+      if current == goal:
+        return True
+      if current not in seen:
+        seen.add(current)
+        todo.extend(graph[current])
+    return False
+  # An import a -> b closes a circle when b reaches a again.
+  circles = sorted({" <-> ".join(sorted((a, b))) for a in graph for b in graph[a] if reaches(b, a)})
+  assert circles == []
+
+
+def test_docs_link_nowhere_outside_the_repository():
+  """Fails on a web link in docs/ or on a relative link that leaves the repository or dangles."""
+  bad = []
+  for doc in sorted((ROOT / "docs").glob("*.md")):
+    text = doc.read_text()
+    bad += [f"{doc.name}: {url}" for url in re.findall(r"https?://\S+", text)]
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+      resolved = (doc.parent / target).resolve()
+      if ROOT not in resolved.parents or not resolved.exists():
+        bad.append(f"{doc.name}: ({target})")
+  assert bad == []
