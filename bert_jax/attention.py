@@ -167,8 +167,12 @@ def _splash_block(seq_len: int) -> int:
   return next(b for b in (512, 256, 128) if seq_len % b == 0)
 
 
-@functools.lru_cache(maxsize=32)
 def _splash_kernel(num_heads: int, seq_len: int, interpret: bool):
+  # Built afresh in every trace, not cached: the kernel holds its mask tables as jax
+  # arrays, which inside a trace (nn.scan's layer body, jit) are that trace's values; a
+  # kernel cached from one trace and called in another leaks them (UnexpectedTracerError
+  # under scan_layers, found by compiling large for a TPU in bert_jax.preflight). The mask
+  # processing itself is cached by Pallas on the NumPy side.
   # Imported here: Pallas's TPU ops are only needed where splash runs.
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # pylint: disable=g-import-not-at-top
   block = _splash_block(seq_len)

@@ -202,3 +202,21 @@ def test_config_accepts_every_implementation_and_refuses_others():
     BertConfig(attention_impl=impl)
   with pytest.raises(ValueError, match="attention_impl"):
     BertConfig(attention_impl="flash")
+
+
+def test_splash_under_scanned_layers(monkeypatch):
+  """With scan_layers the splash kernel is built inside nn.scan's traced layer body; a
+  kernel cached from one trace and reused in the next leaked that trace's mask tables
+  (UnexpectedTracerError at init, which every TPU run of :large would have hit). The
+  scanned model must init and give einsum's loss."""
+  monkeypatch.setattr(attention, "platform", lambda: "tpu")  # the kernel runs interpreted
+  cfg, _, batch = _model_case(128)
+  scanned = cfg.replace(scan_layers=True)
+  params = nn.unbox(jax.jit(lambda r: BertForPreTraining(scanned.replace(attention_impl="splash"))
+                            .init(r, batch["ids"], batch["mask"], batch["seg"],
+                                  batch["pos"]))(jax.random.key(0))["params"])
+  splash = _pretraining_loss(scanned.replace(attention_impl="splash"), params, batch,
+                             deterministic=True)
+  einsum = _pretraining_loss(scanned.replace(attention_impl="einsum"), params, batch,
+                             deterministic=True)
+  np.testing.assert_allclose(splash, einsum, rtol=1e-5)
