@@ -21,8 +21,8 @@ layer's, so bert_jax.cost's model FLOPs are printed beside them. A phase that do
 phase, the GiB needed and available, and the cheapest knob setting that fits:
 bert_jax.preflight_knobs tries them in order of extra compute (compiling each).
 
-bert_jax.launch calls `check_launch` before it creates a slice. The README
-table ("Preflight") is printed by experiments/benchmarks/preflight_table.py.
+bert_jax.launch calls `check_launch` before it creates a slice. The table
+in docs/pods.md ("Preflight") is printed by experiments/benchmarks/preflight_table.py.
 """
 
 import contextlib

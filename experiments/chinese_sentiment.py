@@ -20,10 +20,10 @@ r"""The research loop end to end on real Chinese text, offline.
 (pretraining ~70 minutes on 2 idle cores, each fine-tuning run 0.5 (2,000
 examples) to 2.5 minutes (all); the defaults make 54 runs. 3,000 pretraining
 steps (MLM accuracy 0.16) were not enough to beat random initialisation beyond
-500 labels; 9,000 (0.27) are: see the README.)
+500 labels; 9,000 (0.27) are: see docs/finetuning.md.)
 
 Every stage resumes from its workdir, so an interrupted run picks up where it
-stopped. The figures are in the README.
+stopped. The figures are in docs/finetuning.md ("The research loop").
 """
 
 import json

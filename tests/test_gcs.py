@@ -1,6 +1,6 @@
 """gs:// end to end, against a real GCS API on 127.0.0.1 (fake-gcs-server; see conftest).
 
-Everything the README promises for a bucket is exercised here: corpus and vocab
+Everything docs/pods.md promises for a bucket is exercised here: corpus and vocab
 read from it, checkpoints, metrics.jsonl, TensorBoard events and the workdir
 record written to it, a kill -9 and a bit-identical resume from it, the
 one-writer lock on it, and fine-tuning that starts from a checkpoint in it and

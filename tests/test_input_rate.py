@@ -1,6 +1,6 @@
 """The input rate a slice needs (experiments/benchmarks/pipeline.py): the arithmetic only.
 
-Nothing is timed here; the measured side is the benchmark's run, in the README.
+Nothing is timed here; the measured side is the benchmark's run, in docs/speed.md.
 """
 
 import functools

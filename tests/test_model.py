@@ -142,7 +142,7 @@ def _hf_count(hf_class, cfg: BertConfig) -> int:
     ("base", 109_482_240, 110_106_428), ("large", 335_141_888, 336_226_108)])
 def test_parameter_counts_equal_transformers_models(size, encoder, pretraining):
   """Our counts equal transformers' FlaxBertModel / FlaxBertForPreTraining built from the
-  same config (tied decoder); the figures are the README's. Fails on a missing or extra
+  same config (tied decoder); the figures are docs/verified.md's. Fails on a missing or extra
   parameter anywhere (a bias, a LayerNorm, an untied decoder, the pooler)."""
   cfg = BertConfig.from_size(size)
   assert model_lib.count_params(BertModel(cfg)) == _hf_count(transformers.FlaxBertModel, cfg) \

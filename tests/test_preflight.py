@@ -25,7 +25,7 @@ SMALL = ["--config.batch_size=256"]
 # float32) are 20 GiB, so no chip (32 GiB) holds the step, whatever is sharded or
 # rematerialised; an odd number per chip leaves no gradient accumulation to try, which
 # keeps the search to compiles libtpu stops early (out of memory). The whole search, with
-# 262,144 sequences, is in the README (it ends at accumulation 2, after 20 minutes here).
+# 262,144 sequences, is in docs/pods.md (it ends at accumulation 2, after 20 minutes here).
 HUGE = ["--config.batch_size=262148"]
 # ... with every knob already set: the launcher's refusal takes a single compile.
 HUGE_ALL_KNOBS = HUGE + ["--config.mesh.data=1", "--config.mesh.fsdp=-1",

@@ -1,6 +1,6 @@
 """Refusals a person can read: one line on stderr, exit 1, nothing written; then the fix works.
 
-The README's "Refusals" table is the list of bad inputs and what each gets: the
+docs/workdir.md's "Refusals" table is the list of bad inputs and what each gets: the
 test reads it and runs every row (a row whose message the code no longer gives,
 or a case without a row, fails), so the table cannot drift from the code.
 """
@@ -34,8 +34,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _readme_rows() -> dict[str, str]:
-  """{bad input: message fragment} from the README table between the refusal markers."""
-  text = (ROOT / "README.md").read_text()
+  """{bad input: message fragment} from docs/workdir.md's table between the refusal markers."""
+  text = (ROOT / "docs/workdir.md").read_text()
   table = text.split("<!-- refusals table -->")[1]
   rows = {}
   for line in table.splitlines():

@@ -51,7 +51,7 @@ def test_a_ratio_ablation_of_the_paper_variants_is_validated_for_both_phases():
   for variant in ("base", "large"):
     config = pretrain.get_config(variant)
     bert_config = model_lib.BertConfig.from_size(config.model_size, vocab_size=30522)
-    config.data.masking.ratio = 0.40  # the README's ablation line: nothing else changes
+    config.data.masking.ratio = 0.40  # docs/pretraining.md's ablation line: nothing else changes
     pretrain_lib.check_config(config, bert_config, mesh)
     config.phase2.max_predictions_per_seq = 80  # pinned at the paper's value: too small for 0.4
     with pytest.raises(ValueError, match=r"phase 2 \(from step 900000\): .*"

@@ -1,4 +1,4 @@
-r"""The README's preflight table: which pretraining recipes fit which TPU slices, and the fix.
+r"""The preflight table of docs/pods.md: which pretraining recipes fit which TPU slices, and the fix.
 
   nice -n 10 python -m experiments.benchmarks.preflight_table \
       --variants=base,base_fast,large,large_fast --slices=v4-8,v4-32,v5litepod-16,v6e-8

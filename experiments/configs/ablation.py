@@ -47,7 +47,7 @@ Variants:
            word: segmented word starts are not yet wired into the pipeline.)
 
 Budget of zh_tiny (2 idle CPU cores). Tiny at batch 64 x 64 tokens trains at
-2.1 steps/s at ratio 0.15 (the README's research loop: 9,000 steps in ~70 min);
+2.1 steps/s at ratio 0.15 (the research loop of docs/finetuning.md);
 the MLM decoder over the 21,128-id vocabulary runs on every prediction slot
 (P = 10 / 26 / 39 at 0.15 / 0.40 / 0.60; the cosine run is sized for 0.40), and
 an interleaved step benchmark here put P=26 at 1.7x and P=39 at 2.6x the step

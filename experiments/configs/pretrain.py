@@ -1,16 +1,13 @@
 r"""BERT-family pretraining: one config file, variants by argument.
 
-Launch (the README main job, ~6-10 minutes on a 2-core CPU machine):
+Launch (the README main job; its output and its measured time are in README.md,
+"What the main job does"):
 
   python -m bert_jax.main --config=experiments/configs/pretrain.py:tiny \
       --workdir=/tmp/bert_tiny
 
-Expected result (tiny; measured on 2 shared cores, load ~3: 9m45s wall, of
-which 1m53s learn the 8k WordPiece vocab once (cached afterwards) and 7m44s
-train 1500 steps at ~3.3 steps/s; ~5 steps/s on idle cores): held-out MLM
-accuracy 0.000 at step 0 -> 0.187 at step 1500 (MLM loss 8.80 -> 5.07, NSP
-accuracy 0.51 -> 0.63). metrics.jsonl and TensorBoard events land in the
-workdir; re-running the command resumes there.
+metrics.jsonl and TensorBoard events land in the workdir; re-running the command
+resumes there.
 
 Other variants:
   base     BERT-Base paper recipe: 1M steps, batch 256, 90% at seq 128 (20
@@ -27,25 +24,13 @@ Other variants:
            dropout mask; base_fast and large_fast also draw dropout bits with "rbg".
            The paper variants keep attention dropout 0.1 and so the exact einsum path.
 
-What the fast recipe costs in accuracy, measured on CPU (experiments/benchmarks/
-fast_recipe.py, result and command in experiments/results/fast_recipe.md, 2026-12-01):
-the tests' tiny model (L=2, H=64) on a generated corpus in which each
-word is followed by a fixed successor 90% of the time, same data order, 300 steps
-of batch 32, seeds 0/1/2. Held-out MLM accuracy, paper 0.271 / 0.261 / 0.280
-(mean 0.271), fast 0.266 / 0.251 / 0.246 (mean 0.254): the mean gap (0.016) is
-within the seed range (0.019), but the fast recipe is lower on all three seeds, so
-this shows no large loss at this length, not equivalence. A corpus of independent
-random words says nothing (every run stops at the unigram guess, 0.107). The
-longer check on real text (tiny vs tiny_fast, 1500 steps, several seeds) is not
-yet run.
+What the fast recipe costs in accuracy: experiments/results/fast_recipe.md (result
+and command; experiments/benchmarks/fast_recipe.py) and docs/speed.md. The longer
+check on real text (tiny vs tiny_fast, 1500 steps, several seeds) is not yet run.
 
 Remat policies (config.model.remat_policy): the same gradients, strictly less kept
-from none to full (tests/test_remat.py). What each keeps, counted by
-`python -m experiments.benchmarks.accelerator --kept_only` (base @128, 64 sequences
-per device, float32, paper recipe): none 11.25 GiB, dots_saveable 3.79,
-dots_with_no_batch_dims_saveable 2.94, save_qkv_out_proj 1.54, full 0.41 (large @512,
-32 per device, bf16: 49.4 / 20.6 / 7.85 / 4.10 / 1.10 GiB). What each costs in step
-time was measured on CPU only (README, "Speed on accelerators").
+from none to full (tests/test_remat.py). What each keeps and costs, with the
+commands: docs/speed.md ("Memory and compile knobs").
 
 Single fields by flag, e.g. `--config.total_steps=1000 --config.mesh.fsdp=4`.
 On a TPU pod slice: `--config.distributed.enabled=True` on every host (the
@@ -160,8 +145,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     config.log_every_steps = 100
   elif arg == "large":
     config.model_size = "large"  # the paper trains Large with the very recipe of Base
-    # 24 layers compiled once: the whole large train step compiles in 9.8 s instead
-    # of 34.6 s on CPU (README, "Speed on accelerators").
+    # 24 layers compiled once: the whole train step compiles several times faster
+    # (measured in docs/speed.md, "Memory and compile knobs").
     config.model.scan_layers = True
   elif arg == "roberta":
     config.data.objective = "none"  # no NSP: full sentences packed up to the length
