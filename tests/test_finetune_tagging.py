@@ -225,7 +225,8 @@ def test_the_trainer_names_no_task_kind(chinese_vocab, tmp_path):
   assert "kind ==" not in source
   # Nor does it import a kind's module, or a reader: it reaches them through the registry.
   imported = set(re.findall(r"^from bert_jax\.finetune import (\w+)", source, re.M))
-  assert imported == {"registry", "task_kind", "tokenization"}, imported
+  # (buckets and steps are kind-free: batching by length and the jitted steps.)
+  assert imported == {"registry", "task_kind", "tokenization", "buckets", "steps"}, imported
   # A kind nobody registered is refused by name before any data is read or anything written.
   config = finetune_configs.get_config("tagging")
   config.task.kind = "pos"
