@@ -144,8 +144,9 @@ def test_full_disk_fails_at_the_save_and_keeps_earlier_checkpoints(
   (tmp_path / "run.log").write_text(log)  # where the other runs' logs are, for a reader
   assert process.returncode == 1, "the run did not notice that its save failed\n" + log[-3000:]
   # It ends with one line naming the file and the cause, not a flood of tracebacks.
-  last = [l for l in log.splitlines() if l.startswith(("ERROR", "E0", "Traceback"))][-1]
-  assert re.match(rf"ERROR:absl:storage error: {re.escape(str(workdir))}/checkpoints/25\S*: "
+  # (bert_jax.jobs.refuse prints it on stderr as "error: storage error: <path>: <cause>".)
+  last = [l for l in log.splitlines() if l.startswith(("ERROR", "E0", "Traceback", "error:"))][-1]
+  assert re.match(rf"error: storage error: {re.escape(str(workdir))}/checkpoints/25\S*: "
                   r"File too large$", last), last
   assert log.count("Traceback") == 0 and "Event loop is closed" not in log
   _, reference = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
