@@ -144,6 +144,18 @@ _TRANSIENT = re.compile(r"UNAVAILABLE|DEADLINE_EXCEEDED|ABORTED|RESOURCE_EXHAUST
                         re.IGNORECASE)
 
 
+# Which array of an OCDBT database tensorstore reads first, and so the array name and
+# byte range in its error, varies between attempts (reads run in parallel); the damaged
+# file and the kind of error do not. Those are what must repeat to judge a step damaged.
+_OCDBT_ARRAY = re.compile(r'Error reading "[^"]*" in OCDBT')
+_BYTE_RANGE = re.compile(r"\[\d+, \d+\)")
+
+
+def _damage_site(cause: str) -> str:
+  """A failure's cause without what varies between attempts on the same damaged file."""
+  return _BYTE_RANGE.sub("[...)", _OCDBT_ARRAY.sub('Error reading <array> in OCDBT', cause))
+
+
 def _agree(manager: ocp.CheckpointManager, step: int, status: int) -> list[int]:
   """Every process's status for `step`, in process order (the same list on all)."""
   if jax.process_count() == 1:
@@ -182,7 +194,7 @@ def _try_restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int
       return restored, [_RESTORED] * jax.process_count(), ""
   if len(causes) < RESTORE_ATTEMPTS:  # restored here at least once: nothing wrong on this side
     verdict = _RESTORED
-  elif len(set(causes)) == 1 and not _TRANSIENT.search(causes[0]):
+  elif len({_damage_site(c) for c in causes}) == 1 and not _TRANSIENT.search(causes[0]):
     verdict = _DAMAGED  # the same file, the same way, every time
   else:
     verdict = _UNREADABLE

@@ -76,6 +76,22 @@ def test_the_same_failure_every_attempt_moves_the_step_aside(tmp_path, monkeypat
           ] == ["2"]
 
 
+def test_one_damaged_file_read_through_different_arrays_is_the_same_failure(tmp_path,
+                                                                            monkeypatch):
+  """tensorstore reads an OCDBT file's arrays in parallel, so which array (and byte range)
+  its error names varies between attempts on the same truncated file (seen on a real
+  truncated checkpoint); that is still one damaged file, moved aside."""
+  abstract = _saved(tmp_path)
+  site = 'in OCDBT database at local file "/run/checkpoints/2/state/"'
+  damage = [ValueError(f'OUT_OF_RANGE: Error reading "{name}/0.0" {site}: Requested byte range '
+                       f'[{a}, {b}) is not valid for value of size 230706')
+            for name, a, b in [("w", 432784, 447937), ("v", 410063, 432784), ("w", 432784, 447937)]]
+  calls = _failing(monkeypatch, damage)
+  step, _, _ = checkpoint.restore_latest(_manager(tmp_path / "run"), abstract)
+  assert step == 1 and calls == [2, 2, 2, 1]
+  assert (tmp_path / "run" / checkpoint.CORRUPT_DIR).exists()
+
+
 @pytest.mark.parametrize("errors", [
     [ValueError("byte range [0, 64) is not valid"), OSError("Connection reset"),
      ValueError("byte range [64, 128) is not valid")],  # a different cause each time

@@ -92,7 +92,8 @@ def test_one_writer_per_workdir_and_sigterm_exits_143(pretrain_test_config, pret
   first = pretrain_subprocess(config, run, name="first")
   _wait_for_step(run, 2, first, tmp_path / "first.log")
   second = pretrain_subprocess(config, run, name="second")
-  assert second.wait(timeout=300) == 1
+  # 75 (jobs.LOCK_HELD_EXIT_CODE), not 1: a busy workdir is "retry later", not wrong input.
+  assert second.wait(timeout=300) == jobs.LOCK_HELD_EXIT_CODE
   log = (tmp_path / "second.log").read_text()
   assert re.search(rf"workdir is in use: \S+/\.lock is held by host \S+ pid {first.pid} ", log)
   assert first.poll() is None, "the refused run stopped the running one"
