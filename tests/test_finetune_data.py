@@ -125,6 +125,11 @@ def test_missing_field_unknown_label_and_label_set_mismatch(tmp_path):
   _write(sst / "train.tsv", "sentence\tlabel\nfine movie\t1\nno label here\n")
   with pytest.raises(ValueError, match=r"train\.tsv:3: row has no column 'label'"):
     glue.load_split("sst2", sst, "train")
+  # A wrong column name: the refusal lists the file's columns (from its header).
+  _write(sst / "train.tsv", "sentence\tlable\nfine movie\t1\n")
+  with pytest.raises(ValueError, match=r"train\.tsv:2: row has no column 'label' .* the file's "
+                                       r"columns: 'sentence', 'lable'$"):
+    glue.load_split("sst2", sst, "train")
   _write(sst / "train.tsv", "sentence\tlabel\nfine movie\t1\nbad movie\tnegative\n")
   with pytest.raises(ValueError, match=r"train\.tsv:3: label 'negative' is not one of"):
     glue.load_split("sst2", sst, "train")

@@ -109,7 +109,10 @@ def read_examples(path, *, text_a: Column, text_b: Column | None = None,
   allowed = None if labels is None else {str(x) for x in labels}
   examples, skipped = [], []
   columns = (("text_a", text_a), ("text_b", text_b), ("label", label), ("index", index))
+  named = None  # the columns of the first named row: what a wrong column name is told
   for n, row in _rows(path, file_format, header or file_format == "jsonl"):
+    if named is None and isinstance(row, dict):
+      named = list(row)
     values = {}
     missing = None
     for role, column in columns:
@@ -126,8 +129,9 @@ def read_examples(path, *, text_a: Column, text_b: Column | None = None,
         skipped.append(n)
         continue
       width = len(row)
+      known = f"; the file's columns: {', '.join(map(repr, named))}" if named else ""
       raise ValueError(f"{path}:{n}: row has no column {missing!r} ({width} fields); "
-                       "a missing field or a wrong column name")
+                       f"a missing field or a wrong column name{known}")
     for role, column in (("text_a", text_a), ("text_b", text_b)):
       if values[role] is not None and not isinstance(values[role], str):
         raise ValueError(f"{path}:{n}: column {column!r} is not text: {values[role]!r}")
