@@ -102,12 +102,7 @@ def apply(config: ml_collections.ConfigDict, settings: dict[str, Any]) -> ml_col
   """A copy of `config` with dotted fields ("model.remat_policy") set."""
   config = copy.deepcopy(config)
   with config.unlocked():
-    for key, value in settings.items():
-      *parents, leaf = key.split(".")
-      node = config
-      for p in parents:
-        node = node[p]
-      node[leaf] = value
+    config.update_from_flattened_dict(settings)
   return config
 
 
