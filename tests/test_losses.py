@@ -88,3 +88,32 @@ def test_pretraining_loss_sums_mlm_and_nsp(mlm_case):
   loss_mlm, metrics = losses.pretraining_loss({"mlm_logits": logits}, batch)
   np.testing.assert_allclose(loss_mlm, mlm, rtol=1e-5)
   assert "nsp_loss" not in metrics
+
+
+def test_means_are_the_sums_over_their_own_counts(mlm_case):
+  """Each mean form is its sum form divided by the right count.
+
+  The case's 12 prediction slots hold 7 real predictions over 3 examples, so a
+  mean divided by slots (12), by examples (3) or by predictions where examples
+  belong (7 for NSP) would fail here.
+  """
+  logits, ids, weights = mlm_case
+  nsp_logits = np.array([[1.0, 0.0], [0.0, 2.0], [0.3, 0.1]], np.float32)
+  labels = np.array([0, 1, 1], np.int32)
+  mlm = losses.masked_lm_sums(logits, ids, weights)
+  nsp = losses.nsp_sums(nsp_logits, labels)
+  assert float(mlm["predictions"]) == 7.0 and float(nsp["examples"]) == 3.0
+  loss, _ = losses.masked_lm_loss(logits, ids, weights)
+  np.testing.assert_allclose(loss, mlm["mlm_loss"] / 7, rtol=1e-6)
+  np.testing.assert_allclose(losses.masked_lm_accuracy(logits, ids, weights),
+                             mlm["mlm_correct"] / 7, rtol=1e-6)
+  np.testing.assert_allclose(losses.nsp_loss(nsp_logits, labels), nsp["nsp_loss"] / 3,
+                             rtol=1e-6)
+  np.testing.assert_allclose(losses.nsp_accuracy(nsp_logits, labels), nsp["nsp_correct"] / 3,
+                             rtol=1e-6)
+  metrics = losses.pretraining_metrics({**mlm, **nsp})
+  np.testing.assert_allclose(metrics["mlm_loss"], mlm["mlm_loss"] / 7, rtol=1e-6)
+  np.testing.assert_allclose(metrics["nsp_loss"], nsp["nsp_loss"] / 3, rtol=1e-6)
+  # The objective divides by the counts it is given (the whole batch's), not its own.
+  np.testing.assert_allclose(losses.pretraining_objective({**mlm, **nsp}, 14.0, 6.0),
+                             mlm["mlm_loss"] / 14 + nsp["nsp_loss"] / 6, rtol=1e-6)
