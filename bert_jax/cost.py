@@ -91,9 +91,33 @@ def step_flops(bert_config: Any, params: Any, *, sequences: int, seq_len: int,
   `predictions` are the real predictions (batch_log's count), or for an estimate
   before training the static slots (sequences x P, an upper bound).
   """
-  w = flop_weights(bert_config, params, seq_len)
-  return (sequences * (seq_len * w["token"] + w["sequence"])
-          + float(predictions) * w["prediction"])
+  return _step_flops(flop_weights(bert_config, params, seq_len), sequences, seq_len,
+                     predictions)
+
+
+def _step_flops(weights: dict[str, float], sequences: int, seq_len: int,
+                predictions: float) -> float:
+  """step_flops from flop_weights already computed for `seq_len` (a walk of the params)."""
+  return (sequences * (seq_len * weights["token"] + weights["sequence"])
+          + float(predictions) * weights["prediction"])
+
+
+def executed_flops(config: ml_collections.ConfigDict, bert_config: Any, params: Any,
+                   predictions: dict[int, float]) -> list[float]:
+  """Cumulative model FLOPs after each step (index 0: step 0) of a run that has run.
+
+  step_flops of every step 1..max(predictions), `predictions[step]` its real MLM
+  predictions over all processes (batch_log's count; 0 when absent) and the
+  sequence length of the phase the step belongs to.
+  """
+  weights, out = {}, [0.0]
+  for step in range(1, max(predictions, default=0) + 1):
+    seq_len = phases_lib.phase_data_config(config, step - 1)[1].max_seq_length
+    if seq_len not in weights:  # one walk of the params per phase, not per step
+      weights[seq_len] = flop_weights(bert_config, params, seq_len)
+    out.append(out[-1] + _step_flops(weights[seq_len], config.batch_size, seq_len,
+                                     predictions.get(step, 0)))
+  return out
 
 
 def run_flops(config: ml_collections.ConfigDict, bert_config: Any, abstract_params: Any
@@ -145,16 +169,22 @@ def _duration(h: float) -> str:
 
 def abstract_model(config: ml_collections.ConfigDict, vocab_size: int):
   """(BertConfig, abstract params) of a pretraining config without reading any data."""
-  from bert_jax import heads
   from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
   overrides = dict(config.model.to_dict(), vocab_size=config.model.vocab_size or vocab_size)
   overrides.pop("vocab_multiple", None)
   bert_config = model_lib.BertConfig.from_size(config.model_size, **overrides)
-  module = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
+  return bert_config, abstract_params(bert_config, nsp_head=config.data.objective != "none")
+
+
+def abstract_params(bert_config: Any, *, nsp_head: bool) -> Any:
+  """The pretraining model's parameter shapes (nothing allocated)."""
+  # pylint: disable=g-import-not-at-top  # the model only when FLOPs are asked for
+  import flax.linen as nn
+  from bert_jax import heads
+  module = heads.BertForPreTraining(bert_config, nsp_head=nsp_head)
   ids = jax.ShapeDtypeStruct((1, 8), np.int32)
   shapes = jax.eval_shape(lambda i: module.init(jax.random.key(0), i, i, i, i[:, :2]), ids)
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  return bert_config, nn.unbox(shapes["params"])
+  return nn.unbox(shapes["params"])
 
 
 def main(argv):

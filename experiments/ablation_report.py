@@ -46,42 +46,23 @@ def phase_flops(config: Any, bert_config: Any) -> list[tuple[int, float, int]]:
 
 
 def _abstract_params(config: Any, bert_config: Any) -> Any:
-  """The pretraining model's parameter shapes (nothing allocated)."""
-  # pylint: disable=g-import-not-at-top  # jax and the model only when FLOPs are asked for
-  import flax.linen as nn
-  import jax
-  import jax.numpy as jnp
-  from bert_jax import heads
-  model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
-  ids = jnp.zeros((1, 8), jnp.int32)
-  return nn.unbox(jax.eval_shape(
-      lambda rng: model.init({"params": rng}, ids, ids, ids, ids[:, :1], deterministic=True),
-      jax.random.PRNGKey(0))["params"])
+  from bert_jax import cost  # pylint: disable=g-import-not-at-top  # jax only when FLOPs are asked for
+  return cost.abstract_params(bert_config, nsp_head=config.data.objective != "none")
 
 
 def executed_flops(config: Any, bert_config: Any, logs: dict[str, list[dict]]) -> list[float]:
   """Cumulative model FLOPs after each logged step (index 0: step 0), from real predictions.
 
-  bert_jax.cost.step_flops per step, with the step's predictions summed over every
-  process's batch log and the sequence length of the phase the step belongs to.
+  bert_jax.cost.executed_flops, with each step's predictions summed over every
+  process's batch log.
   """
-  # pylint: disable=g-import-not-at-top  # jax only when FLOPs are asked for
-  from bert_jax import cost
-  from bert_jax import phases as phases_lib
-  params = _abstract_params(config, bert_config)
+  from bert_jax import cost  # pylint: disable=g-import-not-at-top  # jax only when FLOPs are asked for
   predictions: dict[int, int] = {}
   for rows in logs.values():
     for r in rows:
       predictions[r["step"]] = predictions.get(r["step"], 0) + r["predictions"]
-  weights, out = {}, [0.0]
-  for step in range(1, max(predictions, default=0) + 1):
-    seq_len = phases_lib.phase_data_config(config, step - 1)[1].max_seq_length
-    if seq_len not in weights:
-      weights[seq_len] = cost.flop_weights(bert_config, params, seq_len)
-    w = weights[seq_len]
-    out.append(out[-1] + config.batch_size * (seq_len * w["token"] + w["sequence"])
-               + predictions.get(step, 0) * w["prediction"])
-  return out
+  return cost.executed_flops(config, bert_config, _abstract_params(config, bert_config),
+                             predictions)
 
 
 def duration(seconds: float) -> str:

@@ -140,3 +140,28 @@ def test_bert_base_paper_run_flops():
   # 16 v4 chips at 40% of 275 TFLOP/s.
   assert cost.hours(total, "TPU v4", 16, 0.4) == pytest.approx(total / (0.4 * 275e12 * 16) / 3600)
   assert "no peak known" in cost.describe(flops, "cpu", 8, 0.4)
+
+
+def test_executed_flops_are_step_flops_summed_across_the_phase_change():
+  """cost.executed_flops (the ablation report's FLOPs as executed) is step_flops of each
+  step at its phase's sequence length with that step's real predictions, accumulated.
+
+  A step charged at the wrong phase's length (phase 2 starts at step 3 of 4: step 4 runs
+  at 32 tokens, not 16), a missing step's predictions not taken as 0, or a second FLOP
+  formula that drifted from step_flops would break the equalities.
+  """
+  config = pretrain.get_config("base")
+  config.total_steps, config.batch_size = 4, 2
+  config.phase2.start_fraction = 0.75
+  config.data.max_seq_length, config.phase2.max_seq_length = 16, 32
+  config.model.update(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=64, max_position_embeddings=32)
+  bert_config, params = cost.abstract_model(config, vocab_size=100)
+  predictions = {1: 5, 2: 6, 4: 3}  # step 3 made none
+  out = cost.executed_flops(config, bert_config, params, predictions)
+  expected = [0.0]
+  for step, seq_len in ((1, 16), (2, 16), (3, 16), (4, 32)):
+    expected.append(expected[-1] + cost.step_flops(
+        bert_config, params, sequences=2, seq_len=seq_len, predictions=predictions.get(step, 0)))
+  assert out == pytest.approx(expected, rel=1e-12)
+  assert out[4] - out[3] > 2 * (out[3] - out[2])  # the long phase costs more per step
