@@ -47,9 +47,6 @@ def device_set(name: str) -> tuple[str, int]:
                    f"v5litepod-16, or NxGPU with GPU one of {sorted(GPUS)}")
 
 
-phases = phases_lib.phases  # [{"phase", "steps", "seq_len", "predictions"}] of a config
-
-
 # Parameter groups by where they run: per sequence (pooler, NSP/SOP head), per MLM
 # prediction (the head's transform, LayerNorm and output bias; the tied decoder E x V
 # is added separately), per token (everything else that is not an embedding table).

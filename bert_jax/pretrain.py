@@ -69,11 +69,6 @@ def build_bert_config(config: ml_collections.ConfigDict) -> model_lib.BertConfig
   return model_lib.BertConfig.from_size(config.model_size, **overrides)
 
 
-# The phase rules live in bert_jax/phases.py (bert_jax.cost reads them too).
-phase_data_config = phases.phase_data_config
-phase2_start = phases.phase2_start
-
-
 def check_config(config: ml_collections.ConfigDict, bert_config: model_lib.BertConfig,
                  mesh: jax.sharding.Mesh) -> None:
   """Refuses, before anything compiles, a config that cannot run on this mesh."""
@@ -105,8 +100,8 @@ def check_config(config: ml_collections.ConfigDict, bert_config: model_lib.BertC
     raise ValueError(f"config.checkpoint.every_steps={config.checkpoint.every_steps} must be "
                      f"positive and config.checkpoint.keep={config.checkpoint.keep} at least 1")
   # Every phase's data, masks and eval set, so phase 2 cannot fail at 90% of the run.
-  for step in sorted({0, phase2_start(config) % config.total_steps}):
-    phase, data_config = phase_data_config(config, step)
+  for step in sorted({0, phases.phase2_start(config) % config.total_steps}):
+    phase, data_config = phases.phase_data_config(config, step)
     where = f"phase {phase} (from step {step})"
     length = data_config.max_seq_length
     if length > bert_config.max_position_embeddings:
@@ -161,12 +156,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     host_eval_batch = config.eval_batch_size // jax.process_count()
 
     def make_input(step: int, data_state: dict[str, Any] | None):
-      phase, data_config = phase_data_config(config, step)
+      phase, data_config = phases.phase_data_config(config, step)
       # A masking schedule runs over the whole run; phase 2's stream starts mid-schedule.
       data = pretraining.PretrainingInput(
           data_config, batch_size=host_batch, process_index=jax.process_index(),
           process_count=jax.process_count(), split="train",
-          first_step=0 if phase == 1 else phase2_start(config), schedule_steps=config.total_steps)
+          first_step=0 if phase == 1 else phases.phase2_start(config), schedule_steps=config.total_steps)
       if data_state is not None and data_state.get("phase") == phase:
         data.set_state(data_state["input"])
       return phase, sharding.DevicePrefetch(data, mesh)
@@ -235,7 +230,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       done = writer.recorded(at_step)
       if "eval/mlm_loss" in done:
         return {k: v for k, v in done.items() if k.split("/")[0] in eval_kinds}
-      phase, data_config = phase_data_config(config, min(at_step, config.total_steps - 1))
+      phase, data_config = phases.phase_data_config(config, min(at_step, config.total_steps - 1))
       result = {}
       for kind in eval_kinds:
         if (phase, kind) not in eval_sets:
@@ -264,15 +259,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     result = evaluate(step)
 
     while step < config.total_steps:
-      if phase_data_config(config, step)[0] != phase:  # phase 2: longer sequences
+      if phases.phase_data_config(config, step)[0] != phase:  # phase 2: longer sequences
         data.close()
         phase, data = make_input(step, None)
         logging.info("step %d: phase %d, max_seq_length %d", step, phase,
-                     phase_data_config(config, step)[1].max_seq_length)
+                     phases.phase_data_config(config, step)[1].max_seq_length)
       local, batch = next(data)
       tokens = local["input_ids"].size * jax.process_count()
       state, metrics = p_train_step(state, batch, dropout_rng)
-      if step + 1 < config.total_steps and phase_data_config(config, step + 1)[0] == phase:
+      if step + 1 < config.total_steps and phases.phase_data_config(config, step + 1)[0] == phase:
         data.fetch_next()  # batch n+1 is read and placed while step n computes
       step_metrics.settle()  # the previous step's, fetched while this one computes
       step += 1
@@ -335,8 +330,8 @@ def check_data(config: ml_collections.ConfigDict) -> None:
   """Reads and checks every phase's data before anything is written (pretraining.check_corpus:
   this process's training documents and the held-out set, memoised for the pipeline)."""
   seen = set()
-  for step in sorted({0, phase2_start(config) % config.total_steps}):
-    _, data_config = phase_data_config(config, step)
+  for step in sorted({0, phases.phase2_start(config) % config.total_steps}):
+    _, data_config = phases.phase_data_config(config, step)
     key = (data_config.objective, data_config.max_seq_length)
     if key not in seen:
       seen.add(key)

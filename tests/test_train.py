@@ -21,6 +21,7 @@ from bert_jax import checkpoint
 from bert_jax import heads
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import phases
 from bert_jax import pretrain as pretrain_lib
 from bert_jax import pretrain_step
 from data_pipeline import pretraining
@@ -175,11 +176,11 @@ def test_phase_two_switches_to_long_sequences_and_continues(pretrain_test_config
   config = pretrain_test_config(**{
       "total_steps": 4, "phase2.start_fraction": 0.5, "phase2.max_seq_length": 48,
       "phase2.max_predictions_per_seq": 8, "checkpoint.every_steps": 2})
-  assert pretrain_lib.phase2_start(config) == 2
-  phase, data_config = pretrain_lib.phase_data_config(config, 2)
+  assert phases.phase2_start(config) == 2
+  phase, data_config = phases.phase_data_config(config, 2)
   assert (phase, data_config.max_seq_length, data_config.masking.max_predictions_per_seq) == (
       2, 48, 8)
-  assert pretrain_lib.phase_data_config(config, 1)[1].max_seq_length == 32
+  assert phases.phase_data_config(config, 1)[1].max_seq_length == 32
   pretrain_lib.train_and_evaluate(config, str(tmp_path))
   records = [r for r in _records(tmp_path) if "loss" in r]
   assert [r["step"] for r in records] == [1, 2, 3, 4]
@@ -199,16 +200,16 @@ def test_every_variant_builds_a_consistent_run(variant):
   config = pretrain.get_config(variant)
   overrides = dict(config.model.to_dict(), vocab_size=30522)  # the vocab size is the pipeline's
   bert_config = model_lib.BertConfig.from_size(config.model_size, **overrides)
-  for step in (0, pretrain_lib.phase2_start(config) % config.total_steps):
-    _, data_config = pretrain_lib.phase_data_config(config, step)
+  for step in (0, phases.phase2_start(config) % config.total_steps):
+    _, data_config = phases.phase_data_config(config, step)
     assert data_config.max_seq_length <= bert_config.max_position_embeddings
     assert 0 < pretraining.max_predictions(data_config) <= data_config.max_seq_length
   optim.make_optimizer(config.optimizer, config.total_steps)
   assert config.batch_size % 8 == 0 and config.eval_batch_size % 8 == 0
   if variant in ("base", "large"):  # the paper's two phases
-    assert pretrain_lib.phase2_start(config) == 900_000
-    assert pretraining.max_predictions(pretrain_lib.phase_data_config(config, 0)[1]) == 20
-    assert pretraining.max_predictions(pretrain_lib.phase_data_config(config, 900_000)[1]) == 77
+    assert phases.phase2_start(config) == 900_000
+    assert pretraining.max_predictions(phases.phase_data_config(config, 0)[1]) == 20
+    assert pretraining.max_predictions(phases.phase_data_config(config, 900_000)[1]) == 77
   if variant == "albert":
     assert (bert_config.embedding_size, bert_config.share_layers) == (128, True)
 

@@ -148,7 +148,7 @@ def slice_demand(config: ml_collections.ConfigDict, slice_name: str, mfu: float,
   peak = (config.get("peak_tflops_per_device") or metrics_io.PEAK_TFLOPS[kind]) * 1e12
   bert_config, params = model or cost.abstract_model(config, vocab_size)
   out = []
-  for p in cost.phases(config):
+  for p in phases_lib.phases(config):
     per_sequence = cost.step_flops(bert_config, params, sequences=1, seq_len=p["seq_len"],
                                    predictions=p["predictions"])
     out.append({**p, "hosts": hosts, "devices": devices, "device_kind": kind,
