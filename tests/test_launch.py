@@ -1,17 +1,12 @@
 """Tests for the Cloud TPU launcher, bert_jax.launch (the SLURM template's are in test_slurm.py).
 
 The TPU launcher runs as `python -m bert_jax.launch` against a fake `gcloud`
-put first on PATH. The fake accepts only the documented command surface of the
-commands the launcher uses (each flag's source is written beside it) and
-refuses anything else as gcloud does; it logs its argv as a JSON line, keeps
-the queued resource's states in a file, maps gs://BUCKET/... to a local
-directory for `gcloud storage cat`, and runs each ssh command for real under
-bash, with $HOME a per-worker directory, so the launcher's start script (setsid
-nohup, the pid guard) is what starts the fake job. The fake job (the workers'
-venv python) writes WORKDIR/job_state.json with the real bert_jax.job_state.
-Environment variables steer it: FAKE_JOB (how the job ends), FAKE_JOB_HOLD
-(run until the test writes a release file), FAKE_GCLOUD_FAIL(+_TIMES, _MESSAGE)
-(a step fails), FAKE_SSH_255 (the ssh of these steps ends with 255 after running).
+put first on PATH: tests/fake_gcloud.py (the command surface it accepts, how it
+fails on request, the harness FakeGcloud) and tests/fake_tpu_job.py (the job a
+fake worker runs). Environment variables steer them: FAKE_JOB (how the job
+ends), FAKE_JOB_HOLD (run until the test writes a release file),
+FAKE_GCLOUD_FAIL(+_TIMES, _MESSAGE) (a step fails), FAKE_SSH_255 (the ssh of
+these steps ends with 255 after running).
 """
 
 import json
@@ -22,286 +17,12 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+from fake_gcloud import NAME, REPO, FakeGcloud
 
-FAKE_GCLOUD = r'''
-import json, os, re, subprocess, sys
-
-# The command surface this fake accepts, as documented on cloud.google.com/sdk/gcloud/reference
-# (read 2026-12): each command's positionals and flags (True: takes a value, False: a switch).
-# Anything else is refused the way gcloud's argument parser refuses it (exit 2).
-# gcloud-wide flags (reference/: "GCLOUD WIDE FLAGS"), accepted by every command.
-WIDE = {"--account": True, "--billing-project": True, "--configuration": True,
-        "--flags-file": True, "--flatten": True, "--format": True, "--help": False,
-        "--impersonate-service-account": True, "--log-http": False, "--project": True,
-        "--quiet": False, "-q": False, "--trace-token": True, "--user-output-enabled": False,
-        "--verbosity": True}
-# reference/compute/tpus/queued-resources/create (GA synopsis).
-QR_CREATE = {"--zone": True, "--runtime-version": True, "--accelerator-type": True,
-             "--topology": True, "--type": True, "--node-id": True, "--node-count": True,
-             "--node-prefix": True, "--async": False, "--boot-disk": True, "--data-disk": True,
-             "--description": True, "--guaranteed": False, "--internal-ips": False,
-             "--labels": True, "--metadata": True, "--metadata-from-file": True,
-             "--network": True, "--range": True, "--reserved": False, "--scopes": True,
-             "--service-account": True, "--shielded-secure-boot": False, "--spot": False,
-             "--subnetwork": True, "--tags": True, "--valid-after-duration": True,
-             "--valid-after-time": True, "--valid-until-duration": True,
-             "--valid-until-time": True, "--reservation-host-folder": True,
-             "--reservation-host-organization": True, "--reservation-host-project": True}
-# reference/alpha/compute/tpus/queued-resources/create: the GA flags plus these (alpha only).
-QR_CREATE_ALPHA = dict(QR_CREATE, **{"--autocheckpoint-enabled": False, "--best-effort": False,
-                                     "--max-run-duration": True, "--provisioning-model": True,
-                                     "--workload-type": True, "--network-config": True,
-                                     "--reservation": True})
-# reference/compute/tpus/tpu-vm/ssh and .../scp.
-SSH = {"--zone": True, "--worker": True, "--command": True, "--ssh-flag": True,
-       "--internal-ip": False, "--dry-run": False, "--force-key-file-overwrite": False,
-       "--plain": False, "--ssh-key-file": True, "--strict-host-key-checking": True,
-       "--output-directory": True, "--ssh-key-expiration": True, "--ssh-key-expire-after": True}
-SCP = {"--zone": True, "--worker": True, "--recurse": False, "--compress": False,
-       "--dry-run": False, "--force-key-file-overwrite": False, "--internal-ip": False,
-       "--plain": False, "--scp-flag": True, "--ssh-key-file": True,
-       "--strict-host-key-checking": True, "--ssh-key-expiration": True,
-       "--ssh-key-expire-after": True}
-COMMANDS = {  # (command words): (positionals min, max, flags, required flags)
-    ("compute", "tpus", "queued-resources", "create"): (1, 1, QR_CREATE, ("--runtime-version",)),
-    ("alpha", "compute", "tpus", "queued-resources", "create"):
-        (1, 1, QR_CREATE_ALPHA, ("--runtime-version",)),
-    # .../queued-resources/describe, delete, list.
-    ("compute", "tpus", "queued-resources", "describe"): (1, 1, {"--zone": True}, ()),
-    ("compute", "tpus", "queued-resources", "delete"):
-        (1, 1, {"--zone": True, "--async": False, "--force": False}, ()),
-    ("compute", "tpus", "queued-resources", "list"):
-        (0, 0, {"--zone": True, "--filter": True, "--limit": True, "--page-size": True,
-                "--sort-by": True, "--uri": False}, ()),
-    ("compute", "tpus", "tpu-vm", "ssh"): (1, 1, SSH, ()),
-    ("compute", "tpus", "tpu-vm", "scp"): (2, 99, SCP, ()),
-    # reference/storage/cat.
-    ("storage", "cat"): (1, 99, {"--additional-headers": True, "--display-url": False,
-                                 "-d": False, "--range": True, "-r": True,
-                                 "--decryption-keys": True}, ()),
-}
-# What the TPU API accepts as an accelerator type (cloud.google.com/tpu/docs: v5e is
-# "v5litepod-N"); the API, not gcloud's parser, refuses other names, so this error is
-# the API's (status INVALID_ARGUMENT; its wording here is ours).
-ACCELERATOR = re.compile(r"(v2|v3|v4|v5litepod|v5p|v6e)-\d+")
-
-ROOT = os.environ["FAKE_GCLOUD_DIR"]
-args = sys.argv[1:]
-with open(os.environ["FAKE_GCLOUD_LOG"], "a") as f:
-  f.write(json.dumps(["gcloud"] + args) + "\n")
-
-
-def fail(command, message, code=1):
-  print(f"ERROR: (gcloud.{'.'.join(command)}) {message}", file=sys.stderr)
-  sys.exit(code)
-
-
-def parse():
-  """(command words, positionals, {flag: [values]}) or a gcloud-style refusal."""
-  words = []
-  rest = list(args)
-  while rest and not rest[0].startswith("-") and tuple(words + [rest[0]]) in {
-      c[:len(words) + 1] for c in COMMANDS}:
-    words.append(rest.pop(0))
-  command = tuple(words)
-  if command not in COMMANDS:
-    fail(command or ("",), f"Invalid choice: '{rest[0] if rest else ''}'.", 2)
-  low, high, known, required = COMMANDS[command]
-  allowed = dict(WIDE, **known)
-  positionals, given, unknown = [], {}, []
-  while rest:
-    arg = rest.pop(0)
-    if not arg.startswith("-"):
-      positionals.append(arg)
-      continue
-    name, eq, value = arg.partition("=")
-    if name not in allowed:
-      unknown.append(arg)
-      continue
-    if allowed[name] and not eq:
-      if not rest:
-        fail(command, f"argument {name}: expected one argument", 2)
-      value = rest.pop(0)
-    elif not allowed[name] and eq:
-      unknown.append(arg)
-      continue
-    given.setdefault(name, []).append(value)
-  if unknown:
-    fail(command, "unrecognized arguments: " + " ".join(unknown), 2)
-  if not low <= len(positionals) <= high:
-    fail(command, f"expected {low} to {high} positional arguments, got {positionals}", 2)
-  for name in required:
-    if name not in given:
-      fail(command, f"argument {name}: Must be specified.", 2)
-  return command, positionals, given
-
-
-def states():
-  path = os.path.join(ROOT, "states.json")
-  return json.load(open(path)) if os.path.exists(path) else []
-
-
-def save(new):
-  path = os.path.join(ROOT, "states.json")
-  with open(path + ".tmp", "w") as f:
-    json.dump(new, f)
-  os.replace(path + ".tmp", path)
-
-
-def exists():
-  return bool(states()) and states()[0] is not None
-
-
-def kind(command, given):
-  """The launcher step a command is (FAKE_GCLOUD_FAIL and FAKE_SSH_255 name these)."""
-  if command[-1] != "ssh":
-    return {"scp": "upload", "cat": "job_state"}.get(command[-1], command[-1])
-  script = given["--command"][0]
-  return ("install" if "pip install" in script else "start" if "setsid nohup" in script
-          else "logs")
-
-
-def maybe_fail(step):
-  failing = os.environ.get("FAKE_GCLOUD_FAIL", "").split(",")
-  if step not in failing:
-    return
-  counter = os.path.join(ROOT, f"failures_{step}")
-  done = int(open(counter).read()) if os.path.exists(counter) else 0
-  if done >= int(os.environ.get("FAKE_GCLOUD_FAIL_TIMES", "1000000")):
-    return
-  open(counter, "w").write(str(done + 1))
-  print("some progress output")
-  print(f"ERROR: (gcloud.fake.{step}) {os.environ['FAKE_GCLOUD_FAIL_MESSAGE']}", file=sys.stderr)
-  sys.exit(1)
-
-
-command, positionals, given = parse()
-step = kind(command, given)
-maybe_fail(step)
-verb = command[-1]
-if verb == "create":
-  if not ACCELERATOR.fullmatch(given["--accelerator-type"][0]):
-    fail(command, "INVALID_ARGUMENT: accelerator type "
-         f"{given['--accelerator-type'][0]!r} is not known in this zone.")
-  if exists():
-    fail(command, "ALREADY_EXISTS: the queued resource already exists.")
-  save(os.environ.get("FAKE_GCLOUD_PROVISION", "ACTIVE").split(","))
-elif verb == "describe":
-  if not exists():
-    fail(command, "NOT_FOUND: Requested entity was not found.")
-  print(states()[0])
-  if len(states()) > 1:
-    save(states()[1:])
-elif verb == "delete":
-  if not exists():
-    fail(command, "NOT_FOUND: Requested entity was not found.")
-  save(["DELETING", None])
-elif verb == "list":
-  print("NAME" if not exists() else f"NAME\n{os.environ.get('FAKE_NAME', '')}")
-elif verb == "cat":
-  url = positionals[0]
-  local = os.path.join(ROOT, "gcs", url[len("gs://"):])
-  if not os.path.exists(local):
-    fail(command, f"The following URLs matched no objects or files:\n-{url}")
-  sys.stdout.write(open(local).read())
-elif verb == "scp":
-  if not os.path.isdir(positionals[0]):
-    fail(command, f"{positionals[0]}: No such file or directory")
-else:  # ssh: each worker is a directory (its $HOME) where the command runs for real
-  if states()[:1] != ["ACTIVE"]:
-    print("ssh: connect to host: Connection timed out", file=sys.stderr)
-    sys.exit(255)
-  count = int(os.environ.get("FAKE_WORKERS", "4"))
-  worker = given.get("--worker", ["0"])[0]
-  codes = []
-  for w in (range(count) if worker == "all" else [int(worker)]):
-    home = os.path.join(ROOT, f"worker_{w}")
-    os.makedirs(home, exist_ok=True)
-    env = dict(os.environ, HOME=home, FAKE_WORKER=str(w))
-    if step == "install":  # stands in for apt/venv/pip: a venv whose python is the fake job
-      os.makedirs(os.path.join(home, "bert_jax"), exist_ok=True)
-      os.makedirs(os.path.join(home, "bert_jax_venv", "bin"), exist_ok=True)
-      job = os.path.join(home, "bert_jax_venv", "bin", "python")
-      open(job, "w").write(open(os.environ["FAKE_JOB_SCRIPT"]).read())
-      os.chmod(job, 0o755)
-      print(f"worker-{w} python 3.11.0 jax 0.7.2 [TpuDevice(id={w})]")
-      codes.append(0)
-      continue
-    # Bounded, so that a `tail -F` (or anything) never outlives the test.
-    codes.append(subprocess.run(["timeout", "60", "bash", "-c", given["--command"][0]],
-                                env=env).returncode)
-  if step in os.environ.get("FAKE_SSH_255", "").split(","):
-    print("Connection to 10.0.0.2 closed by remote host.", file=sys.stderr)
-    sys.exit(255)
-  sys.exit(max(codes))
-'''
-
-# The job a fake worker's venv python runs instead of bert_jax.main: worker 0 (process 0)
-# writes the record with the real bert_jax.job_state.Tracker; FAKE_JOB says how it ends.
-FAKE_JOB = r'''
-import json, os, sys, time
-root, worker = os.environ["FAKE_GCLOUD_DIR"], int(os.environ["FAKE_WORKER"])
-job_id, attempt = os.environ.get("BERT_JAX_JOB_ID"), int(os.environ["BERT_JAX_JOB_ATTEMPT"])
-workdir = next(a for a in sys.argv if a.startswith("--workdir=")).split("=", 1)[1]
-local = os.path.join(root, "gcs", workdir[len("gs://"):])
-starts = os.path.join(root, "starts.jsonl")
-previous = sum(1 for line in open(starts) if json.loads(line)["worker"] == worker) \
-    if os.path.exists(starts) else 0
-with open(starts, "a") as f:
-  f.write(json.dumps({"worker": worker, "job_id": job_id, "attempt": attempt, "pid": os.getpid(),
-                      "argv": sys.argv[1:]}) + "\n")
-print(f"hello from worker {worker}, attempt {attempt}", flush=True)
-mode = os.environ.get("FAKE_JOB", "done")
-first = previous == 0
-tracker = None
-if worker == 0:  # process 0 (the others skip the import: it costs a second of CPU each)
-  sys.path.insert(0, os.environ["FAKE_REPO"])
-  from bert_jax import job_state
-  assert job_state.identity() == (job_id, attempt)
-  job_state.HEARTBEAT_S = 0.2
-  tracker = job_state.Tracker(local, False, job_id, attempt)
-  tracker.start()
-  time.sleep(0.3)  # the 'running' record is written
-
-
-def set_states(new):
-  path = os.path.join(root, "states.json")
-  with open(path + ".tmp", "w") as f:
-    json.dump(new, f)
-  os.replace(path + ".tmp", path)
-
-
-code = 0
-if mode == "fail":
-  print("ValueError: boom", flush=True)
-  code = 1
-elif mode == "preempt_always" or (mode == "preempt_first" and first):
-  print("SIGTERM: saved step 3, exiting", flush=True)
-  code = 143
-elif mode == "suspend_first" and first:
-  if worker == 0:
-    set_states(["SUSPENDED"])
-  os._exit(0)  # the VM is gone: no final record, the heartbeat stops
-else:
-  if mode == "blip" and first and worker == 0:
-    set_states(["FAILED", "ACTIVE"])  # one odd read of the queued resource
-  hold = os.path.join(root, "release")
-  deadline = time.time() + (60 if os.environ.get("FAKE_JOB_HOLD") else 0.6)
-  while time.time() < deadline and not os.path.exists(hold):
-    time.sleep(0.05)
-  print(f"worker {worker} finished", flush=True)
-if tracker:
-  tracker.finish(code)
-sys.exit(code)
-'''
-
-NAME = "bert-test"
 JOB_ID = f"tpu:proj/us-central2-b/{NAME}"
 WHERE = ["--project=proj", "--zone=us-central2-b"]
 QR = ["gcloud", "compute", "tpus", "queued-resources"]
@@ -346,83 +67,6 @@ def start_command(attempt: str = "ATTEMPT") -> list[str]:
 def _attempts_as_placeholder(command: list[str]) -> list[str]:
   """The attempt number is the start's Unix time: the one part a test cannot write out."""
   return [re.sub(r"(attempt |ATTEMPT=|\$! )\d+", r"\1ATTEMPT", a) for a in command]
-
-
-class FakeGcloud:
-  """The fake gcloud's directory, log and environment for one test."""
-
-  def __init__(self, root: pathlib.Path):
-    self.root, self.log = root, root / "gcloud_log.jsonl"
-    bin_dir = root / "bin"
-    bin_dir.mkdir()
-    script = bin_dir / "gcloud"
-    script.write_text(f"#!{sys.executable}\n{FAKE_GCLOUD}")
-    script.chmod(0o755)
-    job = root / "fake_job.py"
-    job.write_text(f"#!{sys.executable}\n{FAKE_JOB}")
-    self.logdir = root / "logs"
-    self.upload = f"{self.logdir}/staging/bert_jax_upload"
-    self.record = root / "gcs" / "bucket" / "run1" / "job_state.json"
-    self.env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-                    FAKE_GCLOUD_DIR=str(root), FAKE_GCLOUD_LOG=str(self.log),
-                    FAKE_JOB_SCRIPT=str(job), FAKE_REPO=str(REPO), FAKE_NAME=NAME)
-
-  def argv(self, *flags: str, accelerator_type: str = "v4-32") -> list[str]:
-    """`python -m bert_jax.launch` with the standard flags (fast polls) plus `flags`."""
-    return [sys.executable, "-m", "bert_jax.launch", f"--name={NAME}", "--project=proj",
-            "--zone=us-central2-b", f"--accelerator_type={accelerator_type}",
-            "--config=experiments/configs/pretrain.py:base", "--workdir=gs://bucket/run1",
-            "--poll_s=0.05", "--retry_s=0.01", "--preemption_window_s=0", "--stale_after_s=30",
-            "--start_timeout_s=20", "--skip_preflight", f"--logdir={self.logdir}",
-            "--config.total_steps=7", "--config.data.corpus=gs://bucket/text/*.txt", *flags]
-
-  def launch(self, *flags: str, accelerator_type: str = "v4-32", **env: str):
-    """Runs the launcher to its end."""
-    return subprocess.run(self.argv(*flags, accelerator_type=accelerator_type), cwd=REPO,
-                          env={**self.env, **env}, capture_output=True, text=True, timeout=120)
-
-  def popen(self, *flags: str, **env: str) -> subprocess.Popen:
-    """Starts the launcher in the background (its output in a file: see `output`)."""
-    out = open(self.root / f"launcher_{len(list(self.root.glob('launcher_*')))}.out", "w")
-    self.out_path = out.name
-    return subprocess.Popen(self.argv(*flags), cwd=REPO, env={**self.env, **env}, stdout=out,
-                            stderr=subprocess.STDOUT, text=True)
-
-  def output(self) -> str:
-    return pathlib.Path(self.out_path).read_text()
-
-  def commands(self) -> list[list[str]]:
-    """Every logged command, in order."""
-    if not self.log.exists():
-      return []
-    return [json.loads(line) for line in self.log.read_text().splitlines()]
-
-  def steps(self) -> list[str]:
-    """Each command's launcher step: create, describe, upload, install, start, logs, ..."""
-    names = []
-    for c in self.commands():
-      script = next((a for a in c if a.startswith("--command=")), "")
-      names.append("install" if "pip install" in script else "start" if "setsid" in script
-                   else "logs" if "tail" in script else "cat" if c[1] == "storage" else
-                   "upload" if "scp" in c else c[4] if c[1] != "alpha" else c[5])
-    return names
-
-  def upload_command(self) -> list[str]:
-    return VM + ["scp", "--recurse", self.upload, f"{NAME}:", "--worker=all"] + WHERE
-
-  def starts(self) -> list[dict]:
-    """One line per job process a fake worker started."""
-    path = self.root / "starts.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-  def wait_for(self, predicate, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-      assert time.monotonic() < deadline, f"no {what} within {timeout}s"
-      time.sleep(0.05)
-
-  def running(self) -> bool:
-    return self.record.exists() and '"running"' in self.record.read_text()
 
 
 @pytest.fixture
@@ -486,7 +130,8 @@ def test_the_fake_refuses_what_gcloud_refuses(gcloud):
 
 def test_dry_run_prints_the_written_out_sequence_and_runs_nothing(gcloud):
   """The expected list is written out here; the real run (jobs done at once) issues it too."""
-  expected = [CAT, DESCRIBE, CREATE, DESCRIBE, gcloud.upload_command(), INSTALL,
+  upload = VM + ["scp", "--recurse", gcloud.upload, f"{NAME}:", "--worker=all"] + WHERE
+  expected = [CAT, DESCRIBE, CREATE, DESCRIBE, upload, INSTALL,
               start_command(), DESCRIBE, CAT, DELETE]
   dry = gcloud.launch("--dry_run")
   assert dry.returncode == 0, dry.stderr

@@ -1,0 +1,75 @@
+"""The job a fake worker runs instead of bert_jax.main (tests/fake_gcloud.py installs it).
+
+The fake install makes it each worker's venv python, so the launcher's start
+script (`setsid nohup $HOME/bert_jax_venv/bin/python -m bert_jax.main ...`) runs
+it. Worker 0 (process 0) writes WORKDIR/job_state.json with the real
+bert_jax.job_state.Tracker; FAKE_JOB says how it ends (done, fail, preempt_first,
+preempt_always, suspend_first, blip); FAKE_JOB_HOLD keeps it running until the
+test writes the fake directory's `release` file. Every start is logged to
+starts.jsonl there.
+"""
+
+import json
+import os
+import sys
+import time
+
+
+def set_states(root, new):
+  """Sets the fake queued resource's states to come (as tests/fake_gcloud.py keeps them)."""
+  path = os.path.join(root, "states.json")
+  with open(path + ".tmp", "w") as f:
+    json.dump(new, f)
+  os.replace(path + ".tmp", path)
+
+
+def main() -> int:
+  """Runs as one worker's job; returns its exit code."""
+  root, worker = os.environ["FAKE_GCLOUD_DIR"], int(os.environ["FAKE_WORKER"])
+  job_id, attempt = os.environ.get("BERT_JAX_JOB_ID"), int(os.environ["BERT_JAX_JOB_ATTEMPT"])
+  workdir = next(a for a in sys.argv if a.startswith("--workdir=")).split("=", 1)[1]
+  local = os.path.join(root, "gcs", workdir[len("gs://"):])
+  starts = os.path.join(root, "starts.jsonl")
+  previous = sum(1 for line in open(starts) if json.loads(line)["worker"] == worker) \
+      if os.path.exists(starts) else 0
+  with open(starts, "a") as f:
+    f.write(json.dumps({"worker": worker, "job_id": job_id, "attempt": attempt, "pid": os.getpid(),
+                        "argv": sys.argv[1:]}) + "\n")
+  print(f"hello from worker {worker}, attempt {attempt}", flush=True)
+  mode = os.environ.get("FAKE_JOB", "done")
+  first = previous == 0
+  tracker = None
+  if worker == 0:  # process 0 (the others skip the import: it costs a second of CPU each)
+    sys.path.insert(0, os.environ["FAKE_REPO"])
+    from bert_jax import job_state
+    assert job_state.identity() == (job_id, attempt)
+    job_state.HEARTBEAT_S = 0.2
+    tracker = job_state.Tracker(local, False, job_id, attempt)
+    tracker.start()
+    time.sleep(0.3)  # the 'running' record is written
+  code = 0
+  if mode == "fail":
+    print("ValueError: boom", flush=True)
+    code = 1
+  elif mode == "preempt_always" or (mode == "preempt_first" and first):
+    print("SIGTERM: saved step 3, exiting", flush=True)
+    code = 143
+  elif mode == "suspend_first" and first:
+    if worker == 0:
+      set_states(root, ["SUSPENDED"])
+    os._exit(0)  # the VM is gone: no final record, the heartbeat stops
+  else:
+    if mode == "blip" and first and worker == 0:
+      set_states(root, ["FAILED", "ACTIVE"])  # one odd read of the queued resource
+    hold = os.path.join(root, "release")
+    deadline = time.time() + (60 if os.environ.get("FAKE_JOB_HOLD") else 0.6)
+    while time.time() < deadline and not os.path.exists(hold):
+      time.sleep(0.05)
+    print(f"worker {worker} finished", flush=True)
+  if tracker:
+    tracker.finish(code)
+  return code
+
+
+if __name__ == "__main__":
+  sys.exit(main())
