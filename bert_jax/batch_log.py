@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax import jsonl
 from bert_jax import paths
 
 FILE_NAME = "batch_log.jsonl"
@@ -37,17 +38,6 @@ def file_name(process_index: int, process_count: int) -> str:
   return f"batch_log.{process_index}-of-{process_count}.jsonl"
 
 
-def _parse(text: str) -> list[dict[str, Any]]:
-  """Rows of a log; a torn last line (a kill mid-write) is skipped."""
-  rows = []
-  for line in text.splitlines():
-    try:
-      rows.append(json.loads(line))
-    except ValueError:
-      continue
-  return rows
-
-
 class BatchLog:
   """Appends one row per training step to this process's batch log."""
 
@@ -55,7 +45,8 @@ class BatchLog:
     self._path = paths.join(workdir, file_name(process_index, process_count))
     self._remote = paths.is_remote(workdir)
     text = paths.read_text(self._path) if paths.exists(self._path) else ""
-    kept = [r for r in _parse(text) if r["step"] <= start_step]
+    kept = [r for r in jsonl.parse_rows(text, str(self._path), _is_row)
+            if r["step"] <= start_step]
     self._lines = [json.dumps(r) + "\n" for r in kept]
     if "".join(self._lines) != text:  # later steps (or a torn line) from a killed attempt
       paths.write_atomic(self._path, "".join(self._lines))
@@ -96,35 +87,20 @@ class BatchLogError(ValueError):
 _ROW_FIELDS = {"step": int, "batch": str, "tokens": int, "predictions": int}
 
 
-def parse_strict(text: str, where: str) -> list[dict[str, Any]]:
-  """Rows of one log file in file order; only a torn last line is forgiven.
+def _is_row(row: dict[str, Any]) -> bool:
+  """int step >= 1, str batch, int tokens and int predictions."""
+  return not any(not isinstance(row.get(k), t) or isinstance(row.get(k), bool)
+                 for k, t in _ROW_FIELDS.items()) and row["step"] >= 1
 
-  A kill mid-write can leave the last line cut short (no newline after it): it
-  is dropped, as the trainer drops it on resume. Any other line that is not a
-  JSON object with int step >= 1, str batch, int tokens and int predictions is
-  a BatchLogError naming `where` and the line number: a log with a hole in its
-  middle proves nothing about the steps it no longer shows.
-  """
-  lines = text.split("\n")
-  torn_allowed = not text.endswith("\n")  # the last piece has no newline after it
-  if lines and lines[-1] == "":
-    lines.pop()
-  rows = []
-  for number, line in enumerate(lines, 1):
-    try:
-      row = json.loads(line)
-      if not isinstance(row, dict) or any(
-          not isinstance(row.get(k), t) or isinstance(row.get(k), bool)
-          for k, t in _ROW_FIELDS.items()) or row["step"] < 1:
-        raise ValueError("not a batch-log row")
-    except ValueError:
-      if number == len(lines) and torn_allowed:
-        continue
-      raise BatchLogError(f"{where}:{number}: malformed batch-log line {line[:80]!r} (only a "
-                          "torn last line is allowed); this run's data cannot be "
-                          "checked") from None
-    rows.append(row)
-  return rows
+
+def parse_strict(text: str, where: str) -> list[dict[str, Any]]:
+  """Rows of one log file in file order (bert_jax.jsonl.parse_rows: only a torn last
+  line is forgiven), as BatchLogError naming `where` and the line otherwise: a log
+  with a hole in its middle proves nothing about the steps it no longer shows."""
+  try:
+    return jsonl.parse_rows(text, where, _is_row)
+  except jsonl.MalformedLine as e:
+    raise BatchLogError(f"{e}; this run's data cannot be checked") from None
 
 
 def read(workdir: str) -> dict[str, list[dict[str, Any]]]:

@@ -21,6 +21,7 @@ from absl import logging
 import jax
 import numpy as np
 
+from bert_jax import jsonl
 from bert_jax import paths
 
 METRICS_FILE = "metrics.jsonl"
@@ -85,7 +86,7 @@ class MetricWriter:
   def __init__(self, workdir: str, start_step: int = 0, *, sync_every_s: float = 60.0):
     self._path = paths.join(workdir, METRICS_FILE)
     raw = paths.read_text(self._path) if paths.exists(self._path) else ""
-    existing = _parse_rows(raw)
+    existing = jsonl.parse_rows(raw, str(self._path), _is_row)
     kept = [r for r in existing if r["step"] <= start_step]
     # Every process knows what is recorded, so all make the same decisions (a
     # skipped evaluation is skipped everywhere); only process 0 writes.
@@ -163,18 +164,14 @@ class MetricWriter:
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
-  """The rows of a metrics.jsonl (a torn last line, from a kill mid-write, is skipped)."""
-  return _parse_rows(paths.read_text(path))
+  """The rows of a metrics.jsonl (bert_jax.jsonl.parse_rows: a torn last line, from a
+  kill mid-write, is skipped; a malformed line before it is jsonl.MalformedLine)."""
+  return jsonl.parse_rows(paths.read_text(path), str(path), _is_row)
 
 
-def _parse_rows(text: str) -> list[dict[str, Any]]:
-  rows = []
-  for line in text.splitlines():
-    try:
-      rows.append(json.loads(line))
-    except ValueError:
-      continue
-  return rows
+def _is_row(row: dict[str, Any]) -> bool:
+  """A metrics row has an int step (MetricWriter keeps rows by it on resume)."""
+  return isinstance(row.get("step"), int) and not isinstance(row["step"], bool)
 
 
 class Progress:
