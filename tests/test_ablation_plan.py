@@ -66,3 +66,27 @@ def test_seeds_baseline_and_random_init_are_planned(tmp_path):
   config.report.baseline = "r99"
   with pytest.raises(ablation.AblationError, match="config.report.baseline='r99'"):
     ablation.plan(config, str(tmp_path))
+
+
+def test_zh_proof_is_the_compute_matched_three_seed_plan(tmp_path):
+  """The committed result's variant: FLOP mode with r15's 500 steps as the budget, so r40
+  and the cosine run train fewer steps (each within one step of the budget), three
+  seeds, eval (and checkpoints) every 125 steps, and one downstream task whose
+  learning rate is picked on dev and reported on a carved test split."""
+  config = ablation_configs.get_config("zh_proof")
+  assert config.budget.mode == "flops" and config.budget.flops == 0.0
+  assert set(config.settings) == {"r15", "r40", "cos40to15"}
+  assert tuple(config.pretrain_seeds) == (0, 1, 2) and config.random_init
+  matched = ablation.budget_steps(config, str(tmp_path))
+  assert matched["r15"]["steps"] == 500
+  assert matched["r40"]["steps"] < matched["cos40to15"]["steps"] < 500
+  budget = matched["r15"]["flops"]
+  for m in matched.values():
+    assert m["flops"] <= budget < m["flops"] + m["flops_per_step"]
+  assert config.pretrain.eval_every_steps == config.pretrain.checkpoint.every_steps == 125
+  assert config.pretrain.data.eval.num_examples == 1024
+  assert list(config.downstream) == ["sentiment_2k"]
+  task = config.downstream.sentiment_2k
+  assert task.task.test_fraction == 0.1 and task.task.max_train_examples == 2000
+  assert tuple(task.learning_rates) == (3e-4, 1e-3) and tuple(task.seeds) == (0, 1, 2)
+  assert task.num_epochs == 2

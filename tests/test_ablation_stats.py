@@ -111,3 +111,31 @@ def test_report_names_unfinished_runs_and_compares_at_equal_steps_and_flops():
   # Equal FLOPs is the smallest finished run's total (r15: 4e9): r40 is read at step 2.
   assert "equal model FLOPs (4e-06 PFLOP" in md
   assert "| r40 | 0 | 4 | 0.1500 | 2 | 4e-06 | 0.0750 |" in md
+
+
+def test_downstream_figures_are_test_at_the_dev_picked_learning_rate(tmp_path):
+  """A summary.json whose dev and test disagree: the report's values are test's (fails if
+  the report reads dev, the main metric the rate was picked on), its lr the dev pick, and
+  report.md says so; a summary without test keeps dev and the caveat."""
+  import json  # pylint: disable=g-import-not-at-top
+  from experiments import ablation_report  # pylint: disable=g-import-not-at-top
+  summary = {"main_metric": "dev/accuracy", "reported_metric": "test/accuracy",
+             "learning_rate": 0.001,
+             "per_seed": {"0": {"dev/accuracy": 0.9, "test/accuracy": 0.61},
+                          "1": {"dev/accuracy": 0.8, "test/accuracy": 0.63}}}
+  (tmp_path / "ri").mkdir()
+  (tmp_path / "ri" / "summary.json").write_text(json.dumps(summary))
+  plan = {"random_init": {"sentiment": "ri"},
+          "tasks": {"sentiment": {"learning_rates": [3e-4, 1e-3]}}}
+  floor = ablation_report.random_init_downstream(str(tmp_path), plan)["sentiment"]
+  assert floor["values"] == [0.61, 0.63] and floor["metric"] == "test/accuracy"
+  assert floor["learning_rate"] == 0.001
+  rows = [{"downstream": {"sentiment": floor}}]
+  assert "learning rate picked on dev, reported on test" in ablation_report.downstream_note(
+      rows, ["sentiment"]).lower()
+  del summary["reported_metric"]  # a summary from before test splits: dev, with the caveat
+  (tmp_path / "ri" / "summary.json").write_text(json.dumps(summary))
+  floor = ablation_report.random_init_downstream(str(tmp_path), plan)["sentiment"]
+  assert floor["values"] == [0.9, 0.8]
+  note = ablation_report.downstream_note([{"downstream": {"sentiment": floor}}], ["sentiment"])
+  assert "reported on test" not in note and "optimistic" in note

@@ -225,8 +225,10 @@ def test_the_trainer_names_no_task_kind(chinese_vocab, tmp_path):
   assert "kind ==" not in source
   # Nor does it import a kind's module, or a reader: it reaches them through the registry.
   imported = set(re.findall(r"^from bert_jax\.finetune import (\w+)", source, re.M))
-  # (buckets and steps are kind-free: batching by length and the jitted steps.)
-  assert imported == {"registry", "task_kind", "tokenization", "buckets", "steps"}, imported
+  # (buckets, steps and splits are kind-free: batching by length, the jitted steps, and the
+  # name of the carved test split the summary reports.)
+  assert imported == {"registry", "task_kind", "tokenization", "buckets", "steps",
+                      "splits"}, imported
   # A kind nobody registered is refused by name before any data is read or anything written.
   config = finetune_configs.get_config("tagging")
   config.task.kind = "pos"

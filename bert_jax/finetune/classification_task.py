@@ -63,9 +63,16 @@ class ClassificationKind(task_kind.TaskKind):
   def read(self, task_config):
     spec = classification_spec(task_config)
     data = glue.load_task(spec, task_config.data_dir or None, test=task_config.predict_test)
+    # config.task.test_fraction: a labelled test split carved out of train by text hash
+    # (before the quick-run subset), scored beside dev as "test/..." (splits.carve_test).
+    train, test = splits.carve_test(data.train, task_config.get("test_fraction", 0.0))
+    dev = dict(data.dev)
+    if task_config.get("test_fraction", 0.0):
+      dev[splits.TEST_SPLIT] = splits.require_examples(test, "config.task.test_fraction",
+                                                       splits.TEST_SPLIT)
     return task_kind.Data(
-        spec.name, data.labels, splits.subset(data.train, task_config.max_train_examples),
-        {s: splits.subset(e, task_config.max_dev_examples) for s, e in data.dev.items()},
+        spec.name, data.labels, splits.subset(train, task_config.max_train_examples),
+        {s: splits.subset(e, task_config.max_dev_examples) for s, e in dev.items()},
         data.test, spec)
 
   def model(self, bert_config, labels: Sequence[str] | None):

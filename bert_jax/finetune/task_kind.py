@@ -158,6 +158,10 @@ class TaskKind:
             tokenizer: Any, max_seq_length: int) -> Task:
     """Reads, featurises and builds the model: everything before anything compiles."""
     data = self.read(task_config)
+    if task_config.get("test_fraction", 0.0) and "test" not in data.dev:
+      # Silently reporting dev as test would be worse than refusing (finetune/splits.py).
+      raise ValueError(f"config.task.test_fraction={task_config.test_fraction}: task kind "
+                       f"{self.name!r} carves no test split; only classification does")
     task = Task(self, task_config, tokenizer, max_seq_length, data,
                 self.model(bert_config, data.labels))
     task.train = self.featurize(task, "train", data.train)

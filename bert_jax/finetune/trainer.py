@@ -4,6 +4,9 @@
 (each in its own workdir when there are several) and writes summary.json:
 per learning rate the median, min, max and standard deviation over seeds of
 every dev metric, and the learning rate with the best median main metric.
+With config.task.test_fraction a labelled test split is carved out of train
+and scored beside dev (test/*): the learning rate is still picked on dev and
+the summary reports test at it (summarize).
 
 `finetune_run(config, workdir)` is one run, top to bottom in sections: mesh,
 checkpoint and tokenizer, task data, model and optimizer, shardings, step,
@@ -52,6 +55,7 @@ from bert_jax import checkpoint
 from bert_jax import errors
 from bert_jax import metrics_io
 from bert_jax import model as model_lib
+from bert_jax import optim
 from bert_jax import paths
 from bert_jax import preemption
 from bert_jax import sharding
@@ -60,6 +64,7 @@ from bert_jax import train_state as state_lib
 from bert_jax import workdir as workdir_lib
 from bert_jax.finetune import buckets as buckets_lib
 from bert_jax.finetune import registry
+from bert_jax.finetune import splits
 from bert_jax.finetune import steps
 from bert_jax.finetune import task_kind
 from bert_jax.finetune import tokenization
@@ -80,13 +85,18 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """
   learning_rates = list(config.learning_rates) or [config.optimizer.learning_rate]
   seeds = list(config.seeds)
-  if not seeds:
-    raise ValueError("config.seeds is empty: give at least one seed")
   several = len(learning_rates) * len(seeds) > 1
   with errors.judging_input():  # every ValueError here is a refusal of the input
+    if not seeds:
+      raise ValueError("config.seeds is empty: give at least one seed")
     workdir_lib.check_family(workdir, config)  # not another job's workdir (reads only)
     mesh, _ = state_lib.setup_mesh(config)
     check_config(config, mesh)  # before any data is read
+    for lr in learning_rates:  # every run's optimizer values, before anything is written
+      run_optimizer = copy.deepcopy(config.optimizer)
+      with run_optimizer.unlocked():
+        run_optimizer.learning_rate = lr
+      optim.check_config(run_optimizer)
     prepared = prepare(config)  # every input read and checked before anything is written
   lock = workdir_lib.lock(workdir)  # one sweep per workdir; its runs share the lock
   by_lr, speed = {}, {}
@@ -109,29 +119,53 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   finally:
     if lock is not None:
       lock.release()
-  first = next(iter(next(iter(by_lr.values())).values()))
-  main = _main_key(first, registry.get_kind(config.task.kind).main_metric(config.task))
-  best_lr = max(by_lr, key=lambda lr: statistics.median(r[main] for r in by_lr[lr].values()))
-  runs = by_lr[best_lr]
-  keys = [k for k in next(iter(runs.values())) if k.startswith("dev")]
-  summary = {k: statistics.median(r[k] for r in runs.values()) for k in keys}
-  summary.update(
-      learning_rate=float(best_lr), main_metric=main, per_seed=runs,
-      spread={k: {"min": min(r[k] for r in runs.values()), "max": max(r[k] for r in runs.values()),
-                  "std": statistics.pstdev([r[k] for r in runs.values()])} for k in keys},
-      by_learning_rate={lr: {"median_" + main: statistics.median(r[main] for r in rs.values())}
-                        for lr, rs in by_lr.items()},
-      speed=speed)
+  summary = summarize(by_lr, registry.get_kind(config.task.kind).main_metric(config.task))
+  summary["speed"] = speed
   if jax.process_index() == 0:
     _write_json(paths.join(workdir, SUMMARY_FILE), summary)
-  logging.info("%s: %s median %.4f over seeds %s (lr %s)", config.task.name, main,
-               summary[main], seeds, best_lr)
+  main, reported = summary["main_metric"], summary["reported_metric"]
+  logging.info("%s: %s median %.4f over seeds %s (lr %s picked on %s)", config.task.name,
+               reported, summary[reported], seeds, summary["learning_rate"], main)
+  return summary
+
+
+def summarize(by_lr: dict[str, dict[Any, dict[str, float]]], main_metric: str) -> dict[str, Any]:
+  """The sweep's summary from {learning rate: {seed: final metrics}}.
+
+  The learning rate is the one with the best median main dev metric
+  ("main_metric"). "reported_metric" is the figure to report: with a carved test
+  split (config.task.test_fraction) the same metric on test at that learning
+  rate -- picked on dev, reported on test, so the pick does not inflate it --
+  else the dev metric itself. Top-level "dev/..." and "test/..." entries are
+  medians over seeds at the chosen rate, "per_seed" its runs, "spread" their
+  min/max/std; "by_learning_rate" has every rate's medians and every (seed) run's
+  metrics, dev and test.
+  """
+  first = next(iter(next(iter(by_lr.values())).values()))
+  main = _main_key(first, main_metric)
+  test_main = f"{splits.TEST_SPLIT}/{main_metric}"
+  reported = test_main if test_main in first else main
+  best_lr = max(by_lr, key=lambda lr: statistics.median(r[main] for r in by_lr[lr].values()))
+  runs = by_lr[best_lr]
+  keys = [k for k in first if k.startswith(("dev", splits.TEST_SPLIT + "/"))]
+  summary = {k: statistics.median(r[k] for r in runs.values()) for k in keys}
+  summary.update(
+      learning_rate=float(best_lr), main_metric=main, reported_metric=reported, per_seed=runs,
+      spread={k: {"min": min(r[k] for r in runs.values()), "max": max(r[k] for r in runs.values()),
+                  "std": statistics.pstdev([r[k] for r in runs.values()])} for k in keys},
+      by_learning_rate={
+          lr: {**{"median_" + k: statistics.median(r[k] for r in rs.values())
+                  for k in dict.fromkeys((main, reported))},
+               "per_seed": rs}
+          for lr, rs in by_lr.items()})
   return summary
 
 
 def _main_key(metrics: dict[str, float], main_metric: str) -> str:
-  """The key of the main metric: "dev/<metric>", or the first dev split's (MNLI matched)."""
-  return next(k for k in metrics if k.endswith("/" + main_metric))
+  """The key of the main dev metric: "dev/<metric>", or the first dev split's (MNLI
+  matched); never the carved test split's, which only reports."""
+  return next(k for k in metrics if k.endswith("/" + main_metric)
+              and not k.startswith(splits.TEST_SPLIT + "/"))
 
 
 def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:

