@@ -1,0 +1,198 @@
+"""Loading any supported checkpoint into our parameter tree (bert_jax.convert's import half).
+
+The kind is detected from what the path holds (_read, in the order the package
+docstring gives); each format module reads its own files (own.py, hf.py, tf.py)
+into layout names, and layout.assemble builds the tree, refusing any missing,
+unused or wrongly shaped tensor in one message.
+"""
+
+from absl import logging
+import numpy as np
+
+from bert_jax import checkpoint
+from bert_jax import paths
+# Siblings by module path, not via the package: its __init__ imports this module.
+import bert_jax.convert.hf as convert_hf
+import bert_jax.convert.layout as convert_layout
+import bert_jax.convert.own as convert_own
+import bert_jax.convert.tf as convert_tf
+
+_WORKDIR_CHECKPOINTS = checkpoint.CHECKPOINT_DIR
+
+
+def _per_layer_config(config):
+  """Imported params are always per-layer; say so in the config returned with them."""
+  if config.scan_layers:
+    logging.info("returning per-layer params and scan_layers=False; model.stack_layers and "
+                 "config.replace(scan_layers=True) restore the scanned layout")
+    config = config.replace(scan_layers=False)
+  return config
+
+
+def _is_workdir(path: paths.Path) -> bool:
+  """A training workdir, its checkpoints/ directory, or one step directory in it."""
+  return ((path / _WORKDIR_CHECKPOINTS).is_dir() or path.name == _WORKDIR_CHECKPOINTS
+          or (path.name.isdigit() and path.parent.name == _WORKDIR_CHECKPOINTS))
+
+
+def _read_workdir(path: paths.Path):
+  # bert_jax.checkpoint knows the CheckpointManager layout under workdir/checkpoints/; the
+  # vocabulary sits in the workdir itself.
+  config, params = checkpoint.load_params_from_workdir(str(path))
+  tensors, display = convert_own.own_tensors(params)
+  vocab = _workdir_of(path) / convert_hf.VOCAB_NAME
+  return config, tensors, display, {}, (vocab if vocab.is_file() else None)
+
+
+def _workdir_of(path: paths.Path) -> paths.Path:
+  """The workdir of a path _is_workdir accepts (it, its checkpoints/, or a step in it)."""
+  return path if (path / _WORKDIR_CHECKPOINTS).is_dir() else (
+      path.parent if path.name == _WORKDIR_CHECKPOINTS else path.parent.parent)
+
+
+def _read(path: paths.Path):
+  """Detects the checkpoint kind; returns (kind, fmt, config, tensors, display, ignored, vocab)."""
+  # Exports first: a directory that merely sits under a folder named "checkpoints" is still
+  # an export when it holds one.
+  if convert_own.is_own_dir(path):
+    config, *rest = convert_own.read_own_dir(path)
+    return ("bert_jax export", "own", _per_layer_config(config), *rest)
+  if convert_hf.is_hf_dir(path):
+    config, tensors, display, ignored, vocab = convert_hf.read_hf_dir(path)
+    prefixed = any(v.startswith("bert.") for v in display.values())
+    return ("Hugging Face directory", "hf", config, tensors,
+            convert_hf.display_name(display, prefixed=prefixed), ignored, vocab)
+  if _is_workdir(path):
+    config, *rest = _read_workdir(path)
+    return ("training workdir", "own", _per_layer_config(config), *rest)
+  prefix = convert_tf.find_checkpoint(path)
+  if prefix is not None:
+    return ("TF checkpoint", "tf") + convert_tf.read_tf_checkpoint(prefix)
+  if (path / convert_hf.CONFIG_NAME).is_file():
+    found = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".json", ".msgpack",
+                                                                  ".h5", ".safetensors"))
+    raise ValueError(
+        f"{path} has {convert_hf.CONFIG_NAME} but no single-file {convert_hf.WEIGHTS_NAME} "
+        f"(found {found}); only that weight file is read here: re-save the model with "
+        "transformers' save_pretrained(..., safe_serialization=True, max_shard_size='20GB')")
+  if not path.exists():  # (a TF prefix is not a file itself, but was found above)
+    raise ValueError(f"checkpoint path {path} does not exist")
+  raise ValueError(
+      f"{path} is not a checkpoint this converter knows: expected a training workdir "
+      f"(checkpoints/), a bert_jax export ({convert_own.OWN_PARAMS}/ + "
+      f"{convert_own.OWN_CONFIG}), a Hugging Face "
+      f"directory ({convert_hf.CONFIG_NAME} + {convert_hf.WEIGHTS_NAME}) or a TF checkpoint "
+      f"({convert_tf.CONFIG_NAME} + model.ckpt-*.index)")
+
+
+def load_pretrained(path, *, target: str = "pretraining", allow_missing_heads: bool = False,
+                    vocab_file=None, vocab_multiple: int | None = None):
+  """Loads any supported checkpoint into our parameter tree.
+
+  Args:
+    path: a Hugging Face directory, a TF checkpoint (directory or prefix), a bert_jax export
+      directory or a training workdir.
+    target: "pretraining" -> the BertForPreTraining tree {"bert", "mlm_head", "nsp_head"};
+      "encoder" -> the BertModel tree (the checkpoint's heads are dropped, and logged);
+      "auto" -> "pretraining" when the checkpoint has an MLM head, else "encoder".
+    allow_missing_heads: a pooler, MLM head or NSP head the checkpoint lacks entirely is
+      initialised freshly (BERT init) instead of refused, e.g. MiniLM (encoder + pooler
+      only) into BertForPreTraining, or a BertForMaskedLM export (no pooler, no NSP).
+    vocab_file: overrides the vocabulary found beside the checkpoint.
+    vocab_multiple: pads the vocabulary rows (word table, MLM output bias) with zeros to
+      a multiple of this, as the model to load into is configured; the returned config
+      says so. None keeps the checkpoint's (HF and TF checkpoints have no padding).
+
+  Returns:
+    (config, params, vocab_path): our BertConfig; a plain nested dict of float32 numpy
+    arrays in the per-layer layout, so config.scan_layers is False (use model.stack_layers
+    and config.replace(scan_layers=True) to scan); the vocabulary's path, or None (with a
+    warning) when there is none.
+
+  Raises:
+    ValueError: unknown or corrupt checkpoint, or any missing / unused / wrongly shaped
+      tensor (all named in one message).
+  """
+  if target not in convert_layout.TARGETS:
+    raise ValueError(f"target must be one of {convert_layout.TARGETS}, got {target!r}")
+  path = paths.path(path)
+  params, config, vocab, _, _ = load_checkpoint(path, target, allow_missing_heads, vocab_file,
+                                                vocab_multiple)
+  return config, params, vocab
+
+
+def load_for_finetuning(path, *, task_heads: tuple[str, ...], vocab_file=None,
+                        vocab_multiple: int | None = None):
+  """Loads a checkpoint's encoder (pretraining heads dropped) and any task heads it holds.
+
+  A fine-tuned checkpoint (this project's, a Hugging Face
+  BertFor{SequenceClassification,TokenClassification,QuestionAnswering}, or a TF
+  checkpoint of google-research's run_classifier.py / run_squad.py) carries its task
+  head beside the encoder; pretraining checkpoints carry none.
+
+  Args:
+    path: anything load_pretrained reads.
+    task_heads: top-level head names of the task model ("classifier", "qa_outputs").
+    vocab_file: overrides the vocabulary found beside the checkpoint.
+    vocab_multiple: as for load_pretrained.
+
+  Returns:
+    (config, encoder params (the BertModel tree, pooler initialised freshly if
+    absent), {head name: {"kernel" [H, n], "bias" [n]}} for the heads found,
+    vocab path or None).
+  """
+  path = paths.path(path)
+  kind, fmt, config, tensors, display, ignored, vocab = _read(path)
+  heads = {}
+  for name in list(tensors):
+    head, sep, leaf = name.replace(".", "/", 1).partition("/")
+    if fmt == "tf" and name in convert_tf.TASK_HEADS:
+      (head, leaf), sep = convert_tf.TASK_HEADS[name], "/"
+    if not sep or head not in task_heads:
+      continue
+    array = np.asarray(tensors.pop(name), np.float32)
+    if leaf == "weight":  # PyTorch Linear, google-research TF heads: [out, in]
+      leaf, array = "kernel", array.T
+    if leaf not in ("kernel", "bias"):
+      raise ValueError(f"{kind} {path}: task-head tensor {display(name)!r} is neither a "
+                       "kernel nor a bias")
+    heads.setdefault(head, {})[leaf] = array
+  params, _ = convert_layout.assemble(
+      tensors, config, fmt, target="encoder", allow_missing_heads=True,
+      source=f"{kind} {path}", display=display, ignored=ignored)
+  if vocab_multiple is not None:
+    params, config = convert_layout.pad_vocab(params, config, vocab_multiple)
+  if vocab_file is not None:
+    vocab = paths.path(vocab_file)
+    if not vocab.is_file():
+      raise ValueError(f"vocab_file {vocab} does not exist")
+  return _per_layer_config(config), params, heads, vocab
+
+
+def checkpoint_vocab(path) -> paths.Path | None:
+  """The vocab.txt a checkpoint was trained with (beside it: HF and TF directories, our
+  exports, a training workdir), or None; reads no weights."""
+  path = paths.path(path)
+  if _is_workdir(path) and not convert_own.is_own_dir(path):
+    path = _workdir_of(path)
+  elif not path.is_dir():
+    path = path.parent  # a TF checkpoint prefix
+  vocab = path / convert_hf.VOCAB_NAME
+  return vocab if vocab.is_file() else None
+
+
+def load_checkpoint(path, target, allow_missing_heads, vocab_file, vocab_multiple=None):
+  """load_pretrained's work, also returning what was read: (params, config, vocab, kind, target)."""
+  kind, fmt, config, tensors, display, ignored, vocab = _read(path)
+  params, target = convert_layout.assemble(
+      tensors, config, fmt, target=target, allow_missing_heads=allow_missing_heads,
+      source=f"{kind} {path}", display=display, ignored=ignored)
+  if vocab_multiple is not None:
+    params, config = convert_layout.pad_vocab(params, config, vocab_multiple)
+  if vocab_file is not None:
+    vocab = paths.path(vocab_file)
+    if not vocab.is_file():
+      raise ValueError(f"vocab_file {vocab} does not exist")
+  if vocab is None:
+    logging.warning("%s has no vocab.txt and no vocab_file was given", path)
+  return params, config, vocab, kind, target
