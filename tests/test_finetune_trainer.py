@@ -91,6 +91,7 @@ def seed_runs(toy_files, tmp_path_factory):
   return workdir, summary
 
 
+@pytest.mark.slow  # two whole 2-epoch fine-tuning runs (the seed_runs fixture)
 def test_learns_the_task_over_seeds_and_writes_every_output(seed_runs):
   workdir, summary = seed_runs
   assert sorted(summary["per_seed"]) == [0, 1]
@@ -119,6 +120,7 @@ def test_learns_the_task_over_seeds_and_writes_every_output(seed_runs):
   assert json.loads((workdir / "summary.json").read_text())["main_metric"] == "dev/accuracy"
 
 
+@pytest.mark.slow  # a whole 3-epoch fine-tuning run
 def test_regression_head_learns_a_score(toy_files, tmp_path):
   """STS-B's path: one output, mean squared error, Pearson/Spearman on dev."""
   for split in ("train", "dev"):
