@@ -8,7 +8,9 @@ Exit codes, for schedulers and bert_jax.launch:
   0    the run finished (re-running the command does nothing more)
   143  preempted (SIGTERM): the step was saved; re-run the same command to resume
   130  interrupted (Ctrl-C): the step was saved the same way (a second Ctrl-C
-       aborts at once, without saving)
+       aborts at once, without waiting for that save; the newest complete step
+       resumes). On several processes a Ctrl-C to any one stops them all at one
+       saved step, and all exit 130.
   75   workdir locked by another live run; retry later (workdir.LockHeld, one
        line on stderr; nothing was written; the SLURM template requeues on it)
   1    failed: the user's input refused (errors.UsageError: a config, flag, data
@@ -37,12 +39,15 @@ TRAINERS = {"pretrain": pretrain_lib.train_and_evaluate, "finetune": finetune_tr
 
 
 def _quiet_orbax(record: std_logging.LogRecord) -> bool:
-  """absl handler filter: orbax's INFO lines (a dozen per save) are dropped, and its
-  errors keep their one-line message but not the tracebacks of its background
-  threads (the cause is reported once, at the end, by run())."""
+  """absl logger filter: orbax's lines are dropped, its warnings and errors too unless
+  verbose(). A failed save or restore reaches the run as an exception, which run()
+  reports once (a full disk: one "storage error" line) or the restore code names by
+  step; orbax's own lines before it say the same at length (4 long ones for a full
+  disk), and its INFO lines are a dozen per save. With verbose() its warnings and
+  errors are kept, without the tracebacks of its background threads."""
   if "/orbax/" not in record.pathname:
     return True
-  if record.levelno < std_logging.WARNING:
+  if record.levelno < std_logging.WARNING or not verbose():
     return False
   record.exc_info, record.exc_text = None, None
   return True
@@ -82,6 +87,8 @@ def run(config, workdir_path: str) -> int:
     if cause is None:
       raise
     return refuse(e, f"storage error: {cause}")
+  finally:
+    preemption.release()  # a Ctrl-C stop listened for a second Ctrl-C until here
   return preemption.stopped_exit_code() if preemption.was_preempted() else 0
 
 
@@ -103,7 +110,7 @@ def refuse(error: BaseException, message: str | None = None) -> int:
 
 
 def configure_logging() -> None:
-  """INFO to the terminal, orbax quieted (see _quiet_orbax)."""
+  """INFO to the terminal, orbax quiet unless verbose() (see _quiet_orbax)."""
   logging.set_verbosity(logging.INFO)
   # On the logger, not a handler: it holds whether or not absl's handler is installed.
   std_logging.getLogger("absl").addFilter(_quiet_orbax)

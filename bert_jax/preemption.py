@@ -12,24 +12,33 @@ shell's code for "terminated by SIGTERM"), distinct from 0 (finished) and 1
 (failed), so a scheduler or bert_jax.launch knows to relaunch the same command,
 which resumes from the saved step.
 
-Ctrl-C (SIGINT) on a single-process run is a stop request too: the first one
-saves the step and ends the process with INTERRUPTED_EXIT_CODE (130, the
-shell's code for SIGINT) and the same "saved step N; the same command resumes"
-line; a second one aborts at once, without saving (the last saved step stays).
+Ctrl-C (SIGINT) is a stop request too: the first one saves the step and ends
+the process with INTERRUPTED_EXIT_CODE (130, the shell's code for SIGINT) and
+the same "saved step N; the same command resumes" line. A second one aborts at
+once, without waiting for that save (os._exit: orbax commits a step only when
+it is complete, so the newest complete step stays and the same command resumes
+from it); it is heard until the run is over (jobs.run calls release()), also
+while the trainer waits for the save after its loop. On several processes a
+Ctrl-C that reaches one of them is passed to JAX's preemption service as the
+SIGTERM it listens for, so every process stops at the same step and saves it,
+and all of them exit 130.
 """
 
 import os
 import signal
-import sys
 
 import jax
 from jax.experimental import multihost_utils
+import numpy as np
 
 PREEMPTED_EXIT_CODE = 143
 INTERRUPTED_EXIT_CODE = 130
 
 _preempted = [False]
 _interrupted = [False]  # the stop request was a Ctrl-C (SIGINT), not a preemption
+# The SIGINT handler a Ctrl-C stop replaced: put back by release(), not by
+# StopRequest.close(), so that a second Ctrl-C still aborts during the final save.
+_kept_sigint: list = [None]
 
 
 def was_preempted() -> bool:
@@ -40,8 +49,17 @@ def was_preempted() -> bool:
 
 def clear() -> None:
   """Forgets an earlier run's preemption: a new run in the same process starts unstopped."""
+  release()
   _preempted[0] = False
   _interrupted[0] = False
+
+
+def release() -> None:
+  """Puts back the SIGINT handler a Ctrl-C stop kept listening (see the module docstring);
+  bert_jax.jobs.run calls it when the run is over."""
+  if _kept_sigint[0] is not None:
+    signal.signal(signal.SIGINT, _kept_sigint[0])
+    _kept_sigint[0] = None
 
 
 def stopped_exit_code() -> int:
@@ -54,6 +72,13 @@ def stop_reason() -> str:
   return "interrupted (Ctrl-C)" if _interrupted[0] else "preempted (SIGTERM)"
 
 
+def _say(line: str) -> None:
+  """One line on stderr from a signal handler: written to the file descriptor, since the
+  handler may run while the main thread is inside a write to sys.stderr (a reentrant
+  write to a buffered stream raises)."""
+  os.write(2, (line + "\n").encode())
+
+
 class StopRequest:
   """Whether the run must stop at a step; create at the start of a loop, close() at its end."""
 
@@ -63,29 +88,38 @@ class StopRequest:
     self._synced = jax.distributed.is_initialized() and jax.process_count() > 1
     clear()
     self._flag = False
-    self._previous = self._previous_int = None
+    self._previous = None
     if not self._synced:
       self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-      self._previous_int = signal.signal(signal.SIGINT, self._on_sigint)
+    self._previous_int = signal.signal(signal.SIGINT, self._on_sigint)
 
   def _on_sigterm(self, *_):
     self._flag = True
 
   def _on_sigint(self, *_):
-    if self._flag and _interrupted[0]:
+    if _interrupted[0]:
       # The second Ctrl-C: the user will not wait for the save. Nothing is cleaned up
       # (a half-written step is never committed; the lock's dead pid frees it).
-      print("interrupted again: aborting without saving", file=sys.stderr, flush=True)
+      _say("interrupted again: aborted without waiting for the save; the same command "
+           "resumes from the newest complete checkpoint")
       os._exit(INTERRUPTED_EXIT_CODE)
     _interrupted[0] = True
-    self._flag = True
-    print("interrupted (Ctrl-C): saving the current step; press Ctrl-C again to abort "
-          "without saving", file=sys.stderr, flush=True)
+    if self._synced:
+      # The other processes hear of it as of a preemption notice: JAX's notifier in
+      # this process takes the SIGTERM and the service agrees on the step to stop at.
+      os.kill(os.getpid(), signal.SIGTERM)
+    else:
+      self._flag = True
+    _say("interrupted (Ctrl-C): saving the current step; press Ctrl-C again to abort "
+         "without saving")
 
   def reached(self, step: int) -> bool:
     """True at the step to stop at (the same step on every process); call after every step."""
     if self._synced:
       stop = multihost_utils.reached_preemption_sync_point(step)
+      if stop:  # every process at this step: all exit 130 if a Ctrl-C reached any of them
+        _interrupted[0] = bool(np.any(multihost_utils.process_allgather(
+            np.int32(_interrupted[0]))))
     else:
       stop = self._flag
     if stop:
@@ -93,10 +127,14 @@ class StopRequest:
     return stop
 
   def close(self) -> None:
-    """Puts back the SIGTERM and SIGINT handlers that were there before."""
+    """Puts back the SIGTERM and SIGINT handlers that were there before; after a Ctrl-C
+    stop the SIGINT one only at release(), once the run (and its save) is over."""
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
       self._previous = None
     if self._previous_int is not None:
-      signal.signal(signal.SIGINT, self._previous_int)
+      if _interrupted[0]:
+        _kept_sigint[0] = self._previous_int
+      else:
+        signal.signal(signal.SIGINT, self._previous_int)
       self._previous_int = None

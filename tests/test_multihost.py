@@ -4,7 +4,8 @@ Each process reads its own part of the corpus, so each has its own pipeline
 position; a checkpoint must give every process its own back. Tested here on the
 real pipeline: a kill -9 of both processes and a restart ends bit-identical to
 the uninterrupted run; a SIGTERM to one process stops both at the same saved
-step (exit 143) and the same command resumes; another process count is refused.
+step (exit 143) and the same command resumes, and so does a Ctrl-C to one
+process (exit 130 on both); another process count is refused.
 """
 
 import json
@@ -121,6 +122,35 @@ def test_sigterm_to_one_process_stops_both_at_one_saved_step_and_resumes(
   # Both stopped at the same step (the preemption sync point), and it was saved.
   stopped = [re.search(r"preempted \(SIGTERM\): saved step (\d+);",
                        (tmp_path / f"preempted_{i}.log").read_text()) for i in range(2)]
+  assert all(stopped) and stopped[0].group(1) == stopped[1].group(1)
+  step = int(stopped[0].group(1))
+  assert 4 <= step < 12 and (run / "checkpoints" / str(step)).exists()
+  processes = _start_pair(pretrain_subprocess, multihost_config(), run, "relaunched")
+  for i, p in enumerate(processes):
+    assert p.wait(timeout=600) == 0, _log(tmp_path, "relaunched", i)
+  _assert_same_run(run, uninterrupted)
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_one_process_stops_both_at_one_saved_step_and_resumes(
+    uninterrupted, multihost_config, pretrain_subprocess, tmp_path):
+  """Fails if a SIGINT to process 0 alone (a Ctrl-C in the terminal of one host) does not
+  stop both processes at the same saved step with exit 130 (process 1 would hang in its
+  next collective, or exit 143), or if the same command then does not end bit-identical."""
+  run = tmp_path / "run"
+  processes = _start_pair(pretrain_subprocess, multihost_config(), run, "interrupted")
+  deadline = time.time() + 600
+  while max(_losses(run), default=0) < 4:
+    for i, p in enumerate(processes):
+      assert p.poll() is None, _log(tmp_path, "interrupted", i)
+    assert time.time() < deadline
+    time.sleep(0.01)
+  processes[0].send_signal(signal.SIGINT)
+  for i, p in enumerate(processes):
+    assert p.wait(timeout=600) == preemption.INTERRUPTED_EXIT_CODE, (
+        _log(tmp_path, "interrupted", i))
+  stopped = [re.search(r"interrupted \(Ctrl-C\): saved step (\d+);",
+                       (tmp_path / f"interrupted_{i}.log").read_text()) for i in range(2)]
   assert all(stopped) and stopped[0].group(1) == stopped[1].group(1)
   step = int(stopped[0].group(1))
   assert 4 <= step < 12 and (run / "checkpoints" / str(step)).exists()

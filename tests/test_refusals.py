@@ -124,7 +124,10 @@ def test_every_bad_input_is_one_line_writes_nothing_and_the_fix_then_works(
   assert record["config"]["total_steps"] == 2  # what the workdir was created with
   assert json.loads((run / "config.json").read_text())["total_steps"] == 3
 
-  covered = set(cases) | {"a non-finite loss"} | set(finetune_rows) | set(_FLAG_CASES)
+  finetune_inputs = _finetune_input_cases(
+      tmp_path / "task", pathlib.Path(pretrain_test_config().data.vocab_file))[1]
+  covered = (set(cases) | {"a non-finite loss"} | set(finetune_rows) | set(_FLAG_CASES)
+             | set(finetune_inputs))
   assert covered == set(rows), set(rows) ^ covered
 
 
@@ -143,6 +146,64 @@ def _finetune_cases(tmp_path, minilm) -> dict:
   return {"a fine-tuning vocabulary in another order than the checkpoint's":
               (config, tmp_path / "ft"),
           "fine-tuning into a pretraining workdir": (into_pretraining, pretraining_dir)}
+
+
+def _finetune_input_cases(root: pathlib.Path, vocab: pathlib.Path):
+  """(good, {README row: config}): a custom fine-tuning task on the tiny test vocabulary,
+  and the runs that must be refused when its files (or values) are read and checked."""
+  root.mkdir(exist_ok=True)
+  words = [w for w in vocab.read_text().split() if w.isalpha()]
+  rows = ["sentence\tlabel"] + [
+      f"{words[i % 40]} {words[(7 * i) % 40]} {'river' if i % 2 else 'city'}\t"
+      f"{'pos' if i % 2 else 'neg'}" for i in range(32)]
+  (root / "train.tsv").write_text("\n".join(rows) + "\n")
+  (root / "dev.tsv").write_text("\n".join(rows[:9]) + "\n")
+  bad = {"empty.tsv": b"", "header_only.tsv": b"sentence\tlabel\n",
+         "other_label.tsv": ("\n".join(rows[:4]) + "\nthe river\tmaybe\n").encode(),
+         "latin1.tsv": ("\n".join(rows[:4]) + "\n").encode() + b"caf\xe9 river\tpos\n",
+         "other_columns.tsv": b"text\tlabel\nthe river\tpos\n"}
+  for name, data in bad.items():
+    (root / name).write_bytes(data)
+
+  def config(**overrides):
+    c = finetune_configs.get_config("custom")
+    c.task.train_file, c.task.dev_file = str(root / "train.tsv"), str(root / "dev.tsv")
+    c.task.labels, c.task.positive_label = "neg,pos", "pos"
+    c.vocab_file = str(vocab)
+    c.model_size, c.max_seq_length, c.padding = "tiny", 8, "fixed"  # one program each way
+    c.batch_size = c.eval_batch_size = 8
+    c.num_epochs = 1
+    c.update_from_flattened_dict(overrides)
+    return c
+
+  dev = lambda name: config(**{"task.dev_file": str(root / name)})
+  return config, {
+      "an empty dev file": dev("empty.tsv"),
+      "a header-only dev file": dev("header_only.tsv"),
+      "a label outside `--config.task.labels`": dev("other_label.tsv"),
+      "a byte that is not UTF-8 in a fine-tuning file": dev("latin1.tsv"),
+      "a fine-tuning file without the named column": dev("other_columns.tsv"),
+      "a negative fine-tuning learning rate": config(learning_rates=(1e-3, -1.0)),
+      "a fine-tuning run without seeds": config(seeds=()),
+  }
+
+
+@pytest.mark.slow
+def test_bad_finetuning_inputs_are_one_line_write_nothing_and_the_fix_then_works(
+    pretrain_test_config, tmp_path, capsys):
+  """Fails if a fine-tuning row of the README table gets a traceback, another message, more
+  than one line, exit code != 1 or a workdir; or if the corrected command (the good dev
+  file) then fails on the same workdir."""
+  rows = _readme_rows()
+  good, cases = _finetune_input_cases(tmp_path / "task",
+                                      pathlib.Path(pretrain_test_config().data.vocab_file))
+  run = tmp_path / "ft"
+  for name, config in cases.items():
+    line = _one_line_refusal(capsys, jobs.run(config, str(run)))
+    assert rows[name] in line, (name, line)
+    assert not run.exists(), name
+  assert jobs.run(good(), str(run)) == 0, capsys.readouterr().err[-3000:]
+  assert "dev/accuracy" in json.loads((run / "result.json").read_text())["final"]
 
 
 # README row -> bert_jax.main's flags (each a process: the flags are parsed once per process).
@@ -179,6 +240,27 @@ def test_verbose_adds_the_traceback(monkeypatch, capsys):
     assert jobs.refuse(e) == 1
   err = capsys.readouterr().err
   assert "Traceback" in err and err.rstrip().endswith("error: config.x=1 is wrong")
+
+
+def test_orbax_lines_show_only_when_verbose(monkeypatch):
+  """Fails if orbax's ERROR lines (the 4 of a full disk's failed save, before the one storage
+  line) pass jobs' log filter by default, or are hidden with BERT_JAX_VERBOSE=1; or if the
+  filter drops our own lines."""
+  import logging as std_logging  # pylint: disable=g-import-not-at-top
+  def record(path, level):
+    return std_logging.LogRecord("absl", level, path, 1, "Failed to run 4 Handler Commit "
+                                 "operations", None, None)
+  orbax = "/venv/site-packages/orbax/checkpoint/_src/checkpointers/async_checkpointer.py"
+  ours = str(ROOT / "bert_jax/checkpoint.py")
+  monkeypatch.delenv(errors.VERBOSE_ENV, raising=False)
+  assert not jobs._quiet_orbax(record(orbax, std_logging.ERROR))
+  assert not jobs._quiet_orbax(record(orbax, std_logging.INFO))
+  assert jobs._quiet_orbax(record(ours, std_logging.ERROR))
+  assert jobs._quiet_orbax(record(ours, std_logging.INFO))
+  monkeypatch.setenv(errors.VERBOSE_ENV, "1")
+  assert jobs._quiet_orbax(record(orbax, std_logging.ERROR))
+  assert jobs._quiet_orbax(record(orbax, std_logging.WARNING))
+  assert not jobs._quiet_orbax(record(orbax, std_logging.INFO))
 
 
 def test_every_refusal_type_is_the_one_type():
@@ -246,3 +328,73 @@ def test_ctrl_c_saves_and_the_rerun_is_bit_identical(pretrain_reference_run, pre
   _, params = checkpoint.load_params_from_workdir(str(run))
   _, reference = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
   jax.tree.map(np.testing.assert_array_equal, params, reference)
+
+
+# Run in the child instead of tests/pretrain_runner.py: after the loop has stopped on a
+# Ctrl-C, the wait for the step's save takes 300 s (a slow disk or bucket), and says so.
+_SLOW_SAVE_RUNNER = """
+import sys, time
+sys.path[:0] = [sys.argv.pop(1), sys.argv.pop(1)]
+from bert_jax import checkpoint, train_loop
+stopped = []
+preempted = train_loop.preempted
+train_loop.preempted = lambda step: (preempted(step), stopped.append(step))
+make_manager = checkpoint.make_manager
+
+def slow_manager(*args, **kwargs):
+  manager = make_manager(*args, **kwargs)
+  wait = manager.wait_until_finished
+  def slow_wait():
+    if stopped:
+      print("slow save: still writing", flush=True)
+      time.sleep(300)
+    wait()
+  manager.wait_until_finished = slow_wait
+  return manager
+
+checkpoint.make_manager = slow_manager
+import pretrain_runner
+pretrain_runner.main(sys.argv)
+"""
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_during_the_save_aborts_at_once_and_the_workdir_resumes(
+    pretrain_test_config, pretrain_subprocess, tmp_path):
+  """Fails if a second SIGINT while the stopped run waits for its save does not end the
+  process within seconds with exit 130 and one line (the trainer's loop is over by then, so
+  a handler put back with the loop would let it wait out the save, or print a traceback),
+  or if the same command then does not resume from the newest complete checkpoint and
+  finish."""
+  config = pretrain_test_config(total_steps=40)
+  run = tmp_path / "run"
+  (tmp_path / "run.config.json").write_text(config.to_json())
+  log = tmp_path / "run.log"
+  with open(log, "wb") as out:
+    process = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_SAVE_RUNNER, str(ROOT), str(ROOT / "tests"),
+         str(tmp_path / "run.config.json"), str(run)], stdout=out, stderr=subprocess.STDOUT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu",
+             "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+  deadline = time.time() + 300
+  while not (run / "metrics.jsonl").exists() or '"loss"' not in (run / "metrics.jsonl").read_text():
+    assert process.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+    time.sleep(0.02)
+  process.send_signal(signal.SIGINT)
+  while "slow save: still writing" not in log.read_text():
+    assert process.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+    time.sleep(0.02)
+  sent = time.time()
+  process.send_signal(signal.SIGINT)
+  assert process.wait(timeout=60) == preemption.INTERRUPTED_EXIT_CODE, log.read_text()[-3000:]
+  assert time.time() - sent < 30  # not the 300 s the save was still taking
+  text = log.read_text()
+  assert "Traceback" not in text, text[-3000:]
+  assert text.rstrip().endswith("interrupted again: aborted without waiting for the save; the "
+                                "same command resumes from the newest complete checkpoint")
+  rerun = pretrain_subprocess(config, run, name="rerun")
+  assert rerun.wait(timeout=300) == 0, (tmp_path / "rerun.log").read_text()[-3000:]
+  assert re.search(r"resumed from \S+ at step \d+", (tmp_path / "rerun.log").read_text())
+  rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+  assert max(r["step"] for r in rows if "loss" in r) == 40
+  assert checkpoint.load_params_from_workdir(str(run))[1]  # the finished run's step restores
