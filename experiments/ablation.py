@@ -17,7 +17,10 @@ Stages (--stage=all runs them in order; every one resumes):
             error names the two runs and the first step (or field) that differs
   finetune  every downstream task from every run's final checkpoint, in
             DIR/finetune/<run>/<task>/ (bert_jax.finetune.trainer: summary.json
-            with median and spread over seeds at the best learning rate)
+            with median and spread over seeds at the best learning rate); in
+            step mode also from each run's checkpoint at the smallest model FLOPs
+            of its seed's runs (DIR/equal_flops.json;
+            DIR/finetune/<run>/<task>_equal_flops/)
   report    DIR/report.md, DIR/results.csv and DIR/plots/*.png (ablation_report.py)
 
 Exit codes as bert_jax.main: 0 done, 143 preempted (SIGTERM; re-run to resume),
@@ -39,6 +42,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from bert_jax import batch_log
+from bert_jax import checkpoint
 from bert_jax import metrics_io
 from bert_jax import paths
 from bert_jax import preemption
@@ -57,6 +61,9 @@ PLAN_FILE = "plan.json"
 PRETRAIN_DIR = "pretrain"
 FINETUNE_DIR = "finetune"
 RANDOM_INIT = "random_init"  # finetune/random_init/<task>: the no-pretraining floor
+# Step mode: each run's checkpoint at the smallest run's FLOPs, and where it is fine-tuned.
+EQUAL_FLOPS_FILE = ablation_report.EQUAL_FLOPS_FILE
+EQUAL_FLOPS_SUFFIX = "_equal_flops"  # finetune/<run>/<task>_equal_flops
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 AblationError = ablation_proof.AblationError  # bad settings, or runs that differ in more than masks
 
@@ -105,6 +112,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if config.budget.mode not in ablation_plan.MODES:
     raise AblationError(f"config.budget.mode={config.budget.mode!r}: expected one of "
                         f"{ablation_plan.MODES}")
+  if (config.budget.mode == "steps" and config.budget.get("finetune_at_equal_flops", True)
+      and config.downstream):
+    _check_eval_checkpoints(config.pretrain)
   if config.report.baseline not in config.settings:
     raise AblationError(f"config.report.baseline={config.report.baseline!r} is not a setting "
                         f"({sorted(config.settings)}): differences are taken to it")
@@ -112,6 +122,21 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if task_config.family != "finetune" or task_config.init_checkpoint:
       raise AblationError(f"config.downstream.{task} must be a finetune.py config without "
                           "init_checkpoint (each run's checkpoint is filled in)")
+
+
+def _check_eval_checkpoints(pretrain: ml_collections.ConfigDict) -> None:
+  """Refuses, before hours of pretraining, checkpoints that would not all survive at the
+  evaluation points: step mode fine-tunes the one at the smallest run's FLOPs."""
+  every, ckpt = pretrain.eval_every_steps, pretrain.checkpoint
+  saves = -(-pretrain.total_steps // ckpt.every_steps) + 1  # every_steps multiples, the end
+  kept = ((ckpt.keep_period and every % ckpt.keep_period == 0) or ckpt.keep >= saves)
+  if every % ckpt.every_steps or not kept:
+    raise AblationError(
+        f"pretrain.checkpoint (every_steps={ckpt.every_steps}, keep={ckpt.keep}, "
+        f"keep_period={ckpt.keep_period}) does not keep a checkpoint at every evaluation "
+        f"point (eval_every_steps={every}), which the equal-FLOPs fine-tuning of step mode "
+        "starts from: set checkpoint.every_steps and keep_period to eval_every_steps, or "
+        "config.budget.finetune_at_equal_flops=False")
 
 
 def pretrain_config(config: ml_collections.ConfigDict, setting: str, seed: int,
@@ -161,8 +186,9 @@ def plan(config: ml_collections.ConfigDict, workdir: str) -> list[Run]:
 
 
 def finetune_config(config: ml_collections.ConfigDict, task: str, run: Run | None,
-                    workdir: str) -> ml_collections.ConfigDict:
-  """Downstream `task`'s config fine-tuning from `run`'s final checkpoint (None: random init).
+                    workdir: str, step: int | None = None) -> ml_collections.ConfigDict:
+  """Downstream `task`'s config fine-tuning from `run`'s final checkpoint (None: random init;
+  `step`: its checkpoint at that step, the equal-FLOPs one).
 
   Random init has the pretraining model's size and vocabulary and the same sweep,
   so it is the floor every pretrained setting must beat.
@@ -174,9 +200,42 @@ def finetune_config(config: ml_collections.ConfigDict, task: str, run: Run | Non
       task_config.init_checkpoint = ""
       task_config.model_size = config.pretrain.model_size
       task_config.vocab_file = task_config.vocab_file or config.pretrain.data.vocab_file
-    else:
+    elif step is None:
       task_config.init_checkpoint = paths.join(workdir, run.pretrain_dir)
+    else:
+      task_config.init_checkpoint = paths.join(workdir, run.pretrain_dir,
+                                               checkpoint.CHECKPOINT_DIR, str(step))
   return task_config
+
+
+def equal_flops_checkpoints(config: ml_collections.ConfigDict, runs: list[Run],
+                            workdir: str) -> dict[str, dict[str, Any]]:
+  """Step mode: every finished run's checkpoint at the smallest model FLOPs of its seed's runs.
+
+  Returns and writes DIR/equal_flops.json, {run: {"step", "flops", "budget",
+  "finetune": {task: workdir}}} (ablation_plan.equal_flops_checkpoints); where
+  the step is the run's last, "finetune" is its usual sweep. {} in FLOP mode,
+  where every run's final checkpoint already spends the budget, and when
+  config.budget.finetune_at_equal_flops is off.
+  """
+  if (config.budget.mode != "steps" or not config.budget.get("finetune_at_equal_flops", True)
+      or not config.downstream or len(runs) < 2):
+    return {}
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top  # jax only here
+  cumulative = {r.name: ablation_report.cumulative_flops(workdir, r.pretrain_dir) for r in runs}
+  kept = {r.name: list(ocp.utils.checkpoint_steps(
+      paths.path(paths.join(workdir, r.pretrain_dir, checkpoint.CHECKPOINT_DIR)))) for r in runs}
+  try:
+    matched = ablation_plan.equal_flops_checkpoints(cumulative, kept,
+                                                    {r.name: r.seed for r in runs})
+  except ValueError as e:
+    raise AblationError(str(e)) from None
+  for r in runs:
+    m = matched[r.name]
+    m["finetune"] = (dict(r.finetune_dirs) if m["step"] == r.config.total_steps else
+                     {t: d + EQUAL_FLOPS_SUFFIX for t, d in r.finetune_dirs.items()})
+  paths.write_atomic(paths.join(workdir, EQUAL_FLOPS_FILE), json.dumps(matched, indent=2) + "\n")
+  return matched
 
 
 def random_init_dirs(config: ml_collections.ConfigDict) -> dict[str, str]:
@@ -269,6 +328,22 @@ def finetune(config: ml_collections.ConfigDict, runs: list[Run], workdir: str) -
         continue
       logging.info("%s: fine-tuning %s", run.name, task)
       summary = trainer.finetune(finetune_config(config, task, run, workdir), target)
+      if summary.get("preempted"):
+        return False
+  # Step mode: the same sweep again from each run's checkpoint at the smallest run's FLOPs
+  # (every run has finished pretraining here, so the budget is known).
+  matched = equal_flops_checkpoints(config, runs, workdir)
+  for run in runs:
+    if run.name not in matched:
+      continue
+    for task, task_dir in matched[run.name]["finetune"].items():
+      target = paths.join(workdir, task_dir)
+      if paths.exists(paths.join(target, trainer.SUMMARY_FILE)):
+        continue  # done, or the final checkpoint's own sweep
+      logging.info("%s: fine-tuning %s at step %d (equal FLOPs)", run.name, task,
+                   matched[run.name]["step"])
+      summary = trainer.finetune(
+          finetune_config(config, task, run, workdir, matched[run.name]["step"]), target)
       if summary.get("preempted"):
         return False
   return True

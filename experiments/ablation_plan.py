@@ -88,3 +88,36 @@ def stretch(run: ml_collections.ConfigDict, steps: int) -> ml_collections.Config
       out.optimizer.warmup_steps = max(1, round(run.optimizer.warmup_steps * factor))
   return out
 
+
+
+def equal_flops_checkpoints(cumulative: dict[str, list[float]], kept: dict[str, list[int]],
+                            seeds: dict[str, int]) -> dict[str, dict[str, Any]]:
+  """Step mode's equal-FLOPs point: {run: {"step", "flops", "budget"}}.
+
+  `cumulative[run][s]`: the run's model FLOPs after step s (index 0: step 0), as
+  executed (ablation_report.cumulative_flops); `kept[run]`: the steps it holds a
+  checkpoint of; `seeds[run]`: its pretraining seed. The budget is the smallest
+  run's total among the runs of its seed (as in the report's equal-FLOPs table):
+  differences are paired by seed, and one budget over all seeds would push the
+  baseline of a seed that happened to draw a few more predictions off its own
+  final checkpoint. Each run's step is its last kept checkpoint whose FLOPs do not
+  exceed the budget (relative 1e-9 for float sums), so the smallest run's is its
+  final step. The ablation keeps a checkpoint at every evaluation point
+  (checkpoint.every_steps = keep_period = eval_every_steps), so the fine-tuned
+  checkpoint is the evaluation the equal-FLOPs MLM table reads.
+  """
+  budgets: dict[int, float] = {}
+  for name, flops in cumulative.items():
+    budgets[seeds[name]] = min(budgets.get(seeds[name], flops[-1]), flops[-1])
+  out = {}
+  for name, flops in cumulative.items():
+    budget = budgets[seeds[name]]
+    fits = [s for s in kept[name] if s < len(flops) and flops[s] <= budget * (1 + 1e-9)]
+    if not fits:
+      raise ValueError(
+          f"run {name} keeps no checkpoint within the equal-FLOPs budget {budget:.4g} "
+          f"(kept steps {sorted(kept[name])}): keep one at every evaluation point "
+          "(pretrain.checkpoint.every_steps and keep_period = eval_every_steps)")
+    step = max(fits)
+    out[name] = {"step": step, "flops": flops[step], "budget": budget}
+  return out

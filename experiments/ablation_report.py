@@ -37,6 +37,8 @@ from data_pipeline import masking
 from experiments import ablation_stats
 
 # Columns that measure the machine, not the run: they differ between two executions of one run.
+# Step mode's equal-FLOPs checkpoints and their fine-tuning dirs (experiments.ablation writes it).
+EQUAL_FLOPS_FILE = "equal_flops.json"
 TIMING_COLUMNS = ("wall_time_s", "achieved_tflops", "mfu")
 
 
@@ -65,6 +67,15 @@ def executed_flops(config: Any, bert_config: Any, logs: dict[str, list[dict]]) -
       predictions[r["step"]] = predictions.get(r["step"], 0) + r["predictions"]
   return cost.executed_flops(config, bert_config, _abstract_params(config, bert_config),
                              predictions)
+
+
+def cumulative_flops(workdir: str, pretrain_dir: str) -> list[float]:
+  """A finished run's executed_flops from its workdir (DIR/`pretrain_dir`): what the
+  equal-FLOPs table compares and the ablation's equal-FLOPs fine-tuning picks by."""
+  run_dir = paths.join(workdir, pretrain_dir)
+  config = ml_collections.ConfigDict(
+      json.loads(paths.read_text(paths.join(run_dir, workdir_lib.CONFIG_FILE))))
+  return executed_flops(config, checkpoint.read_bert_config(run_dir), batch_log.read(run_dir))
 
 
 def duration(seconds: float) -> str:
@@ -119,6 +130,9 @@ def collect(workdir: str, plan: dict[str, Any], unfinished: tuple[str, ...] = ()
   Runs named in `unfinished` get "finished": False and stay out of every comparison.
   """
   rows = []
+  # Step mode's equal-FLOPs checkpoints, written by the ablation's finetune stage.
+  equal_path = paths.join(workdir, EQUAL_FLOPS_FILE)
+  equal_flops = json.loads(paths.read_text(equal_path)) if paths.exists(equal_path) else {}
   for run in plan["runs"]:
     run_dir = paths.join(workdir, run["pretrain"])
     if not paths.exists(paths.join(run_dir, workdir_lib.CONFIG_FILE)):
@@ -165,38 +179,48 @@ def collect(workdir: str, plan: dict[str, Any], unfinished: tuple[str, ...] = ()
                      r["eval/mlm_accuracy"]) for r in evals]
     row["downstream"] = {}
     for task, task_dir in run["finetune"].items():
-      summary_path = paths.join(workdir, task_dir, "summary.json")
-      if not paths.exists(summary_path):
+      d = _downstream(workdir, task_dir, plan["tasks"][task]["learning_rates"])
+      if d is None:
         continue
-      summary = json.loads(paths.read_text(summary_path))
-      # The learning rate was picked on dev (main_metric); the figure is test's at it when the
-      # task carved one (reported_metric; summaries from before it report dev).
-      main = summary.get("reported_metric", summary["main_metric"])
-      values = [r[main] for r in summary["per_seed"].values()]
-      row["downstream"][task] = {"metric": main, "values": values,
-                                 "learning_rate": summary["learning_rate"],
-                                 "learning_rates": plan["tasks"][task]["learning_rates"]}
-      row[f"{task}_median"] = round(statistics.median(values), 6)
-      row[f"{task}_min"] = round(min(values), 6)
-      row[f"{task}_max"] = round(max(values), 6)
-      row[f"{task}_lr"] = summary["learning_rate"]
+      row["downstream"][task] = d
+      row[f"{task}_median"] = round(statistics.median(d["values"]), 6)
+      row[f"{task}_min"] = round(min(d["values"]), 6)
+      row[f"{task}_max"] = round(max(d["values"]), 6)
+      row[f"{task}_lr"] = d["learning_rate"]
+    matched = equal_flops.get(run["name"])
+    if matched:  # step mode: the same sweep from the checkpoint at the smallest run's FLOPs
+      row["equal_flops"] = {
+          "step": matched["step"], "flops": matched["flops"], "budget": matched["budget"],
+          "downstream": {t: d for t, d in (
+              (t, _downstream(workdir, task_dir, plan["tasks"][t]["learning_rates"]))
+              for t, task_dir in matched["finetune"].items()) if d is not None}}
     rows.append(row)
   # Reading order: by where a setting sits on the ratio axis, then by name and seed.
   return sorted(rows, key=lambda r: (r["mean_ratio"], r["setting"], r["seed"]))
+
+
+def _downstream(workdir: str, task_dir: str, learning_rates: list[float]
+                ) -> dict[str, Any] | None:
+  """{"metric", "values" (per fine-tuning seed), "learning_rate", "learning_rates"} of
+  one sweep's summary.json; None when it has not run."""
+  summary_path = paths.join(workdir, task_dir, "summary.json")
+  if not paths.exists(summary_path):
+    return None
+  summary = json.loads(paths.read_text(summary_path))
+  # The learning rate was picked on dev (main_metric); the figure is test's at it when the
+  # task carved one (reported_metric; summaries from before it report dev).
+  main = summary.get("reported_metric", summary["main_metric"])
+  return {"metric": main, "values": [r[main] for r in summary["per_seed"].values()],
+          "learning_rate": summary["learning_rate"], "learning_rates": learning_rates}
 
 
 def random_init_downstream(workdir: str, plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
   """{task: {"values", "learning_rate", "learning_rates", "metric"}} of the random-init sweeps run."""
   out = {}
   for task, task_dir in plan.get("random_init", {}).items():  # plans before the row have none
-    summary_path = paths.join(workdir, task_dir, "summary.json")
-    if paths.exists(summary_path):
-      summary = json.loads(paths.read_text(summary_path))
-      main = summary.get("reported_metric", summary["main_metric"])  # as in run_rows
-      out[task] = {"metric": main,
-                   "values": [r[main] for r in summary["per_seed"].values()],
-                   "learning_rate": summary["learning_rate"],
-                   "learning_rates": plan["tasks"][task]["learning_rates"]}
+    d = _downstream(workdir, task_dir, plan["tasks"][task]["learning_rates"])
+    if d is not None:
+      out[task] = d
   return out
 
 
@@ -204,26 +228,77 @@ def matched_tables(rows: list[dict[str, Any]]) -> list[str]:
   """report.md lines: held-out MLM accuracy of finished runs at equal steps and at equal FLOPs.
 
   Equal steps: the last evaluation at or before the largest step every finished run
-  evaluated at. Equal FLOPs: the smallest run's total model FLOPs; each run's last
-  evaluation whose cumulative FLOPs do not exceed it (the FLOPs column says where).
+  evaluated at. Equal FLOPs: the smallest total model FLOPs among the finished runs
+  of the same pretraining seed (differences are paired by seed; the ablation's
+  equal-FLOPs fine-tuning uses the same budget); each run's last evaluation whose
+  cumulative FLOPs do not exceed it (the FLOPs column says where).
   """
   done = [r for r in rows if r["finished"] and r["curve"]]
   if not done:
     return []
   steps = min(r["curve"][-1][0] for r in done)
-  budget = min(r["curve"][-1][1] for r in done)
-  lines = [f"## At equal steps ({steps:,}) and at equal model FLOPs ({budget / 1e15:.4g} PFLOP, "
-           "the smallest finished run's)", "",
+  budgets: dict[int, float] = {}
+  for r in done:
+    budgets[r["seed"]] = min(budgets.get(r["seed"], r["curve"][-1][1]), r["curve"][-1][1])
+  lines = [f"## At equal steps ({steps:,}) and at equal model FLOPs ({_budgets(budgets)})", "",
            "| setting | seed | step | MLM acc (15%) at equal steps | step | PFLOP | MLM acc (15%) "
            "at equal FLOPs |", "|---|---|---|---|---|---|---|"]
   for r in done:
     at_steps = [c for c in r["curve"] if c[0] <= steps]
-    at_flops = [c for c in r["curve"] if c[1] <= budget * (1 + 1e-9)]
+    at_flops = [c for c in r["curve"] if c[1] <= budgets[r["seed"]] * (1 + 1e-9)]
     a = at_steps[-1] if at_steps else ("-", 0.0, "-")
     b = at_flops[-1] if at_flops else ("-", 0.0, "-")
     lines.append(f"| {r['setting']} | {r['seed']} | {a[0]} | {_fmt(a[2])} | {b[0]} | "
                  f"{b[1] / 1e15:.4g} | {_fmt(b[2])} |")
   return lines + [""]
+
+
+def _budgets(budgets: dict[int, float]) -> str:
+  """'4e-06 PFLOP, the smallest finished run's of each pretraining seed' (or one per seed)."""
+  values = sorted(set(budgets.values()))
+  if len(values) == 1:
+    return f"{values[0] / 1e15:.4g} PFLOP, the smallest finished run's of each pretraining seed"
+  return ("the smallest finished run's of each pretraining seed: " + ", ".join(
+      f"seed {seed} {b / 1e15:.4g} PFLOP" for seed, b in sorted(budgets.items())))
+
+
+def equal_flops_downstream(rows: list[dict[str, Any]], tasks: list[str]) -> list[str]:
+  """report.md lines: step mode's downstream at equal model FLOPs, each finished run
+  fine-tuned from its checkpoint at the smallest FLOPs of its seed's runs
+  (DIR/equal_flops.json)."""
+  done = [r for r in rows if r["finished"] and r.get("equal_flops")]
+  if not done or not tasks:
+    return []
+  budgets = {r["seed"]: r["equal_flops"]["budget"] for r in done}
+  lines = [f"## Downstream at equal model FLOPs ({_budgets(budgets)})", "",
+           "Each run fine-tuned with the same sweep from its kept checkpoint (one per "
+           "evaluation point) whose model FLOPs do not exceed the budget; the equal-steps "
+           "figures are in the Runs table.", "",
+           "| setting | seed | step | PFLOP | " + " | ".join(
+               f"{t} {_metric(rows, t)} median (min-max)" for t in tasks) + " |",
+           "|---|---|---|---|" + "---|" * len(tasks)]
+  for r in done:
+    e = r["equal_flops"]
+    cells = [_range(e["downstream"][t]["values"]) if t in e["downstream"] else "not run"
+             for t in tasks]
+    lines.append(f"| {r['setting']} | {r['seed']} | {e['step']} | {e['flops'] / 1e15:.4g} | "
+                 + " | ".join(cells) + " |")
+  return lines + [""]
+
+
+def equal_flops_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Step mode: the finished rows as read at equal FLOPs (held-out MLM accuracy at the
+  equal-FLOPs evaluation, downstream from that checkpoint), for ablation_stats; [] unless
+  every one has its equal-FLOPs sweep."""
+  if not rows or not all(r.get("equal_flops") for r in rows):
+    return []
+  out = []
+  for r in rows:
+    e = r["equal_flops"]
+    at = [c for c in r["curve"] if c[0] == e["step"]]
+    out.append({**r, "eval_mlm_accuracy": at[-1][2] if at else None,
+                "downstream": e["downstream"]})
+  return out
 
 
 def results_csv(rows: list[dict[str, Any]], tasks: list[str]) -> str:
@@ -285,8 +360,15 @@ def report_markdown(plan: dict[str, Any], rows: list[dict[str, Any]], tasks: lis
               f"{', '.join(unfinished)}.", ""]
   finished = [r for r in rows if r["finished"]]
   lines += matched_tables(rows)
+  lines += equal_flops_downstream(rows, tasks)
   lines += [ablation_stats.comparison_markdown(finished, tasks, plan.get("baseline", "r15"),
                                                random_init or {})]
+  at_equal_flops = equal_flops_rows(finished)
+  if at_equal_flops:  # step mode: the same statements for the runs read at equal FLOPs
+    lines += [ablation_stats.comparison_markdown(
+        at_equal_flops, tasks, plan.get("baseline", "r15"), random_init or {}).replace(
+            "## What the data can support", "## What the data can support at equal model "
+            "FLOPs (step mode: each run's checkpoint at the smallest FLOPs of its seed's runs)", 1)]
   by_setting = _by_setting([r for r in rows if r["finished"]], tasks)
   if any(len(s["runs"]) > 1 for s in by_setting.values()):
     lines += ["## Per setting (pooled over pretraining seeds)", "",

@@ -281,6 +281,21 @@ def test_smoke_grid_end_to_end(reference):
     assert width > 100 and height > 100 and png.stat().st_size > 5000, name
     assert f"plots/{name}.png" in report
 
+  # Step mode: the cosine run (more predictions, so more FLOPs per step) is fine-tuned
+  # again from its checkpoint at r15's total FLOPs, the evaluation point at step 2.
+  equal = json.loads((workdir / "equal_flops.json").read_text())
+  assert equal["r15_seed0"]["step"] == 4
+  assert equal["r15_seed0"]["finetune"] == {"toy": "finetune/r15_seed0/toy"}  # its final one
+  assert equal["cos40to15_seed0"]["step"] == 2
+  assert equal["cos40to15_seed0"]["flops"] <= equal["r15_seed0"]["flops"]
+  assert equal["r15_seed0"]["flops"] == pytest.approx(float(r15["model_flops"]), rel=1e-5)
+  matched_dir = workdir / "finetune" / "cos40to15_seed0" / "toy_equal_flops"
+  assert (matched_dir / "summary.json").exists()
+  assert json.loads((matched_dir / "config.json").read_text())["init_checkpoint"] == str(
+      workdir / "pretrain" / "cos40to15_seed0" / "checkpoints" / "2")
+  assert "## Downstream at equal model FLOPs" in report
+  assert "| cos40to15 | 0 | 2 |" in report.split("## Downstream at equal model FLOPs")[1]
+
   # The report stage alone rebuilds the same table from the workdirs.
   (workdir / "results.csv").unlink()
   assert ablation.run_ablation(None, str(workdir), "report") == 0

@@ -90,3 +90,56 @@ def test_zh_proof_is_the_compute_matched_three_seed_plan(tmp_path):
   assert task.task.test_fraction == 0.1 and task.task.max_train_examples == 2000
   assert tuple(task.learning_rates) == (3e-4, 1e-3) and tuple(task.seeds) == (0, 1, 2)
   assert task.num_epochs == 2
+
+
+def _smoke_runs(tmp_path):
+  """The smoke variant's runs in step mode (20 steps, eval and checkpoints every 10)."""
+  config = ablation_configs.get_config("smoke")
+  assert config.budget.mode == "steps" and config.budget.finetune_at_equal_flops
+  return config, {r.setting: r for r in ablation.plan(config, str(tmp_path))}
+
+
+def test_step_mode_fine_tunes_the_checkpoint_at_the_smallest_runs_flops(tmp_path):
+  """On the smoke plan: r15 is the cheapest run, so its final step (20) is the budget;
+  the cosine run (26 slots, ~1.6x r15's step) overspends it at 20 and fits at its
+  evaluation point 10, which the config keeps. Fails if the pick overshoots the
+  budget, ignores which checkpoints exist, or the kept steps miss an eval point."""
+  config, runs = _smoke_runs(tmp_path)
+  p = config.pretrain
+  assert p.checkpoint.every_steps == p.checkpoint.keep_period == p.eval_every_steps == 10
+  per_step = {s: ablation_plan.step_flops_estimate(r.config) for s, r in runs.items()}
+  assert 1.0 < per_step["cos40to15"] / per_step["r15"] < 2.0
+  cumulative = {s: [f * step for step in range(p.total_steps + 1)] for s, f in per_step.items()}
+  kept = {s: [10, 20] for s in runs}  # every eval point (keep_period) and the last
+  seeds = {s: 0 for s in runs}
+  picked = ablation_plan.equal_flops_checkpoints(cumulative, kept, seeds)
+  budget = 20 * per_step["r15"]
+  assert picked["r15"] == {"step": 20, "flops": budget, "budget": budget}
+  assert picked["cos40to15"]["step"] == 10
+  assert picked["cos40to15"]["flops"] == 10 * per_step["cos40to15"] <= budget
+  # Only the steps a run holds count: without step 10 nothing fits, and it says so.
+  with pytest.raises(ValueError, match="keeps no checkpoint within the equal-FLOPs budget"):
+    ablation_plan.equal_flops_checkpoints(cumulative, {"r15": [20], "cos40to15": [20]}, seeds)
+  # The budget is per pretraining seed: a seed-1 baseline that drew 0.1% more predictions
+  # still ends at its own final step, not an earlier one.
+  more = {"r15_seed1": [1.001 * f for f in cumulative["r15"]]}
+  picked = ablation_plan.equal_flops_checkpoints(
+      {**cumulative, **more}, {**kept, "r15_seed1": [10, 20]}, {**seeds, "r15_seed1": 1})
+  assert picked["r15_seed1"]["step"] == 20 and picked["r15"]["step"] == 20
+  # The fine-tuning starts from that step's directory in the run's workdir.
+  task = next(iter(config.downstream))
+  start = ablation.finetune_config(config, task, runs["cos40to15"], str(tmp_path), 10)
+  assert start.init_checkpoint == str(tmp_path / "pretrain" / "cos40to15_seed0" /
+                                      ablation.checkpoint.CHECKPOINT_DIR / "10")
+
+
+def test_checkpoints_that_would_miss_an_eval_point_are_refused_before_pretraining(tmp_path):
+  config = ablation_configs.get_config("smoke")
+  config.pretrain.checkpoint.keep_period = 0  # keep=2 of 3 saves (10, 20 and the last)
+  config.pretrain.total_steps = 30
+  with pytest.raises(ablation.AblationError, match="does not keep a checkpoint at every"):
+    ablation.plan(config, str(tmp_path))
+  config.budget.finetune_at_equal_flops = False  # the final checkpoint alone is then enough
+  assert ablation.plan(config, str(tmp_path))
+  for variant in ablation_configs.VARIANTS:  # every shipped variant passes
+    assert ablation.plan(ablation_configs.get_config(variant), str(tmp_path))

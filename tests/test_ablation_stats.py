@@ -139,3 +139,53 @@ def test_downstream_figures_are_test_at_the_dev_picked_learning_rate(tmp_path):
   assert floor["values"] == [0.9, 0.8]
   note = ablation_report.downstream_note([{"downstream": {"sentiment": floor}}], ["sentiment"])
   assert "reported on test" not in note and "optimistic" in note
+
+
+def test_report_has_downstream_at_equal_flops_in_step_mode():
+  """Rows carrying the equal-FLOPs sweep (step mode): a table with each run's step,
+  FLOPs and downstream there; none without (fails if the section is missing, or
+  reads the final checkpoint's figures)."""
+  from experiments import ablation_report  # pylint: disable=g-import-not-at-top
+  rows = [_report_row("r15", 0, 0.14), _report_row("r40", 0, 0.15, flops_per_step=2e9)]
+  for r, step, flops, values, final in ((rows[0], 4, 4e9, [0.70, 0.72], [0.70, 0.72]),
+                                         (rows[1], 2, 4e9, [0.60, 0.62], [0.90, 0.91])):
+    d = {"metric": "test/accuracy", "learning_rate": 1e-3, "learning_rates": [1e-3]}
+    r["downstream"] = {"toy": {**d, "values": final}}
+    r["equal_flops"] = {"step": step, "flops": flops, "budget": 4e9,
+                        "downstream": {"toy": {**d, "values": values}}}
+  lines = "\n".join(ablation_report.equal_flops_downstream(rows, ["toy"]))
+  assert "## Downstream at equal model FLOPs (4e-06 PFLOP" in lines
+  assert "| r40 | 0 | 2 | 4e-06 | 0.6100 (0.6000-0.6200) |" in lines
+  assert "| r15 | 0 | 4 | 4e-06 | 0.7100 (0.7000-0.7200) |" in lines
+  for r in rows:
+    del r["equal_flops"]
+  assert ablation_report.equal_flops_downstream(rows, ["toy"]) == []
+
+
+def test_report_states_what_the_data_support_at_equal_flops_too():
+  """Step mode: at equal steps r40 beats r15 downstream on every seed, but at equal FLOPs
+  (its earlier checkpoint) it is worse on every seed; the report must say both, each
+  under its own heading (fails if the equal-FLOPs section reads the final figures)."""
+  from experiments import ablation_report  # pylint: disable=g-import-not-at-top
+  rows = []
+  for seed in (0, 1, 2):
+    for setting, final, matched, step in (("r15", 0.70, 0.70, 4), ("r40", 0.90, 0.60, 2)):
+      r = _report_row(setting, seed, 0.14 + 0.01 * seed + (0.01 if setting == "r40" else 0),
+                      flops_per_step=2e9 if setting == "r40" else 1e9)
+      d = {"metric": "test/accuracy", "learning_rate": 1e-3, "learning_rates": [3e-4, 1e-3, 3e-3]}
+      r["downstream"] = {"toy": {**d, "values": [final + 0.01 * seed]}}
+      r["equal_flops"] = {"step": step, "flops": 4e9, "budget": 4e9,
+                          "downstream": {"toy": {**d, "values": [matched + 0.01 * seed]}}}
+      rows.append(r)
+  plan = {"variant": "synthetic", "settings": {"r15": {}, "r40": {}},
+          "pretrain_seeds": [0, 1, 2], "tasks": {"toy": {"name": "toy", "learning_rates": [1e-3],
+                                                          "seeds": [0]}},
+          "baseline": "r15", "runs": [{"name": r["run"]} for r in rows]}
+  md = ablation_report.report_markdown(plan, rows, ["toy"], [])
+  steps_part, flops_part = md.split("## What the data can support at equal model FLOPs")
+  assert "toy (downstream): r40 beats r15" in steps_part
+  assert "toy (downstream): r40 is worse than r15" in flops_part
+  # Held-out MLM: r40 ends higher, but at equal FLOPs it is read at its step 2 (half its
+  # final accuracy on these synthetic curves).
+  assert "held-out MLM accuracy at 15%: r40 beats r15" in steps_part
+  assert "held-out MLM accuracy at 15%: r40 is worse than r15" in flops_part

@@ -73,7 +73,11 @@ plus the random-init row's sweep (~20 min).
 
 Compute matching: --config.budget.mode=flops gives every setting the steps that
 spend the baseline's FLOPs (or --config.budget.flops) on its own per-step FLOPs
-(experiments/ablation_plan.py); the default, "steps", matches runs by steps.
+(experiments/ablation_plan.py); the default, "steps", matches runs by steps and,
+with budget.finetune_at_equal_flops, also fine-tunes every run that is not the
+cheapest from its checkpoint at the cheapest run's total FLOPs (a checkpoint is
+kept at every evaluation point for it): one more sweep per such run and task,
+which the fine-tuning times above do not include.
 
 Expected result: a report.md whose table has one row per run (ratio, schedule,
 corruption mix, steps, tokens, predictions, model FLOPs, wall time, MFU where
@@ -170,10 +174,14 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   p.data.eval.num_examples = 64 if smoke else 1024  # held-out examples (both eval sets)
   # held-out curve points (and the last step)
   p.eval_every_steps = 10 if smoke else 125 if proof else 250 if small else 300
-  p.log_every_steps = 5 if smoke else 25 if proof else 100  # metrics.jsonl rows (wall time, MFU)
-  # a multiple of log_every_steps
-  p.checkpoint.every_steps = 10 if smoke else 125 if proof else 500
-  p.checkpoint.keep = 2  # only the latest is needed to resume and fine-tune
+  # metrics.jsonl rows (wall time, MFU); divides eval_every_steps
+  p.log_every_steps = 5 if smoke else 25 if proof else 50 if small else 100
+  # A checkpoint at every evaluation point, each kept: in step mode the equal-FLOPs
+  # fine-tuning starts from the one at the smallest run's FLOPs (experiments.ablation).
+  # FLOP mode needs only the last (every run's final checkpoint spends the budget).
+  p.checkpoint.every_steps = p.eval_every_steps  # a multiple of log_every_steps
+  p.checkpoint.keep = 2  # the latest, to resume
+  p.checkpoint.keep_period = 0 if proof else p.eval_every_steps  # ...and every eval point
 
   # --- what differs between runs ---
   config.settings = ml_collections.ConfigDict(_settings(arg))  # name -> pretrain.data.masking fields
@@ -189,6 +197,9 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   # that spend budget.flops on its own per-step model FLOPs (experiments/ablation_plan.py).
   config.budget.mode = "flops" if proof else "steps"
   config.budget.flops = 0.0  # FLOP mode's budget; 0: the baseline's FLOPs in pretrain.total_steps
+  # Step mode: also fine-tune every run from its checkpoint at the smallest run's model
+  # FLOPs (DIR/equal_flops.json, finetune/<run>/<task>_equal_flops; report's equal-FLOPs table).
+  config.budget.finetune_at_equal_flops = True
 
   # --- downstream: fine-tuning from every run's final checkpoint ---
   config.downstream = ml_collections.ConfigDict()  # task name -> experiments/configs/finetune.py config
