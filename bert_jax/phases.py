@@ -34,14 +34,20 @@ def phase_data_config(config: ml_collections.ConfigDict, step: int) -> tuple[int
   return 2, data
 
 
+def phase2(config: ml_collections.ConfigDict) -> tuple[int, Any] | None:
+  """(first step, data config) of phase 2, or None for a run without one."""
+  start = phase2_start(config)
+  return (start, phase_data_config(config, start)[1]) if start < config.total_steps else None
+
+
 def phases(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
   """[{"phase", "steps", "seq_len", "predictions"}] of a pretraining config."""
-  from data_pipeline import pretraining  # pylint: disable=g-import-not-at-top  # TF: only here
+  from data_pipeline import specs  # pylint: disable=g-import-not-at-top  # TF: only here
   start2 = phase2_start(config)
   out = []
   for phase, first, last in ((1, 0, start2), (2, start2, config.total_steps)):
     if last > first:
       data = phase_data_config(config, first)[1]
       out.append({"phase": phase, "steps": last - first, "seq_len": data.max_seq_length,
-                  "predictions": pretraining.max_predictions(data)})
+                  "predictions": specs.max_predictions(data)})
   return out

@@ -11,12 +11,13 @@ Where a run starts, decided once (in "restore"):
   3. random initialisation from config.seed.
 
 Validate everything, then write: the "validate" section judges the whole
-config (first what needs neither vocabulary nor data, then the vocabulary, then
-every phase), reads and checks the data (the tokenized corpus it reads is
-memoised, so the input pipeline does not read it again) and reads a new run's
-init checkpoint, all inside errors.judging_input(): any refusal there is one
-line and leaves the workdir untouched, so the corrected command on the same
---workdir just works.
+config without data first (so a typo is refused at once, before any corpus
+work), then prepares the run's data as one object
+(data_pipeline.prepare.PretrainingData: vocabulary, every phase's corpus read
+and checked, kept for the inputs and eval sets, which talk to it only), checks
+the network against the vocabulary and reads a new run's init checkpoint, all
+inside errors.judging_input(): any refusal there is one line and leaves the
+workdir untouched, so the corrected command on the same --workdir just works.
 """
 
 import contextlib
@@ -47,20 +48,20 @@ from bert_jax import sharding
 from bert_jax import train_loop
 from bert_jax import train_state as state_lib
 from bert_jax import workdir as workdir_lib
-from data_pipeline import corpora
-from data_pipeline import pretraining
+from data_pipeline import prepare as prepare_lib
+from data_pipeline import specs
 
 
 
-def build_bert_config(config: ml_collections.ConfigDict) -> model_lib.BertConfig:
+def build_bert_config(config: ml_collections.ConfigDict, vocab_size: int) -> model_lib.BertConfig:
   """The BertConfig of a run: the size-table row plus config.model overrides.
 
-  vocab_size 0 takes the pipeline's vocabulary size; an explicit one must be
-  at least that. It stays the true vocabulary (what HF/TF exports hold):
-  config.model.vocab_multiple pads the word table and MLM logits beyond it.
+  config.model.vocab_size 0 takes `vocab_size` (the pipeline's vocabulary,
+  PretrainingData.vocab_size); an explicit one must be at least that. It stays
+  the true vocabulary (what HF/TF exports hold): config.model.vocab_multiple
+  pads the word table and MLM logits beyond it.
   """
   overrides = config.model.to_dict()
-  vocab_size = len(pretraining.make_tokenizer(config.data).vocab)
   if not overrides["vocab_size"]:
     overrides["vocab_size"] = vocab_size
   elif overrides["vocab_size"] < vocab_size:
@@ -110,7 +111,7 @@ def check_config(config: ml_collections.ConfigDict, bert_config: model_lib.BertC
           f"max_position_embeddings={bert_config.max_position_embeddings}")
     attention.check_training(bert_config, length)  # a kernel this device lacks, say
     try:
-      pretraining.check_data_config(data_config)
+      specs.check_data_config(data_config)
     except ValueError as e:
       hint = (" (phase 2 takes it from config.phase2.max_predictions_per_seq)"
               if phase == 2 and "max_predictions" in str(e) else "")
@@ -132,44 +133,33 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     mesh, rules = state_lib.setup_mesh(config)
     # What needs no vocabulary first: a typo must not wait for the embedded corpus's harvest.
     check_config(config, _provisional_bert_config(config), mesh)
-    bert_config = build_bert_config(config)  # reads (or for the embedded corpus, makes) the vocab
+    # The run's data, once: the vocabulary (for the embedded corpus, made on first use),
+    # every phase's corpus read and checked, kept for the inputs and eval sets.
+    pretraining_data = prepare_lib.PretrainingData.prepare(
+        config.data, jax.process_index(), jax.process_count(), batch_size=config.batch_size,
+        eval_batch_size=config.eval_batch_size, total_steps=config.total_steps,
+        phase2=phases.phase2(config))
+    bert_config = build_bert_config(config, pretraining_data.vocab_size)
     check_config(config, bert_config, mesh)
-    check_data(config)
     init = None
     if config.init_checkpoint and not paths.exists(paths.join(workdir, checkpoint.CHECKPOINT_DIR)):
       init = _read_init_checkpoint(config, bert_config)  # a new run's start, read before writing
 
   # -------------------------------------------------------------- workdir
-  vocab_file, spm_model_file = pretraining.resolve_vocab(config.data)
   previous = workdir_lib.previous_config(workdir)  # read only: the total a resume changes
   lock = workdir_lib.open_workdir(
-      workdir, config, bert_config, vocab_file=vocab_file or None,
-      spm_model_file=spm_model_file or None,
-      data=corpora.fingerprint(config.data.corpus, embedded_cache_dir=config.data.embedded_cache_dir,
-                               tfds_data_dir=config.data.tfds_data_dir))
+      workdir, config, bert_config, vocab_file=pretraining_data.vocab_file or None,
+      spm_model_file=pretraining_data.spm_model_file or None,
+      data=pretraining_data.fingerprint)
   with contextlib.ExitStack() as cleanup:  # run in reverse order, whatever fails
     if lock is not None:
       cleanup.callback(lock.release)
 
     # --------------------------------------------------------------- data
-    host_batch = config.batch_size // jax.process_count()
-    host_eval_batch = config.eval_batch_size // jax.process_count()
-
     def make_input(step: int, data_state: dict[str, Any] | None):
-      phase, data_config = phases.phase_data_config(config, step)
-      # A masking schedule runs over the whole run; phase 2's stream starts mid-schedule.
-      data = pretraining.PretrainingInput(
-          data_config, batch_size=host_batch, process_index=jax.process_index(),
-          process_count=jax.process_count(), split="train",
-          first_step=0 if phase == 1 else phases.phase2_start(config), schedule_steps=config.total_steps)
-      if data_state is not None and data_state.get("phase") == phase:
-        data.set_state(data_state["input"])
-      return phase, sharding.DevicePrefetch(data, mesh)
-
-    def make_eval_set(phase_config, own_masking: bool):
-      return list(pretraining.make_eval_batches(
-          phase_config, batch_size=host_eval_batch, process_index=jax.process_index(),
-          process_count=jax.process_count(), own_masking=own_masking))
+      """(phase, its input at `data_state`'s position when of that phase), on the devices."""
+      data = pretraining_data.train_input(step, data_state)
+      return pretraining_data.phase_at(step), sharding.DevicePrefetch(data, mesh)
 
     # --------------------------------------------------- model and optimizer
     model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
@@ -179,7 +169,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     def init_params(rng):
       length = config.data.max_seq_length
-      predictions = pretraining.max_predictions(config.data)
+      predictions = pretraining_data.max_predictions(1)
       ids = jnp.zeros((1, length), jnp.int32)
       return model.init({"params": rng}, ids, ids, ids, jnp.zeros((1, predictions), jnp.int32),
                         deterministic=True)["params"]
@@ -221,7 +211,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     cleanup.callback(batches.close)
 
     # ---------------------------------------------------------------- eval
-    eval_sets: dict[tuple[int, str], list[dict[str, np.ndarray]]] = {}
     # eval/*: the fixed 15% held-out masks; eval_own/*: the same pairs masked like training.
     eval_kinds = ("eval", "eval_own") if config.data.eval.own_masking else ("eval",)
 
@@ -230,13 +219,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       done = writer.recorded(at_step)
       if "eval/mlm_loss" in done:
         return {k: v for k, v in done.items() if k.split("/")[0] in eval_kinds}
-      phase, data_config = phases.phase_data_config(config, min(at_step, config.total_steps - 1))
+      phase = pretraining_data.phase_at(min(at_step, config.total_steps - 1))
       result = {}
       for kind in eval_kinds:
-        if (phase, kind) not in eval_sets:
-          eval_sets[phase, kind] = make_eval_set(data_config, own_masking=kind == "eval_own")
         totals: dict[str, float] = {}
-        for local in eval_sets[phase, kind]:
+        for local in pretraining_data.eval_batches(kind, phase):
           sums = jax.device_get(p_eval_step(state.params, sharding.global_batch(local, mesh)))
           for k, v in sums.items():
             totals[k] = totals.get(k, 0.0) + float(v)
@@ -309,7 +296,7 @@ def _announce_new_total(config: ml_collections.ConfigDict, old_total: int, step:
   """One line: what a resume's new total_steps does to the schedules at the resume step
   (they follow the new end: the learning rate, the masking ratio and phase 2's start jump)."""
   _, old_schedule = optim.make_optimizer(config.optimizer, old_total)
-  spec = pretraining.masking_spec(config.data)
+  spec = specs.masking_spec(config.data)
   masking = ""
   if spec.schedule != "constant":
     masking = (f"; masking ratio {spec.ratio_at(step, old_total):.4g} -> "
@@ -324,19 +311,6 @@ def _provisional_bert_config(config: ml_collections.ConfigDict) -> model_lib.Ber
   overrides = dict(config.model.to_dict())
   overrides["vocab_size"] = overrides["vocab_size"] or 1
   return model_lib.BertConfig.from_size(config.model_size, **overrides)
-
-
-def check_data(config: ml_collections.ConfigDict) -> None:
-  """Reads and checks every phase's data before anything is written (pretraining.check_corpus:
-  this process's training documents and the held-out set, memoised for the pipeline)."""
-  seen = set()
-  for step in sorted({0, phases.phase2_start(config) % config.total_steps}):
-    _, data_config = phases.phase_data_config(config, step)
-    key = (data_config.objective, data_config.max_seq_length)
-    if key not in seen:
-      seen.add(key)
-      pretraining.check_corpus(data_config, process_index=jax.process_index(),
-                               process_count=jax.process_count())
 
 
 def _read_init_checkpoint(config: ml_collections.ConfigDict,

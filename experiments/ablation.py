@@ -47,7 +47,8 @@ from bert_jax import metrics_io
 from bert_jax import paths
 from bert_jax import preemption
 from bert_jax import workdir as workdir_lib
-from data_pipeline import pretraining
+from data_pipeline import specs
+from data_pipeline import tokenized_corpus
 from experiments import ablation_plan
 from experiments import ablation_proof
 from experiments import ablation_report
@@ -150,7 +151,7 @@ def pretrain_config(config: ml_collections.ConfigDict, setting: str, seed: int,
     run.seed = seed  # initial parameters and dropout
     run.data.seed = seed  # pairs, their order and the masks' random draws
   try:
-    pretraining.check_data_config(run.data)
+    specs.check_data_config(run.data)
   except ValueError as e:
     raise AblationError(f"config.settings.{setting}: {e}") from None
   return run
@@ -447,7 +448,8 @@ def dry_run(config: ml_collections.ConfigDict, runs: list[Run]) -> str:
       [f"{name} at MFU {config.report.mfu:.0%}" for name, _ in targets]
   rows, total = [], 0.0
   for run in runs:
-    bert_config = pretrain_lib.build_bert_config(run.config)
+    vocab_size = len(tokenized_corpus.load_tokenizer(run.config.data).vocab)
+    bert_config = pretrain_lib.build_bert_config(run.config, vocab_size)
     phases = ablation_report.phase_flops(run.config, bert_config)
     flops = sum(steps * per_step for steps, per_step, _ in phases)
     total += flops

@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax import paths
-from data_pipeline import pretraining
+from data_pipeline import specs
 
 MODES = ("steps", "flops")
 _SPECIAL_TOKENS = 3  # [CLS] A [SEP] B [SEP]: never predicted
@@ -36,7 +36,7 @@ def _vocab_size(data_config: ml_collections.ConfigDict, model_config) -> int:
 
 def expected_predictions(run: ml_collections.ConfigDict) -> float:
   """Predictions per sequence a run is expected to make, averaged over its schedule."""
-  spec = pretraining.masking_spec(run.data)
+  spec = specs.masking_spec(run.data)
   ratios = [spec.ratio_at(s, run.total_steps) for s in range(0, run.total_steps,
                                                               max(1, run.total_steps // 1000))]
   maskable = run.data.max_seq_length - _SPECIAL_TOKENS

@@ -39,8 +39,8 @@ class SyntheticInput:
   """Stand-in for PretrainingInput: a global random stream, sliced per process."""
 
   def __init__(self, data_config, *, batch_size, process_index=0, process_count=1, split="train",
-               first_step=0, schedule_steps=0):
-    del split, first_step, schedule_steps  # no masking happens here
+               first_step=0, schedule_steps=0, tokenizer=None, corpus=None):
+    del split, first_step, schedule_steps, tokenizer, corpus  # no masking, no real text
     self.config, self.batch_size = data_config, batch_size
     self.process_index, self.process_count = process_index, process_count
     self.position = 0
@@ -71,9 +71,9 @@ class SyntheticInput:
 
 
 def synthetic_eval_batches(data_config, *, batch_size, process_index=0, process_count=1,
-                           own_masking=False):
+                           own_masking=False, tokenizer=None, corpus=None):
   """Two fixed global eval batches, sliced per process."""
-  del own_masking  # the synthetic masks are what they are
+  del own_masking, tokenizer, corpus  # the synthetic masks are what they are
   lo = process_index * batch_size
   return [{k: v[lo:lo + batch_size] for k, v in
            _synthetic_batch(data_config, batch_size * process_count, (999, i)).items()}

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from bert_jax import pretrain as pretrain_lib
-from data_pipeline import pretraining
+from data_pipeline import specs
 from experiments import ablation
 from experiments import ablation_report
 from experiments.configs import ablation as ablation_configs
@@ -141,8 +141,8 @@ def test_every_variant_plans_runs_that_differ_only_in_masking(variant, tmp_path)
     assert run.config.data.corpus == f"raw:{tmp_path}/corpus.txt"
     assert (run.config.seed, run.config.data.seed) == (run.seed, run.seed)
     # The static number of predictions follows the largest ratio a run masks at.
-    spec = pretraining.masking_spec(run.config.data)
-    assert pretraining.max_predictions(run.config.data) == int(
+    spec = specs.masking_spec(run.config.data)
+    assert specs.max_predictions(run.config.data) == int(
         np.ceil(spec.max_ratio * run.config.data.max_seq_length - 1e-9))
   flat = [ablation.workdir_lib.flatten(r.config) for r in runs if r.seed == runs[0].seed]
   differing = {k for f in flat[1:] for k in f if f[k] != flat[0][k]}

@@ -15,6 +15,7 @@ import pytest
 
 from data_pipeline import masking
 from data_pipeline import pretraining
+from data_pipeline import specs
 from data_pipeline import word_segmentation
 from data_pipeline.tf_cpu import tf
 from experiments.configs import data as data_configs
@@ -150,7 +151,7 @@ def test_own_masking_eval_of_a_100_0_0_run_uses_its_corruption():
   config = data_configs.data_config()
   config.masking.ratio, config.masking.mask_prob = 0.4, 1.0
   config.masking.random_prob = config.masking.keep_prob = 0.0
-  own = pretraining.own_eval_masking_spec(config)
+  own = specs.own_eval_masking_spec(config)
   assert (own.mask_prob, own.random_prob, own.keep_prob, own.ratio) == (1.0, 0.0, 0.0, 0.4)
   out = _mask(own, np.arange(100, 164, dtype=np.int32))
   positions = out["masked_lm_positions"].numpy()[out["masked_lm_weights"].numpy() > 0]

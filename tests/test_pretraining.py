@@ -17,6 +17,7 @@ import pytest
 
 from data_pipeline import corpora
 from data_pipeline import pretraining
+from data_pipeline import specs
 from experiments.configs import data as data_configs
 
 SEQ = 64
@@ -117,7 +118,7 @@ def _documents(config, split="train"):
 def test_features_follow_the_contract(corpus_dir, uncased_vocab):
   config = _config(corpus_dir, uncased_vocab)
   batch = _batches(config, 1, batch_size=8)[0]
-  p = pretraining.max_predictions(config)
+  p = specs.max_predictions(config)
   assert p == 10  # ceil(0.15 * 64)
   expected = {"input_ids": ([8, SEQ], np.int32), "input_mask": ([8, SEQ], np.int32),
               "segment_ids": ([8, SEQ], np.int32), "masked_lm_positions": ([8, p], np.int32),
@@ -193,7 +194,6 @@ def test_none_objective_packs_full_sentences_across_documents(corpus_dir, uncase
 
 def test_deterministic_across_runs_and_across_masking_ratios(corpus_dir, uncased_vocab):
   base = _batches(_config(corpus_dir, uncased_vocab), 4)
-  pretraining._CORPUS_CACHE.clear()  # pylint: disable=protected-access  (re-tokenize too)
   again = _batches(_config(corpus_dir, uncased_vocab), 4)
   for x, y in zip(base, again):
     for key in x:
@@ -330,8 +330,8 @@ def test_clear_errors(corpus_dir, uncased_vocab, tmp_path):
   with pytest.raises(ValueError, match="vocab_file"):
     pretraining.PretrainingInput(_config(corpus_dir, uncased_vocab, vocab_file=""), batch_size=4)
   with pytest.raises(ValueError, match="max_predictions_per_seq"):
-    pretraining.max_predictions(_config(corpus_dir, uncased_vocab,
-                                        **{"masking.max_predictions_per_seq": 5}))
+    specs.max_predictions(_config(corpus_dir, uncased_vocab,
+                                  **{"masking.max_predictions_per_seq": 5}))
   (tmp_path / "single.txt").write_text("Only one sentence.\n\nAnother lonely one.\n")
   with pytest.raises(ValueError, match=">= 2 sentences"):
     pretraining.PretrainingInput(_config(tmp_path, uncased_vocab, corpus=str(tmp_path / "single.txt"),
@@ -399,8 +399,8 @@ def _counts_at(spec, step, total, batch):
 
 def test_schedule_masks_every_batch_at_its_steps_ratio(corpus_dir, uncased_vocab):
   config = _schedule_config(corpus_dir, uncased_vocab)
-  spec = pretraining.masking_spec(config)
-  assert pretraining.max_predictions(config) == 39  # ceil(0.6 * 64): the schedule's largest
+  spec = specs.masking_spec(config)
+  assert specs.max_predictions(config) == 39  # ceil(0.6 * 64): the schedule's largest
   source = pretraining.PretrainingInput(config, batch_size=8, schedule_steps=5)
   batches, fingerprints = [], []
   for _ in range(7):
@@ -486,7 +486,7 @@ def test_heldout_masks_do_not_depend_on_the_schedule(corpus_dir, uncased_vocab):
       np.testing.assert_array_equal(x[key], y[key], err_msg=key)
   # eval_own: the same pairs, masked like the run ends its training (0.1 here).
   own = pretraining.make_eval_batches(scheduled, batch_size=16, own_masking=True)
-  spec = pretraining.masking_spec(scheduled)
+  spec = specs.masking_spec(scheduled)
   for x, y in zip(heldout, own):
     np.testing.assert_array_equal(_restored(x), _restored(y))
     np.testing.assert_array_equal(y["masked_lm_weights"].sum(1), _counts_at(spec, 8, 8, y))

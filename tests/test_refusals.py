@@ -28,6 +28,7 @@ from bert_jax import pretrain as pretrain_lib
 from bert_jax import train_loop
 from bert_jax import workdir as workdir_lib
 from data_pipeline import corpora
+from data_pipeline import tokenized_corpus
 from experiments.configs import finetune as finetune_configs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -68,7 +69,8 @@ def _pretrain_cases(config, tmp_path) -> dict:
   no_step = tmp_path / "no_step"  # a workdir whose run never saved a step
   (no_step / "checkpoints").mkdir(parents=True)
   (no_step / "bert_config.json").write_text(json.dumps(dataclasses.asdict(
-      pretrain_lib.build_bert_config(config()))))
+      pretrain_lib.build_bert_config(
+          config(), len(tokenized_corpus.load_tokenizer(config().data).vocab)))))
   return {
       "a negative learning rate": config(**{"optimizer.learning_rate": -1.0}),
       "a nonexistent `init_checkpoint`": config(init_checkpoint=str(tmp_path / "nowhere")),

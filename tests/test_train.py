@@ -24,7 +24,7 @@ from bert_jax import optim
 from bert_jax import phases
 from bert_jax import pretrain as pretrain_lib
 from bert_jax import pretrain_step
-from data_pipeline import pretraining
+from data_pipeline import specs
 from experiments.configs import pretrain
 
 
@@ -203,13 +203,13 @@ def test_every_variant_builds_a_consistent_run(variant):
   for step in (0, phases.phase2_start(config) % config.total_steps):
     _, data_config = phases.phase_data_config(config, step)
     assert data_config.max_seq_length <= bert_config.max_position_embeddings
-    assert 0 < pretraining.max_predictions(data_config) <= data_config.max_seq_length
+    assert 0 < specs.max_predictions(data_config) <= data_config.max_seq_length
   optim.make_optimizer(config.optimizer, config.total_steps)
   assert config.batch_size % 8 == 0 and config.eval_batch_size % 8 == 0
   if variant in ("base", "large"):  # the paper's two phases
     assert phases.phase2_start(config) == 900_000
-    assert pretraining.max_predictions(phases.phase_data_config(config, 0)[1]) == 20
-    assert pretraining.max_predictions(phases.phase_data_config(config, 900_000)[1]) == 77
+    assert specs.max_predictions(phases.phase_data_config(config, 0)[1]) == 20
+    assert specs.max_predictions(phases.phase_data_config(config, 900_000)[1]) == 77
   if variant == "albert":
     assert (bert_config.embedding_size, bert_config.share_layers) == (128, True)
 

@@ -65,6 +65,7 @@ from bert_jax import metrics_io
 from bert_jax import phases as phases_lib
 from data_pipeline import corpora
 from data_pipeline import pretraining
+from data_pipeline import tokenized_corpus
 
 FLAGS = flags.FLAGS
 # The vocabulary the FLOPs assume when the config derives its size from the data (model.vocab_size
@@ -169,7 +170,7 @@ def phase_data(config: ml_collections.ConfigDict, phase: int, *, corpus: str,
 
 def bench_host(config, demand: dict[str, Any], *, corpus: str, vocab_file: str, seconds: float):
   """Steady-state (sequences, tokens, seconds) of one host's PretrainingInput for a phase:
-  its per-host batch and its share of the corpus (corpus tokenized beforehand, memoised)."""
+  its per-host batch and its share of the corpus (tokenized before the clock starts)."""
   data, first = phase_data(config, demand["phase"], corpus=corpus, vocab_file=vocab_file)
   source = pretraining.PretrainingInput(
       data, batch_size=demand["host_batch"], process_index=0, process_count=demand["hosts"],
@@ -198,10 +199,10 @@ def bench_serial(config, demand: dict[str, Any], *, corpus: str, vocab_file: str
 
 def tokenize_ours(data_config, hosts: int):
   """(tokens, seconds) of one host's one-off in-graph tokenization of its training share."""
-  tokenizer = pretraining.make_tokenizer(data_config)
+  tokenizer = tokenized_corpus.load_tokenizer(data_config)
   start = time.perf_counter()
-  corpus = pretraining.load_tokenized_corpus(data_config, tokenizer, split="train",
-                                             process_index=0, process_count=hosts)
+  corpus = tokenized_corpus.read_tokenized_corpus(data_config, tokenizer, split="train",
+                                                  process_index=0, process_count=hosts)
   return corpus.num_tokens, time.perf_counter() - start
 
 

@@ -1,0 +1,168 @@
+"""A pretraining run's data, prepared once: `PretrainingData.prepare(config.data, ...)`.
+
+The pretraining trainer talks to its data through this one object, as the
+fine-tuning trainer talks to its `Prepared` task. It is made once, right after
+the whole config has been judged without data (specs.py and the trainer's own
+checks), and before anything is written; it owns, as fields:
+
+- the vocabulary and the tokenizer (for the embedded corpus, the vocabulary is
+  trained on first use and cached on disk: tokenized_corpus.resolve_vocab);
+- the corpus fingerprint a workdir records (corpora.fingerprint);
+- the tokenized corpus -- this process's training documents and the held-out
+  set -- read, checked and kept, so inputs and eval sets built later, for either
+  phase, read nothing again; and the eval sets it has built.
+
+Everything a refusal needs is read in `prepare`, so a corpus that cannot train
+(no file, undecodable files, no 2-sentence document, an empty held-out split)
+is refused there, before the workdir is touched.
+
+Phases: phase 2 (longer sequences, from a given step) swaps in its own data
+config; `phase2=(first step, data config)` says so (bert_jax.phases decides
+both). The stream of phase 2 starts at its own position 0, mid-schedule.
+"""
+
+import dataclasses
+from typing import Any
+
+from data_pipeline import corpora
+from data_pipeline import pairs
+from data_pipeline import pretraining
+from data_pipeline import specs
+from data_pipeline import tokenized_corpus
+
+EVAL_KINDS = ("eval", "eval_own")  # fixed 15% held-out masks; the same pairs masked like training
+
+
+@dataclasses.dataclass
+class PretrainingData:
+  """The data of one pretraining run on one process (see the module docstring).
+
+  Attributes:
+    phase_configs: {phase: data config}; phase 2 only when the run has one.
+    phase2_start: first step of phase 2 (total_steps when there is none).
+    total_steps: the run's length, over which a masking schedule runs.
+    batch_size, eval_batch_size: per process (the global sizes / process_count).
+    process_index, process_count: this process's share of the training documents.
+    tokenizer: the in-graph tokenizer (tokenizers.py) of the run's vocabulary.
+    vocab_file, spm_model_file: the vocabulary it was built from ("" for the other).
+    fingerprint: what the corpus is (corpora.fingerprint), for the workdir record.
+    tokenized: the tokenized corpus parts read so far (tokenized_corpus.corpus_key -> corpus).
+    eval_sets: the held-out sets built so far ((phase, kind) -> this process's batches).
+  """
+  phase_configs: dict[int, Any]
+  phase2_start: int
+  total_steps: int
+  batch_size: int
+  eval_batch_size: int
+  process_index: int
+  process_count: int
+  tokenizer: Any
+  vocab_file: str
+  spm_model_file: str
+  fingerprint: dict
+  tokenized: dict[tuple, pairs.TokenizedCorpus] = dataclasses.field(default_factory=dict)
+  eval_sets: dict[tuple[int, str], list[dict]] = dataclasses.field(default_factory=dict)
+
+  @classmethod
+  def prepare(cls, data_config, process_index: int = 0, process_count: int = 1, *,
+              batch_size: int, eval_batch_size: int, total_steps: int,
+              phase2: tuple[int, Any] | None = None) -> "PretrainingData":
+    """Resolves the vocabulary, reads and checks every phase's data; ValueError on bad data.
+
+    Args:
+      data_config: config.data (phase 1's data config).
+      process_index, process_count: this process and how many share the run.
+      batch_size, eval_batch_size: global batch sizes (divisible by process_count).
+      total_steps: the run's length.
+      phase2: (first step, data config) of phase 2, or None for a run without one.
+    """
+    phase_configs = {1: data_config}
+    phase2_start = total_steps
+    if phase2 is not None:
+      phase2_start, phase_configs[2] = phase2
+    for config in phase_configs.values():
+      specs.check_data_config(config)
+    vocab_file, spm_model_file = tokenized_corpus.resolve_vocab(data_config)
+    data = cls(
+        phase_configs=phase_configs, phase2_start=phase2_start, total_steps=total_steps,
+        batch_size=batch_size // process_count,
+        eval_batch_size=eval_batch_size // process_count, process_index=process_index,
+        process_count=process_count, tokenizer=tokenized_corpus.load_tokenizer(data_config),
+        vocab_file=vocab_file, spm_model_file=spm_model_file,
+        fingerprint=corpora.fingerprint(data_config.corpus,
+                                        embedded_cache_dir=data_config.embedded_cache_dir,
+                                        tfds_data_dir=data_config.tfds_data_dir))
+    for phase in data.phases_in_run():
+      data.check_corpus(phase)
+    return data
+
+  @property
+  def vocab_size(self) -> int:
+    """Entries of the vocabulary (the model's true vocab_size)."""
+    return len(self.tokenizer.vocab)
+
+  def phase_at(self, step: int) -> int:
+    """The phase (1 or 2) whose data a training step reads."""
+    return 1 if step < self.phase2_start or 2 not in self.phase_configs else 2
+
+  def phases_in_run(self) -> list[int]:
+    """The phases that have steps, in order."""
+    return sorted({self.phase_at(0), self.phase_at(max(self.total_steps - 1, 0))})
+
+  def max_predictions(self, phase: int = 1) -> int:
+    """Static size of a phase's masked_lm_* features."""
+    return specs.max_predictions(self.phase_configs[phase])
+
+  def masking_spec(self, phase: int = 1):
+    """A phase's training MaskingSpec (its ratio schedule runs over the whole run)."""
+    return specs.masking_spec(self.phase_configs[phase])
+
+  def check_corpus(self, phase: int = 1) -> None:
+    """Refuses (ValueError naming the corpus and what to do) data a phase cannot train or
+    evaluate on: a glob matching nothing, unreadable or undecodable files (corpora.py),
+    no document with the 2 sentences NSP/SOP pairs need, an empty held-out split. What it
+    reads is kept for the inputs and eval sets."""
+    config = self.phase_configs[phase]
+    for split in ("train", "eval"):
+      tokenized_corpus.check_pairs(config, self._corpus(config, split), split)
+
+  def train_input(self, step: int, state: dict | None = None) -> pretraining.PretrainingInput:
+    """This process's training input for the phase of `step`, at the position `state` (a
+    checkpoint's {"phase", "input"}) when it is of that phase, else at the phase's start."""
+    phase = self.phase_at(step)
+    config = self.phase_configs[phase]
+    # A masking schedule runs over the whole run; phase 2's stream starts mid-schedule.
+    source = pretraining.PretrainingInput(
+        config, batch_size=self.batch_size, process_index=self.process_index,
+        process_count=self.process_count, split="train",
+        first_step=0 if phase == 1 else self.phase2_start, schedule_steps=self.total_steps,
+        tokenizer=self.tokenizer, corpus=self._corpus(config, "train"))
+    if state is not None and state.get("phase") == phase:
+      source.set_state(state["input"])
+    return source
+
+  def eval_batches(self, kind: str = "eval", phase: int = 1) -> list[dict]:
+    """This process's slice of the fixed held-out set of a phase, built once: `kind` "eval"
+    masks at eval.masking_ratio with BERT's knobs, "eval_own" like training."""
+    if kind not in EVAL_KINDS:
+      raise ValueError(f"eval kind must be one of {EVAL_KINDS}, got {kind!r}")
+    if (phase, kind) not in self.eval_sets:
+      config = self.phase_configs[phase]
+      self.eval_sets[phase, kind] = pretraining.make_eval_batches(
+          config, batch_size=self.eval_batch_size, process_index=self.process_index,
+          process_count=self.process_count, own_masking=kind == "eval_own",
+          tokenizer=self.tokenizer, corpus=self._corpus(config, "eval"))
+    return self.eval_sets[phase, kind]
+
+  def _corpus(self, config, split: str) -> pairs.TokenizedCorpus:
+    """This process's tokenized training documents, or the whole held-out set (every
+    process builds the same one), read once."""
+    index, count, limit = ((self.process_index, self.process_count, 0) if split == "train"
+                           else (0, 1, config.eval.max_documents))
+    key = tokenized_corpus.corpus_key(config, self.tokenizer, split=split, process_index=index,
+                                      process_count=count, max_documents=limit)
+    if key not in self.tokenized:
+      self.tokenized[key] = tokenized_corpus.read_tokenized_corpus(
+          config, self.tokenizer, split=split, process_index=index, process_count=count,
+          max_documents=limit)
+    return self.tokenized[key]

@@ -1,0 +1,56 @@
+"""What a pretraining data config asks for, judged without reading any data.
+
+The trainer's validation, the ablation's planning and the cost estimate call
+these before a vocabulary or a corpus is touched, so a typo in a masking field is
+refused at once, not after the embedded corpus's harvest: field checks, the
+training and held-out MaskingSpecs, and the static number of predictions.
+"""
+
+from data_pipeline import masking
+
+OBJECTIVES = ("nsp", "sop", "none")
+
+
+def validate(data_config) -> None:
+  """ValueErrors naming the field for settings the pipeline cannot honour."""
+  if data_config.objective not in OBJECTIVES:
+    raise ValueError(f"data.objective must be one of {OBJECTIVES}, got {data_config.objective!r}")
+  if not 8 <= data_config.max_seq_length:
+    raise ValueError(f"data.max_seq_length must be >= 8, got {data_config.max_seq_length}")
+  if not 0.0 <= data_config.short_seq_prob <= 1.0:
+    raise ValueError(f"data.short_seq_prob must be in [0, 1], got {data_config.short_seq_prob}")
+  if data_config.shuffle_buffer < 1 or data_config.heldout_modulus < 2:
+    raise ValueError("data.shuffle_buffer must be >= 1 and data.heldout_modulus >= 2, got "
+                     f"{data_config.shuffle_buffer}, {data_config.heldout_modulus}")
+
+
+def masking_spec(data_config) -> masking.MaskingSpec:
+  """The training MaskingSpec of a data config (validated for its max_seq_length)."""
+  return masking.MaskingSpec.from_config(data_config.masking, data_config.max_seq_length)
+
+
+def eval_masking_spec(data_config) -> masking.MaskingSpec:
+  """Eval masks: BERT's masking (masking.bert_masking) at eval.masking_ratio, whatever
+  training uses, so they are identical across ablations."""
+  spec = masking.bert_masking(data_config.eval.masking_ratio)
+  spec.max_predictions(data_config.max_seq_length)  # validated like a training spec
+  return spec
+
+
+def own_eval_masking_spec(data_config) -> masking.MaskingSpec:
+  """The run's own masking for eval_own/*: the training knobs at the ratio training ends at."""
+  spec = masking_spec(data_config)
+  return spec.at_ratio(spec.end_ratio)
+
+
+def max_predictions(data_config) -> int:
+  """Static size of masked_lm_*: explicit max_predictions_per_seq or derived from the ratio."""
+  return masking_spec(data_config).max_predictions(data_config.max_seq_length)
+
+
+def check_data_config(data_config) -> None:
+  """Every check the pipeline would make on this config, without reading data: ValueErrors
+  naming the field (the trainer calls it for every phase before the first step)."""
+  validate(data_config)
+  masking_spec(data_config)
+  eval_masking_spec(data_config)

@@ -1,0 +1,166 @@
+"""The vocabulary, the tokenizer and the tokenized corpus of a pretraining data config.
+
+Stage 1 of the pipeline (see pretraining.py for the rest): read this process's
+documents (corpora.py) and tokenize every sentence once, in-graph (a batched
+tf.data map over the tokenizer ops of tokenizers.py), into flat id arrays kept
+in host memory (2 bytes per token for vocabularies < 65,536 ids). Tokenization
+is deterministic, so doing it once per process instead of once per epoch loses
+nothing.
+
+Vocabulary: ``vocab_file`` (WordPiece) or ``spm_model_file``; with neither and
+the embedded corpus, a WordPiece vocab of ``embedded_vocab_size`` is learnt once
+from the embedded corpus (vocab_training.py) and cached beside it, so the
+default job needs no download; other corpora require a vocab.
+
+Nothing here is memoised: data_pipeline.prepare.PretrainingData reads a run's
+corpus once and holds it; a PretrainingInput built on its own (tests, the
+preview) reads its own.
+"""
+
+import itertools
+import logging
+import os
+
+import numpy as np
+from data_pipeline.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
+
+from data_pipeline import corpora
+from data_pipeline import pairs
+from data_pipeline import tokenizers
+
+
+def resolve_vocab(data_config) -> tuple[str, str]:
+  """(vocab_file, spm_model_file) to use; trains and caches a vocab for the embedded corpus."""
+  if data_config.vocab_file or data_config.spm_model_file:
+    return data_config.vocab_file, data_config.spm_model_file
+  if data_config.corpus != "embedded":
+    raise ValueError("data.vocab_file (or data.spm_model_file) is required for corpus "
+                     f"{data_config.corpus!r}; only the embedded corpus has a default vocab")
+  corpus = corpora.embedded_corpus_path(data_config.embedded_cache_dir or None)
+  case = "uncased" if data_config.do_lower_case else "cased"
+  lines = data_config.embedded_vocab_max_lines
+  vocab = corpus.with_name(f"vocab_{data_config.embedded_vocab_size}_{case}"
+                           + (f"_{lines}lines" if lines else "") + ".txt")
+  if not vocab.exists():
+    temp = vocab.with_name(f".{vocab.name}.tmp-{os.getpid()}")
+    try:
+      # Deferred import: only this default path trains a vocabulary.
+      from data_pipeline import vocab_training  # pylint: disable=g-import-not-at-top
+      logging.info("training a %d-token WordPiece vocab on %s (once; cached)",
+                   data_config.embedded_vocab_size, corpus)
+      vocab_training.train_wordpiece_vocab(
+          str(corpus), str(temp), data_config.embedded_vocab_size,
+          do_lower_case=data_config.do_lower_case, max_lines=lines or None)
+      os.replace(temp, vocab)  # atomic, like the corpus itself
+    finally:
+      if temp.exists():
+        temp.unlink()
+  return str(vocab), ""
+
+
+def load_tokenizer(data_config):
+  """The in-graph tokenizer of a data config (WordPiece or SentencePiece)."""
+  vocab_file, spm_model_file = resolve_vocab(data_config)
+  return tokenizers.load_tokenizer(vocab_file, spm_model_file, data_config.do_lower_case)
+
+
+def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048) -> pairs.TokenizedCorpus:
+  """Tokenizes every sentence in-graph into a TokenizedCorpus.
+
+  Special tokens written literally in the text ("[CLS]" in a docstring about
+  BERT) are dropped so that they never look like structure; sentences and
+  documents left empty are dropped.
+  """
+  sentence_counts, errors = [], []
+
+  def sentence_batches():
+    batch = []
+    try:
+      for document in documents:
+        sentence_counts.append(len(document))
+        for sentence in document:
+          batch.append(sentence)
+          if len(batch) == batch_size:
+            yield np.array(batch, dtype=object)
+            batch = []
+    except Exception as e:  # pylint: disable=broad-except  (re-raised below, unwrapped by TF)
+      errors.append(e)
+      return
+    if batch:
+      yield np.array(batch, dtype=object)
+
+  def tokenize(strings):
+    ragged = tokenizer.tokenize(strings)
+    return ragged.flat_values, ragged.row_lengths()
+
+  ds = tf.data.Dataset.from_generator(
+      sentence_batches, output_signature=tf.TensorSpec([None], tf.string))
+  ds = ds.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32
+  specials = np.array(sorted(set(tokenizer.special_ids.values()) - {tokenizer.special_ids["unk"]}))
+  ids, lengths = [], []
+  for flat, row_lengths in ds.as_numpy_iterator():
+    keep = ~np.isin(flat, specials)
+    if not keep.all():
+      sentence_of = np.repeat(np.arange(len(row_lengths)), row_lengths)
+      row_lengths = np.bincount(sentence_of[keep], minlength=len(row_lengths))
+      flat = flat[keep]
+    ids.append(flat.astype(dtype))
+    lengths.append(row_lengths)
+  if errors:
+    raise errors[0]
+  lengths = np.concatenate(lengths) if lengths else np.zeros([0], np.int64)
+  counts = np.asarray(sentence_counts, np.int64)
+  # Drop empty sentences, then documents left without sentences.
+  doc_of = np.repeat(np.arange(len(counts)), counts)
+  nonempty = lengths > 0
+  counts = np.bincount(doc_of[nonempty], minlength=len(counts))
+  counts = counts[counts > 0]
+  return pairs.TokenizedCorpus(
+      ids=np.concatenate(ids) if ids else np.zeros([0], dtype),
+      sentence_starts=np.concatenate([[0], np.cumsum(lengths[nonempty])]),
+      document_starts=np.concatenate([[0], np.cumsum(counts)]))
+
+
+def corpus_key(data_config, tokenizer, *, split: str, process_index: int, process_count: int,
+               max_documents: int = 0) -> tuple:
+  """Everything read_tokenized_corpus's result depends on (a memo's key)."""
+  c = data_config
+  return (c.corpus, c.embedded_cache_dir, c.tfds_data_dir, c.tfds_split, c.text_field,
+          c.heldout_modulus, c.max_line_bytes, c.max_sentences_per_document,
+          c.max_undecodable_fraction,
+          tokenizer.__class__.__name__, getattr(tokenizer, "vocab_file", ""),
+          getattr(tokenizer, "model_file", ""), c.do_lower_case, split, process_index,
+          process_count, max_documents)
+
+
+def read_tokenized_corpus(data_config, tokenizer, *, split: str, process_index: int,
+                          process_count: int, max_documents: int = 0) -> pairs.TokenizedCorpus:
+  """This process's documents of ``split``, read and tokenized."""
+  c = data_config
+  stats = corpora.CorpusStats()
+  documents = corpora.read_documents(
+      c.corpus, split=split, process_index=process_index, process_count=process_count,
+      heldout_modulus=c.heldout_modulus, tfds_data_dir=c.tfds_data_dir,
+      tfds_split=c.tfds_split, text_field=c.text_field, max_line_bytes=c.max_line_bytes,
+      max_sentences_per_document=c.max_sentences_per_document,
+      embedded_cache_dir=c.embedded_cache_dir,
+      max_undecodable_fraction=c.max_undecodable_fraction, stats=stats)
+  if max_documents:
+    documents = itertools.islice(documents, max_documents)
+  corpus = tokenize_documents(documents, tokenizer)
+  stats.log(f"{c.corpus} ({split}, process {process_index}/{process_count})")
+  return corpus
+
+
+def check_pairs(data_config, corpus: pairs.TokenizedCorpus, split: str) -> None:
+  """Refuses (ValueError naming the corpus and what to do) a corpus part without a
+  document of the 2 sentences NSP/SOP pairs need."""
+  sentences = np.diff(corpus.document_starts)
+  if data_config.objective != "none" and not (sentences >= 2).any():
+    raise ValueError(
+        f"corpus {data_config.corpus!r} ({split} split): objective "
+        f"{data_config.objective!r} needs documents of at least 2 sentences and none has "
+        f"({corpus.num_documents} documents); BERT format is one sentence per line with a "
+        "blank line between documents (raw:<glob> splits one document per line), or set "
+        "config.data.objective='none'")
