@@ -114,7 +114,11 @@ def _model_case(length):
   return cfg, params, batch
 
 
-@pytest.mark.parametrize("impl,length", [("xla", 24), ("splash", 128)])
+# Splash through the whole model, forward and backward, runs in Pallas's interpreter at
+# 128 tokens: CI only (the kernel alone, forward and backward, against einsum stays in
+# the quick loop: test_kernels_match_einsum_forward_and_backward).
+@pytest.mark.parametrize("impl,length", [
+    ("xla", 24), pytest.param("splash", 128, marks=pytest.mark.slow)])
 def test_model_trains_the_same_through_each_kernel(impl, length, monkeypatch):
   """Training mode (hidden dropout 0.1 on, attention dropout 0): loss and every gradient
   of the whole pretraining model match the einsum path."""
@@ -204,6 +208,7 @@ def test_config_accepts_every_implementation_and_refuses_others():
     BertConfig(attention_impl="flash")
 
 
+@pytest.mark.slow  # the interpreted splash kernel inside a scanned 128-token model, twice
 def test_splash_under_scanned_layers(monkeypatch):
   """With scan_layers the splash kernel is built inside nn.scan's traced layer body; a
   kernel cached from one trace and reused in the next leaked that trace's mask tables

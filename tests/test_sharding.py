@@ -193,6 +193,7 @@ def test_model_under_a_mesh_computes_what_it_computes_without():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
 
 
+@pytest.mark.slow  # lowers BERT-tiny's whole train step (30,522 words) twice on 8 devices
 def test_activation_constraints_reach_the_step_also_when_accumulating():
   """Under sharding.activate the model's and the accumulation loop's constraints are lowered."""
   counts = {}
@@ -258,6 +259,7 @@ def test_benchmark_parses_meshes_and_collectives():
 
 # ----------------------------------------------------------------------------- padded vocabulary
 
+@pytest.mark.slow  # two compiled train steps, 3 steps each, plus a gradient: a short run
 def test_padded_vocabulary_gives_the_unpadded_losses():
   """vocab_multiple pads the word table and the MLM logits; the losses do not move."""
   config = model_lib.BertConfig.from_size("tiny", vocab_size=1000)
