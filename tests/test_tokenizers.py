@@ -121,6 +121,7 @@ def test_parity_english_prose(uncased, english_prose):
   _assert_parity(*uncased, english_prose)
 
 
+@pytest.mark.slow  # 5 MB through both tokenizers, like the English prose above
 def test_parity_chinese_text(chinese, chinese_text):
   assert sum(len(line.encode()) for line in chinese_text) > 4.5e6
   _assert_parity(*chinese, chinese_text)
