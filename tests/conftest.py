@@ -75,46 +75,16 @@ def allennlp_fixtures() -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def pretrain_test_config(tmp_path_factory):
-  """Factory of a tiny, fast pretraining config on a small generated corpus and vocab.
-
-  The corpus (BERT format: a sentence per line, blank line between documents)
-  is generated from a fixed word list, and the WordPiece vocab holds exactly its
-  words, padded to 96 entries so that a tensor axis of 2 divides it. The model
-  is L=2, H=64, A=2; sequences of 32 tokens, 5 predictions, batch 8.
-  """
-  import numpy as np
-  from experiments.configs import pretrain
+  """Factory of a tiny, fast pretraining config on a small generated corpus and vocab:
+  experiments/small_pretraining.py's run (L=2, H=64, A=2; sequences of 32 tokens,
+  5 predictions), with batch 8 and 20 steps, a checkpoint every 5."""
+  from experiments import small_pretraining
   root = tmp_path_factory.mktemp("pretrain_corpus")
-  words = ("the a of to and in is was for on with as by at from that this it he she they "
-           "we you not but or an be are were has had have will would can could model data "
-           "train test layer token word text sentence river mountain city music paper "
-           "light water stone bird tree house road field night morning winter summer "
-           "red green blue small large old new quick slow").split()
-  rng = np.random.default_rng(0)
-  lines = []
-  for _ in range(300):
-    for _ in range(int(rng.integers(3, 8))):
-      lines.append(" ".join(rng.choice(words, size=int(rng.integers(4, 12)))) + " .")
-    lines.append("")
-  (root / "corpus.txt").write_text("\n".join(lines) + "\n")
-  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + sorted(set(words))
-  vocab += [f"[unused{i}]" for i in range(96 - len(vocab))]
-  (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  corpus, vocab = small_pretraining.write_corpus(root), small_pretraining.write_vocab(root)
 
   def make(**overrides):
-    config = pretrain.get_config("tiny")
-    config.model.hidden_size = 64
-    config.model.num_attention_heads = 2
-    config.model.intermediate_size = 128
-    config.model.max_position_embeddings = 64
-    config.data.corpus = str(root / "corpus.txt")
-    config.data.vocab_file = str(root / "vocab.txt")
-    config.data.max_seq_length = 32
-    config.data.masking.max_predictions_per_seq = 5
-    config.data.shuffle_buffer = 32
-    config.data.heldout_modulus = 10
+    config = small_pretraining.config(corpus, vocab)
     config.data.eval.num_examples = 16
-    config.data.prefetch_batches = 1
     config.batch_size = 8
     config.eval_batch_size = 8
     config.total_steps = 20

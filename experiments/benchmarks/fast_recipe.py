@@ -27,7 +27,7 @@ import time
 
 from absl import app
 from absl import flags
-import numpy as np
+from experiments import small_pretraining
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("steps", 300, "Training steps per run.")
@@ -35,61 +35,13 @@ flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds per recipe.")
 flags.DEFINE_float("follow", 0.9, "How often a word is followed by its fixed successor.")
 flags.DEFINE_string("output", "", "Markdown file for the results (none: print only).")
 
-# The fixed word list of the tests' tiny corpus (tests/conftest.py, pretrain_test_config).
-WORDS = ("the a of to and in is was for on with as by at from that this it he she they "
-         "we you not but or an be are were has had have will would can could model data "
-         "train test layer token word text sentence river mountain city music paper "
-         "light water stone bird tree house road field night morning winter summer "
-         "red green blue small large old new quick slow").split()
-
-
-def write_vocab(root: pathlib.Path) -> pathlib.Path:
-  """The specials, ".", the words, padded with [unusedN] to 96 entries."""
-  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + sorted(set(WORDS))
-  vocab += [f"[unused{i}]" for i in range(96 - len(vocab))]
-  path = root / "vocab.txt"
-  path.write_text("\n".join(vocab) + "\n")
-  return path
-
-
-def write_chain_corpus(root: pathlib.Path, follow: float) -> pathlib.Path:
-  """BERT-format corpus (sentence per line, blank line between documents) in which each
-  word predicts the next: its fixed successor with probability `follow`."""
-  words = sorted(set(WORDS))
-  rng = np.random.default_rng(0)
-  successor = rng.permutation(len(words))
-  lines = []
-  for _ in range(300):
-    for _ in range(int(rng.integers(3, 8))):
-      word, sentence = int(rng.integers(len(words))), []
-      for _ in range(int(rng.integers(4, 12))):
-        sentence.append(words[word])
-        word = int(successor[word]) if rng.random() < follow else int(rng.integers(len(words)))
-      lines.append(" ".join(sentence) + " .")
-    lines.append("")
-  path = root / "corpus.txt"
-  path.write_text("\n".join(lines) + "\n")
-  return path
-
-
 def run_config(corpus: pathlib.Path, vocab: pathlib.Path, attention_dropout: float, seed: int,
                steps: int):
-  """The tests' tiny pretraining config on this corpus, with the benchmark's overrides."""
-  from experiments.configs import pretrain  # pylint: disable=g-import-not-at-top
-  config = pretrain.get_config("tiny")
-  config.model.hidden_size = 64
-  config.model.num_attention_heads = 2
-  config.model.intermediate_size = 128
-  config.model.max_position_embeddings = 64
+  """The tests' tiny pretraining config (experiments/small_pretraining.py) on this corpus,
+  with the benchmark's overrides."""
+  config = small_pretraining.config(corpus, vocab)
   config.model.attention_probs_dropout_prob = attention_dropout
-  config.data.corpus = str(corpus)
-  config.data.vocab_file = str(vocab)
-  config.data.max_seq_length = 32
-  config.data.masking.max_predictions_per_seq = 5
-  config.data.shuffle_buffer = 32
-  config.data.heldout_modulus = 10
   config.data.eval.num_examples = 64
-  config.data.prefetch_batches = 1
   config.seed = seed
   config.total_steps = steps
   config.batch_size = 32
@@ -138,7 +90,8 @@ def main(argv):
   accuracy = {"paper": [], "fast": []}
   with tempfile.TemporaryDirectory(prefix="fast_recipe_") as tmp:
     root = pathlib.Path(tmp)
-    vocab, corpus = write_vocab(root), write_chain_corpus(root, FLAGS.follow)
+    vocab = small_pretraining.write_vocab(root)
+    corpus = small_pretraining.write_corpus(root, FLAGS.follow)
     for name, rate in (("paper", 0.1), ("fast", 0.0)):
       for seed in seeds:
         config = run_config(corpus, vocab, rate, seed, FLAGS.steps)
