@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 from typing import Any
 
 import jax
@@ -22,6 +23,7 @@ import numpy as np
 import optax
 
 from bert_jax import optim
+from bert_jax import paths
 from bert_jax import sharding
 from bert_jax import train_state as state_lib
 from bert_jax import workdir as workdir_lib
@@ -29,6 +31,29 @@ from bert_jax.finetune import buckets as buckets_lib
 from bert_jax.finetune import task_kind
 
 TrainState = state_lib.TrainState
+# Under $BERT_JAX_CACHE (else ~/.cache/bert_jax), as data_pipeline/corpora.py keeps its corpus.
+COMPILATION_CACHE = "jax_compilation_cache"
+
+
+def use_compilation_cache() -> str | None:
+  """Keeps compiled programs on disk, so another process's sweep compiles nothing it has.
+
+  A sweep from each of an ablation's checkpoints runs the same programs (the
+  weights are arguments): with JAX's persistent compilation cache the second
+  and later processes load them instead of compiling (minutes on CPU). The
+  directory is jax_compilation_cache_dir if set (JAX_COMPILATION_CACHE_DIR),
+  else $BERT_JAX_CACHE/jax_compilation_cache, else
+  ~/.cache/bert_jax/jax_compilation_cache; JAX_ENABLE_COMPILATION_CACHE=false
+  turns it off. Only programs that took jax_persistent_cache_min_compile_time_secs
+  (1 s) to compile are kept. Must run before this process's first compile: JAX
+  decides once whether a process uses the cache. Returns the directory (None: off).
+  """
+  if not jax.config.jax_enable_compilation_cache:
+    return None
+  if not jax.config.jax_compilation_cache_dir:
+    root = os.environ.get("BERT_JAX_CACHE") or os.path.expanduser("~/.cache/bert_jax")
+    jax.config.update("jax_compilation_cache_dir", paths.join(root, COMPILATION_CACHE))
+  return jax.config.jax_compilation_cache_dir
 
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *, task: Any,

@@ -86,6 +86,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   learning_rates = list(config.learning_rates) or [config.optimizer.learning_rate]
   seeds = list(config.seeds)
   several = len(learning_rates) * len(seeds) > 1
+  steps.use_compilation_cache()  # before any compile: a later sweep loads what this one compiles
   with errors.judging_input():  # every ValueError here is a refusal of the input
     if not seeds:
       raise ValueError("config.seeds is empty: give at least one seed")
