@@ -11,6 +11,17 @@ Usage (the issue's figures; a few minutes per run and implementation on 2 CPU co
   # sweep mode: lr {5e-5, 1e-4} x seeds {0, 1, 2} at max_seq_length 128, timed whole
   python -m experiments.benchmarks.finetune_vs_transformers --sweep
 
+  # step mode: only the two sides' train and eval steps on the same batches
+  python -m experiments.benchmarks.finetune_vs_transformers --step_only --step_lengths=128,64
+
+Step mode (--step_only) builds our trainer's jitted steps (steps.build, the state
+from the MiniLM checkpoint as a run starts) and the reference's, on the same rows
+cut to each --step_lengths length, and times them after two warm-up steps in
+alternating rounds (ours, reference, ours, ...), so a change of the machine's load
+reaches both; it prints per side the median wall and CPU (this process, all
+threads) milliseconds per step and the ratios. JAX's persistent compilation cache
+is off unless --compilation_cache: a sweep's figures are then a first sweep's.
+
 Sweep mode (--sweep) times a whole learning-rate x seed sweep per side: ours is
 one trainer.finetune call (data featurised once, length-bucketed batches, each
 shape compiled once for all runs: --padding=fixed for the paper's padding); the
@@ -241,13 +252,16 @@ def run_ours(args, seed: int) -> dict:
 
 
 class CompileCounter:
-  """JAX's backend compilations (count and seconds) while it is entered."""
+  """JAX's backend compilations (count and seconds) while it is entered, and how many of
+  them the persistent compilation cache answered (loaded, not compiled: JAX times both)."""
 
   EVENT = "/jax/core/compile/backend_compile_duration"
+  CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
   def __enter__(self):
-    self.count, self.seconds = 0, 0.0
+    self.count, self.seconds, self.cache_hits = 0, 0.0, 0
     jax.monitoring.register_event_duration_secs_listener(self._listen)
+    jax.monitoring.register_event_listener(self._hit)
     return self
 
   def _listen(self, event, duration, **_):
@@ -255,8 +269,13 @@ class CompileCounter:
       self.count += 1
       self.seconds += duration
 
+  def _hit(self, event, **_):
+    if event == self.CACHE_HIT:
+      self.cache_hits += 1
+
   def __exit__(self, *exc):
     jax.monitoring.unregister_event_duration_listener(self._listen)
+    jax.monitoring.unregister_event_listener(self._hit)
 
 
 def sweep_ours(args) -> dict:
@@ -279,7 +298,7 @@ def sweep_ours(args) -> dict:
                           "padded_tokens": summary["speed"][name]["padded_tokens"]}
   compiled = summary["speed"]["compiled"]
   return {"seconds": seconds, "runs": runs, "backend_compiles": compiles.count,
-          "compile_seconds": compiles.seconds,
+          "compile_seconds": compiles.seconds, "cache_hits": compiles.cache_hits,
           "step_programs": compiled["train"] + compiled["eval"],
           "shapes": f"train lengths {compiled['train_lengths']}, eval (batch, length) "
                     f"{compiled['eval_shapes']}"}
@@ -298,7 +317,8 @@ def sweep_reference(args, labels, train, dev) -> dict:
               f"{runs[lr, seed]['seconds']:.1f} s", flush=True)
     seconds = time.perf_counter() - start
   return {"seconds": seconds, "runs": runs, "backend_compiles": compiles.count,
-          "compile_seconds": compiles.seconds, "step_programs": None,
+          "compile_seconds": compiles.seconds, "cache_hits": compiles.cache_hits,
+          "step_programs": None,
           "shapes": f"fixed length {args.max_seq_length}"}
 
 
@@ -325,7 +345,8 @@ def report_sweep(args, sides: dict[str, dict]) -> dict:
                 "step_programs": side["step_programs"], "real_tokens": real,
                 "pad_fraction": 1 - real / padded, "real_tokens_per_s": real / side["seconds"]}
     print(f"{n:9s} sweep {side['seconds']:8.1f} s; {side['backend_compiles']} backend compiles "
-          f"({side['compile_seconds']:.1f} s); step programs {side['step_programs']} "
+          f"({side['compile_seconds']:.1f} s, {side.get('cache_hits', 0)} loaded from the "
+          f"persistent cache); step programs {side['step_programs']} "
           f"({side['shapes']}); train padding {100 * stats[n]['pad_fraction']:.1f}% of "
           f"{padded:.0f} tokens; {stats[n]['real_tokens_per_s']:.0f} real train tokens/s")
   if len(sides) == 2:
@@ -344,6 +365,136 @@ def report_sweep(args, sides: dict[str, dict]) -> dict:
             f"{verdict}")
       stats[f"lr{lr:g}"] = {"diff": diff, "noise": noise, "within": abs(diff) <= noise}
   return stats
+
+
+# ---------------------------------------------------------------------------- steps
+
+
+class _NoCheckpoints:
+  """A checkpoint manager with nothing in it: state_lib.start then loads the init checkpoint."""
+
+  def latest_step(self):
+    return None
+
+
+def step_sides(args) -> tuple[dict, dict]:
+  """(train, eval): side -> `make(length) -> run(n)`, which runs n steps of that side on one
+  fixed batch of `length` and blocks on the result; ours is the trainer's own jitted steps
+  (steps.build, state_lib.start from the same MiniLM weights), the reference the sweep's."""
+  import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
+  from bert_jax import sharding  # pylint: disable=g-import-not-at-top
+  from bert_jax import train_state as state_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import buckets  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import steps  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  config = ours_config(args, (0,))
+  with config.unlocked():  # the batches only need rows to cut; featurise no more than that
+    config.task.max_train_examples = max(args.batch_size, args.eval_batch_size)
+    config.task.max_dev_examples = 8
+  mesh, rules = state_lib.setup_mesh(config)
+  prepared = trainer.prepare(config)
+  task = prepared.task
+  programs = steps.build(config, task, prepared.programs, mesh, rules, total_steps=1000)
+  load_init = functools.partial(trainer._merge_pretrained, prepared.loaded,  # pylint: disable=protected-access
+                                prepared.bert_config, task.head_name, config.init_checkpoint)
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(0))
+  state, _ = state_lib.start(_NoCheckpoints(), programs.layout, task.model, programs.tx,
+                             init_rng, load_init)
+  ours = {"state": steps.with_learning_rate(state, args.learning_rate, programs.layout)}
+  features = task.train.features
+  rows = np.arange(args.batch_size) % len(features["input_ids"])
+  eval_rows = np.arange(args.eval_batch_size) % len(features["input_ids"])
+
+  def ours_train(length):
+    batch = sharding.global_batch(buckets.cut(features, task.train_features, rows, length,
+                                              args.max_seq_length), mesh)
+    def run(n):
+      with sharding.activate(mesh, rules):  # as the trainer runs its loop
+        for _ in range(n):
+          ours["state"], metrics = programs.train_step(ours["state"], batch, dropout_rng)
+        jax.block_until_ready((ours["state"], metrics))
+    return run
+
+  def ours_eval(length):
+    batch = sharding.global_batch(buckets.cut(features, ("input_ids", "input_mask",
+                                                         "segment_ids"), eval_rows, length,
+                                              args.max_seq_length), mesh)
+    def run(n):
+      with sharding.activate(mesh, rules):
+        for _ in range(n):
+          out = programs.eval_step(ours["state"].params, batch)
+        jax.block_until_ready(out)
+    return run
+
+  model = transformers.FlaxBertForSequenceClassification.from_pretrained(
+      str(minilm_dir()), from_pt=True, num_labels=2, seed=0, dtype=jnp.float32,
+      hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
+      classifier_dropout=None)
+  tx = seed_comparison.reference_optimizer(args, 1000)
+
+  def loss_fn(params, batch, rng):
+    logits = model(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                   params=params, dropout_rng=rng, train=True).logits
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"]).mean()
+
+  train_step, predict = seed_comparison.reference_steps(model, tx, loss_fn)
+  ref = {"params": model.params, "opt_state": tx.init(model.params), "step": 0}
+  key = jax.random.key(0)
+
+  def ref_batch(r, length, keys):
+    return {k: jnp.asarray(features[k][r][:, :length] if features[k].ndim == 2
+                           else features[k][r]) for k in keys}
+
+  def ref_train(length):
+    batch = ref_batch(rows, length, ("input_ids", "input_mask", "segment_ids", "label_ids"))
+    def run(n):
+      for _ in range(n):
+        ref["params"], ref["opt_state"], loss = train_step(
+            ref["params"], ref["opt_state"], batch, jax.random.fold_in(key, ref["step"]))
+        ref["step"] += 1
+      jax.block_until_ready((ref["params"], loss))
+    return run
+
+  def ref_eval(length):
+    batch = ref_batch(eval_rows, length, ("input_ids", "input_mask", "segment_ids"))
+    def run(n):
+      for _ in range(n):
+        out = predict(ref["params"], batch)
+      jax.block_until_ready(out)
+    return run
+
+  return {"ours": ours_train, "reference": ref_train}, {"ours": ours_eval, "reference": ref_eval}
+
+
+def time_steps(args) -> dict:
+  """Per kind (train, eval) and length: each side's median wall and CPU milliseconds per
+  step, timed in alternating rounds (ours, reference, ours, ...) after two warm-up steps,
+  so that a change in the machine's load reaches both sides alike. CPU time is this
+  process's (all its threads): on a shared machine it moves less than wall time."""
+  import statistics  # pylint: disable=g-import-not-at-top
+  kinds = dict(zip(("train", "eval"), step_sides(args)))
+  out = {}
+  for kind, sides in kinds.items():
+    for length in args.step_lengths:
+      runs = {name: make(length) for name, make in sides.items()}
+      for run in runs.values():
+        run(2)  # compile and warm up
+      wall, cpu = {n: [] for n in runs}, {n: [] for n in runs}
+      for _ in range(args.step_rounds):
+        for name, run in runs.items():
+          w, c = time.perf_counter(), time.process_time()
+          run(args.step_repeats)
+          wall[name].append(1000 * (time.perf_counter() - w) / args.step_repeats)
+          cpu[name].append(1000 * (time.process_time() - c) / args.step_repeats)
+      row = {n: {"wall_ms": statistics.median(wall[n]), "cpu_ms": statistics.median(cpu[n]),
+                 "wall_all": wall[n], "cpu_all": cpu[n]} for n in runs}
+      batch = args.batch_size if kind == "train" else args.eval_batch_size
+      print(f"{kind} {batch} x {length}: " + "; ".join(
+          f"{n} {r['wall_ms']:.0f} ms wall, {r['cpu_ms']:.0f} ms CPU" for n, r in row.items())
+            + f"; ours / reference CPU {row['ours']['cpu_ms'] / row['reference']['cpu_ms']:.2f}, "
+            f"wall {row['ours']['wall_ms'] / row['reference']['wall_ms']:.2f}", flush=True)
+      out[f"{kind}_{length}"] = row
+  return out
 
 
 # ---------------------------------------------------------------------------- report
@@ -370,12 +521,32 @@ def main():
                       help="time a whole lr x seed sweep per side (max_seq_length 128 unless "
                            "given)")
   parser.add_argument("--learning_rates", default="5e-5,1e-4", help="the sweep's rates")
+  parser.add_argument("--compilation_cache", action="store_true",
+                      help="let both sides use JAX's persistent compilation cache (the "
+                           "trainer's default, steps.use_compilation_cache): a repeated sweep "
+                           "loads its programs; off, every program compiles (a first sweep)")
+  parser.add_argument("--step_only", action="store_true",
+                      help="time only the train and eval steps of both sides on the same "
+                           "batches, alternating (max_seq_length 128 unless given)")
+  parser.add_argument("--step_lengths", default="128,64", help="--step_only: batch lengths")
+  parser.add_argument("--step_rounds", type=int, default=3, help="--step_only: A/B rounds")
+  parser.add_argument("--step_repeats", type=int, default=2, help="--step_only: steps a round")
   args = parser.parse_args()
-  if args.sweep:
+  if args.sweep or args.step_only:
     parser.set_defaults(max_seq_length=128)
     args = parser.parse_args()
   args.seeds = [int(s) for s in args.seeds.split(",")]
   args.learning_rates = [float(r) for r in args.learning_rates.split(",")]
+  args.step_lengths = [int(n) for n in args.step_lengths.split(",")]
+  if not args.compilation_cache:
+    # Before anything compiles (JAX decides once per process); the trainer then keeps it off.
+    jax.config.update("jax_enable_compilation_cache", False)
+  if args.step_only:
+    stats = time_steps(args)
+    if args.json_out:
+      pathlib.Path(args.json_out).write_text(json.dumps({"args": vars(args), "steps": stats},
+                                                        indent=2))
+    return
 
   sides = [args.only] if args.only else ["ours", "reference"]
   print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; checkpoint "
