@@ -14,8 +14,8 @@ written (the vocabulary size comes from the config: see `vocab_size`).
 
 Per device and phase it prints arguments, temporaries and total HBM against
 the chip's (bert_jax.preflight_targets.HBM_GIB), XLA's FLOPs per step and the
-collectives of the compiled program (counted as experiments/benchmarks/sharding.py
-counts them). XLA's cost analysis counts a loop's body once: with gradient
+collectives of the compiled program (collective_stats; lower_train_step and
+collective_stats are shared with experiments/benchmarks/sharding.py). XLA's cost analysis counts a loop's body once: with gradient
 accumulation or config.model.scan_layers its FLOPs are one micro-batch's or one
 layer's, so bert_jax.cost's model FLOPs are printed beside them. A phase that does not fit is refused with one line naming the
 phase, the GiB needed and available, and the cheapest knob setting that fits:
@@ -50,13 +50,20 @@ from bert_jax import pretrain_step
 from bert_jax import sharding
 from bert_jax import train_state as state_lib
 from bert_jax.preflight_targets import PreflightError, Target, devices, target  # noqa: F401
-from experiments.benchmarks import sharding as sharding_bench
+from bert_jax.preflight_targets import OutOfMemory, out_of_memory
 
 GIB = float(1 << 30)
-# libtpu's refusals: "...HLO temporaries (29.40G) exceeds available HBM (15.75G)" and
-# "Used 24.50G of 15.75G hbm": XLA's HumanReadableNumBytes, powers of 1024.
-_SIZE = re.compile(r"([0-9.]+)([KMGT])\b")
-_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+# Compiled HLO, read for its collectives (collective_stats).
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+              "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+# "bf16[64,128,256]{2,1,0}" -> dtype and dims; layouts and tuples around it are skipped.
+_HLO_SHAPE = re.compile(r"\b(pred|[su](?:8|16|32|64)|bf16|f16|f32|f64)\[([0-9,]*)\]")
+# An HLO instruction: "%name = <result type> <opcode>(<operand names>), attributes"; the
+# compiled module's text names operands without their types.
+_HLO_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?(%[\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
+_ASYNC_SUFFIX = "-start"
 
 
 @dataclasses.dataclass
@@ -72,7 +79,8 @@ class Measurement:
   flops: float | None = None   # XLA's cost analysis of the per-device program
   model_flops: float = 0.0     # bert_jax.cost.step_flops of the global step (matmuls only)
   collectives: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
-  refused: str = ""            # libtpu's out-of-memory message (then temp_bytes is its figure)
+  refused: str = ""            # libtpu's out-of-memory line (of HBM: temp_bytes is its figure)
+  oom: OutOfMemory | None = None  # which memory space libtpu ran out of, and its figures
   devices: int = 1
   compile_s: float = 0.0
 
@@ -80,8 +88,29 @@ class Measurement:
   def fits(self) -> bool:
     return not self.refused and self.total_bytes <= self.available_bytes
 
+  @property
+  def other_space(self) -> bool:
+    """libtpu refused it for a memory space other than HBM (the HBM figures are then partial)."""
+    return self.oom is not None and not self.oom.is_hbm
+
+  def space_figures(self) -> str:
+    """'out of memory in VMEM (on-chip vector memory), not HBM: 64 MiB needed of 16 MiB'."""
+    return (f"out of memory in {self.oom.space_name}, not HBM: {_size(self.oom.needed)} "
+            f"needed of {_size(self.oom.available)}")
+
+  def short(self) -> str:
+    """'phase 2 >= 33.20 GiB' (HBM per device), or what the other memory space needed."""
+    if self.other_space:
+      return f"phase {self.phase} {self.space_figures()}"
+    return f"phase {self.phase} {'>= ' if self.refused else ''}{self.total_bytes / GIB:.2f} GiB"
+
   def line(self) -> str:
     """'phase 2 (512 tokens, 77 predictions): args .. + temps .. = .. GiB of .. GiB: fits; ...'."""
+    if self.other_space:
+      return (f"phase {self.phase} ({self.seq_len} tokens, {self.predictions} predictions): "
+              f"args {self.argument_bytes / GIB:.2f} GiB of HBM per device; refused by libtpu: "
+              f"{self.space_figures()} per device: DOES NOT FIT [compiled in "
+              f"{self.compile_s:.0f} s]")
     at_least = ">= " if self.refused else ""
     text = (f"phase {self.phase} ({self.seq_len} tokens, {self.predictions} predictions): "
             f"args {self.argument_bytes / GIB:.2f} GiB + temps {at_least}"
@@ -173,12 +202,133 @@ def _check_config(config: ml_collections.ConfigDict, bert_config, mesh) -> None:
     raise PreflightError(f"the trainer would refuse this config: {e}") from None
 
 
-def _available(message: str, hbm_gib: float) -> tuple[float, float]:
-  """(needed, available) bytes from libtpu's out-of-memory message (available: the chip's)."""
-  sizes = [float(n) * _UNITS[u] for n, u in _SIZE.findall(message)]
-  if len(sizes) >= 2:
-    return sizes[0], sizes[1]
-  return float("nan"), hbm_gib * GIB
+def _size(n: float) -> str:
+  """Bytes as '1.25 GiB' or '16.0 MiB' (an on-chip space is MiB); '?' when unknown."""
+  if math.isnan(n):
+    return "?"
+  return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+
+
+def abstract_batch(batch: int, seq_len: int, predictions: int,
+                   batch_sharding: jax.sharding.NamedSharding) -> dict[str, jax.ShapeDtypeStruct]:
+  """The pretraining batch's shapes and dtypes (as data_pipeline.pretraining feeds them)."""
+  def spec(shape, dtype):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
+  return {
+      "input_ids": spec((batch, seq_len), jnp.int32),
+      "input_mask": spec((batch, seq_len), jnp.int32),
+      "segment_ids": spec((batch, seq_len), jnp.int32),
+      "masked_lm_positions": spec((batch, predictions), jnp.int32),
+      "masked_lm_ids": spec((batch, predictions), jnp.int32),
+      "masked_lm_weights": spec((batch, predictions), jnp.float32),
+      "next_sentence_labels": spec((batch,), jnp.int32),
+  }
+
+
+@dataclasses.dataclass
+class LoweredStep:
+  """The pretraining step lowered on abstract arrays, with the layout and batch it was given."""
+  lowered: Any                    # jax.stages.Lowered
+  layout: state_lib.StateLayout
+  batch: dict[str, jax.ShapeDtypeStruct]
+
+
+def lower_train_step(config: ml_collections.ConfigDict, bert_config: model_lib.BertConfig,
+                     mesh: jax.sharding.Mesh, seq_len: int, predictions: int) -> LoweredStep:
+  """bert_jax.pretrain_step.train_step lowered as bert_jax.pretrain jits it; nothing allocated.
+
+  The trainer's sections "model and optimizer", "shardings" and "step" on
+  ShapeDtypeStructs over `mesh` (the slice's TPU devices here, simulated CPUs in
+  experiments/benchmarks/sharding.py, which measures meshes with it): the
+  optimizer of bert_jax.optim, the shardings of bert_jax.train_state.make_layout,
+  the config's logical axis rules under bert_jax.sharding.activate, the dropout
+  key of config.rng_impl, and the state donated.
+  """
+  # JSON round trips turn the rules' tuples into lists; flax wants tuples.
+  rules = [(name, tuple(axes) if isinstance(axes, list) else axes)
+           for name, axes in config.logical_axis_rules]
+  model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
+  tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
+
+  def init_params(rng):
+    ids = jnp.zeros((1, seq_len), jnp.int32)
+    return model.init({"params": rng}, ids, ids, ids, jnp.zeros((1, predictions), jnp.int32),
+                      deterministic=True)["params"]
+
+  layout = state_lib.make_layout(model, init_params, tx, mesh, rules, jax.random.key(0))
+  state = state_lib.TrainState(
+      step=layout.abstract["step"], apply_fn=model.apply, params=layout.abstract["params"],
+      tx=tx, opt_state=layout.abstract["opt_state"])
+  batch = abstract_batch(config.batch_size, seq_len, predictions, layout.batch)
+  key = jax.eval_shape(lambda: state_lib.dropout_key(jax.random.PRNGKey(config.seed),
+                                                      config.rng_impl))
+  rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=layout.replicated)
+  with sharding.activate(mesh, rules):
+    lowered = jax.jit(
+        functools.partial(pretrain_step.train_step, grad_accum_steps=config.grad_accum_steps,
+                          skip_nonfinite=config.skip_nonfinite_steps),
+        in_shardings=(layout.state, layout.batch, layout.replicated),
+        out_shardings=(layout.state, layout.replicated), donate_argnums=(0,)
+    ).lower(state, batch, rng)
+  return LoweredStep(lowered, layout, batch)
+
+
+def _shapes(text: str) -> list[tuple[tuple[int, ...], int]]:
+  """[(dims, bytes)] of every array type written in `text`."""
+  out = []
+  for dtype, dims in _HLO_SHAPE.findall(text):
+    dims = tuple(int(d) for d in dims.split(",") if d)
+    out.append((dims, math.prod(dims) * _HLO_BYTES[dtype]))
+  return out
+
+
+def is_batch_activation(dims: tuple[int, ...], batch: int, seq_len: int, hidden: int) -> bool:
+  """A [batch, T, >= hidden] (or flattened [batch * T, >= hidden]) array of the global batch."""
+  if dims[:2] == (batch, seq_len):
+    rest = dims[2:]
+  elif dims[:1] == (batch * seq_len,):
+    rest = dims[1:]
+  else:
+    return False
+  return math.prod(rest) >= hidden
+
+
+def collective_stats(hlo_text: str, batch: int, seq_len: int, hidden: int) -> dict[str, Any]:
+  """Bytes per collective kind in a compiled HLO module, and the whole-batch all-reduces.
+
+  An op counts the larger of its result and its operands (tuples summed); the
+  asynchronous "-start" form counts once, its "-done" not at all; ops inside
+  loops count once.
+  """
+  results = {}  # instruction name -> [(elements, bytes)] of its result
+  ops = []
+  for line in hlo_text.splitlines():
+    match = _HLO_INSTRUCTION.match(line)
+    if not match:
+      continue
+    name, result, opcode, rest = match.groups()
+    results[name] = _shapes(result)
+    is_async = opcode.endswith(_ASYNC_SUFFIX)
+    kind = opcode[:-len(_ASYNC_SUFFIX)] if is_async else opcode
+    if kind in COLLECTIVES:
+      operands = re.findall(r"%[\w.\-]+", rest.split(")", 1)[0])
+      ops.append((kind, is_async, results[name], operands))
+  totals = {kind: 0 for kind in COLLECTIVES}
+  counts = {kind: 0 for kind in COLLECTIVES}
+  batch_all_reduces = []
+  for kind, is_async, result_shapes, operand_names in ops:
+    operand_shapes = [s for n in operand_names for s in results.get(n, [])]
+    result_bytes = sum(b for _, b in result_shapes)
+    operand_bytes = sum(b for _, b in operand_shapes)
+    if is_async and kind != "all-reduce":  # the start's result tuple holds the operand too
+      result_bytes -= operand_bytes
+    totals[kind] += max(result_bytes, operand_bytes)
+    counts[kind] += 1
+    batch_operands = [d for d, _ in operand_shapes
+                      if is_batch_activation(d, batch, seq_len, hidden)]
+    if kind == "all-reduce" and batch_operands:
+      batch_all_reduces.append(batch_operands)
+  return {"bytes": totals, "counts": counts, "batch_all_reduces": batch_all_reduces}
 
 
 def compile_phase(config: ml_collections.ConfigDict, tpu: Target, slice_devices: list,
@@ -192,53 +342,31 @@ def compile_phase(config: ml_collections.ConfigDict, tpu: Target, slice_devices:
   seq_len, predictions = phase["seq_len"], phase["predictions"]
   bert_config = bert_config_of(config)
   mesh = sharding.make_mesh(config.mesh, slice_devices)
-  rules = [(name, tuple(axes) if isinstance(axes, list) else axes)
-           for name, axes in config.logical_axis_rules]
   with compiling_for(slice_devices[0]):
     _check_config(config, bert_config, mesh)
-    model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
-    tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
-
-    def init_params(rng):
-      ids = jnp.zeros((1, seq_len), jnp.int32)
-      return model.init({"params": rng}, ids, ids, ids, jnp.zeros((1, predictions), jnp.int32),
-                        deterministic=True)["params"]
-
-    layout = state_lib.make_layout(model, init_params, tx, mesh, rules, jax.random.key(0))
-    state = state_lib.TrainState(
-        step=layout.abstract["step"], apply_fn=model.apply, params=layout.abstract["params"],
-        tx=tx, opt_state=layout.abstract["opt_state"])
-    batch = sharding_bench.abstract_batch(config.batch_size, seq_len, predictions, layout.batch)
-    key = jax.eval_shape(lambda: state_lib.dropout_key(jax.random.PRNGKey(config.seed),
-                                                        config.rng_impl))
-    rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=layout.replicated)
-    with sharding.activate(mesh, rules):
-      lowered = jax.jit(
-          functools.partial(pretrain_step.train_step, grad_accum_steps=config.grad_accum_steps,
-                            skip_nonfinite=config.skip_nonfinite_steps),
-          in_shardings=(layout.state, layout.batch, layout.replicated),
-          out_shardings=(layout.state, layout.replicated), donate_argnums=(0,)
-      ).lower(state, batch, rng)
+    step = lower_train_step(config, bert_config, mesh, seq_len, predictions)
+  layout = step.layout
   # What the arguments take per device, from their shardings: known even when libtpu refuses.
   argument_bytes = float(sum(jnp.dtype(x.dtype).itemsize * math.prod(x.sharding.shard_shape(x.shape))
-                             for x in jax.tree.leaves((layout.abstract, batch))))
+                             for x in jax.tree.leaves((layout.abstract, step.batch))))
   try:
-    compiled = lowered.compile()
+    compiled = step.lowered.compile()
   except jax.errors.JaxRuntimeError as e:
-    message = str(e)
-    if "RESOURCE_EXHAUSTED" not in message and "hbm" not in message.lower():
+    oom = out_of_memory(str(e))
+    if oom is None:
       raise
-    needed, available = _available(message, tpu.hbm_gib)
-    line = next((l for l in message.splitlines() if "memory" in l.lower()), message)
+    if oom.is_hbm:  # its figures are HBM temporaries and libtpu's usable HBM
+      temps, available = oom.needed, oom.available
+    else:  # another space's figures are not HBM's: the HBM known is the arguments
+      temps, available = 0.0, tpu.hbm_gib * GIB
     return Measurement(phase["phase"], seq_len, predictions, argument_bytes=argument_bytes,
-                       temp_bytes=needed, total_bytes=argument_bytes + needed,
-                       available_bytes=available, refused=line.strip()[:300],
+                       temp_bytes=temps, total_bytes=argument_bytes + temps,
+                       available_bytes=available, refused=oom.line, oom=oom,
                        compile_s=time.time() - started)
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  stats = sharding_bench.collective_stats(compiled.as_text(), config.batch_size, seq_len,
-                                          bert_config.hidden_size)
+  stats = collective_stats(compiled.as_text(), config.batch_size, seq_len, bert_config.hidden_size)
   collectives = {k: (n, float(stats["bytes"][k])) for k, n in stats["counts"].items() if n}
   total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
            - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
@@ -304,10 +432,16 @@ def run(config: ml_collections.ConfigDict, accelerator_type: str, *, name: str =
   failing = [m for m in measurements if not m.fits]
   if not failing:
     return Report("\n".join(lines), "", measurements)
-  worst = max(failing, key=lambda m: m.total_bytes)
-  needs = (f"phase {worst.phase} ({worst.seq_len} tokens) of {name or config.get('variant', '')} "
-           f"needs {'>= ' if worst.refused else ''}{worst.total_bytes / GIB:.2f} GiB of HBM per "
-           f"chip on {accelerator_type}, which has {worst.available_bytes / GIB:.2f} GiB")
+  # HBM's shortfall first: another space's refusal gives no HBM figure to compare.
+  worst = max(failing, key=lambda m: (not m.other_space, m.total_bytes))
+  what = f"phase {worst.phase} ({worst.seq_len} tokens) of {name or config.get('variant', '')}"
+  if worst.other_space:
+    # A real run compiles the same program and is refused the same way: still a refusal.
+    needs = (f"{what} does not compile for {accelerator_type}: libtpu ran {worst.space_figures()}"
+             " per chip (a real run would be refused the same way)")
+  else:
+    needs = (f"{what} needs {'>= ' if worst.refused else ''}{worst.total_bytes / GIB:.2f} GiB of "
+             f"HBM per chip on {accelerator_type}, which has {worst.available_bytes / GIB:.2f} GiB")
   if not search:
     return Report("\n".join(lines), f"preflight: {needs}", measurements)
   attempts = preflight_knobs.search(

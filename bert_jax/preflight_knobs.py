@@ -70,7 +70,7 @@ class Attempt:
       return f"{self.flags}: {self.refused}"
     parts = []
     for m in self.measurements:
-      part = f"phase {m.phase} {'>= ' if m.refused else ''}{m.total_bytes / GIB:.2f} GiB"
+      part = m.short()
       if m.flops:
         part += f" (XLA {m.flops:.3g} FLOPs/device)"
       parts.append(part)
@@ -155,6 +155,8 @@ def _cannot_fit(settings: dict[str, Any], attempts: list[Attempt]) -> bool:
   k = settings.get("grad_accum_steps")
   last = attempts[-1] if attempts else None
   if k is None or last is None or not last.measurements or last.refused:
+    return False
+  if any(m.other_space for m in last.measurements):  # no HBM figure to scale: compile it
     return False
   k_last = last.settings.get("grad_accum_steps", 1)
   return any(m.argument_bytes + m.temp_bytes * k_last / k > m.available_bytes

@@ -5,7 +5,9 @@ TPU, through libtpu's compile-only client (jax.experimental.topologies), as
 MaxText's train_compile.py does. That client wants a topology name
 ("v4:2x2x4") and a chip configuration; this module turns the names gcloud and
 bert_jax.launch use ("v4-32", "v5litepod-16", "v6e-8"; "v5e-16" is an alias
-of "v5litepod-16") into them.
+of "v5litepod-16") into them. `out_of_memory` reads libtpu's refusal of a
+program that does not fit one of the chip's memory spaces (HBM, or an on-chip
+one such as VMEM).
 """
 
 import dataclasses
@@ -33,6 +35,81 @@ HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5p": 95.0, "v6e": 32.0}
 # (topology prefix, chip config, devices per unit of the type's number)
 _FAMILIES = {"v4": ("v4", "megacore", 0.5), "v5p": ("v5", "megacore", 0.5),
              "v5e": ("v5e", "default", 1.0), "v6e": ("v6e", "default", 1.0)}
+
+
+# libtpu's out-of-memory refusals, as libtpu 0.0.42.1 words them (tests/test_preflight.py
+# compiles programs that provoke each and reads them back):
+#   "Ran out of memory on HBM, the total memory required for HLO temporaries (40.00G)
+#    exceeds available HBM (30.75G)."
+#   "... Ran out of memory in memory space hbm. Used 24.50G of 15.75G hbm. Exceeded hbm
+#    capacity by 8.75G. ..." (any memory space by name: hbm, vmem, ...)
+#   "Allocation (size=67108864) would exceed memory (size=16777216) :: #allocation2
+#    [shape = 'u8[67108864]{0}', space=vmem, size = 0x4000000, scoped, ...]" (a kernel's or
+#    fusion's scoped on-chip buffer, in bytes)
+# Sizes are XLA's HumanReadableNumBytes (powers of 1024) unless given as size=BYTES.
+_HLO_TEMPS = re.compile(r"HLO temporaries \(([0-9.]+[BKMGTPE]?)\) exceeds available HBM "
+                        r"\(([0-9.]+[BKMGTPE]?)\)")
+_SPACE_USED = re.compile(r"Ran out of memory in memory space (\w+)\. Used ([0-9.]+[BKMGTPE]?) of "
+                         r"([0-9.]+[BKMGTPE]?)\b")
+_ALLOCATION = re.compile(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)")
+_SPACE_NAMED = re.compile(r"\bspace=(\w+)|\bin memory space (\w+)")
+_UNITS = {"B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50, "E": 2**60}
+# What each on-chip space is, for the refusal line (names as libtpu prints them).
+_SPACE_NAMES = {"hbm": "HBM", "vmem": "VMEM (on-chip vector memory)",
+                "smem": "SMEM (on-chip scalar memory)", "cmem": "CMEM (on-chip common memory)",
+                "sflag": "SFLAG (on-chip sync flags)"}
+
+
+@dataclasses.dataclass(frozen=True)
+class OutOfMemory:
+  """libtpu's refusal of a program: which memory space, and its bytes needed and available."""
+  space: str          # as libtpu names it: "hbm", "vmem", ...; "memory space N"; "" if unnamed
+  needed: float       # bytes (nan when the message gives none)
+  available: float    # bytes (nan when the message gives none)
+  line: str           # the message's line that says so
+
+  @property
+  def is_hbm(self) -> bool:
+    return self.space == "hbm"
+
+  @property
+  def space_name(self) -> str:
+    """'HBM', 'VMEM (on-chip vector memory)', 'memory space 3', 'an unnamed memory space'."""
+    return _SPACE_NAMES.get(self.space, self.space.upper() if self.space.isalpha()
+                            else self.space or "an unnamed memory space")
+
+
+def _bytes(size: str) -> float:
+  """'16.00M' -> 16777216.0 (a bare number is bytes)."""
+  unit = size[-1] if size[-1] in _UNITS else "B"
+  return float(size.rstrip("".join(_UNITS))) * _UNITS[unit]
+
+
+def out_of_memory(message: str) -> OutOfMemory | None:
+  """The memory space and figures of libtpu's out-of-memory refusal; None for another error.
+
+  Tells HBM apart from the chip's other memory spaces: a fusion or kernel that
+  overflows the on-chip scoped VMEM (16 MiB on v4) is refused with that
+  space's figures, which are not HBM's and must not be read as such.
+  """
+  lower = message.lower()
+  if "resource_exhausted" not in lower and "out of memory" not in lower:
+    return None
+  line = next((l for l in message.splitlines()
+               if "memory" in l.lower() or "allocation" in l.lower()), message).strip()[:300]
+  if match := _HLO_TEMPS.search(message):
+    return OutOfMemory("hbm", _bytes(match[1]), _bytes(match[2]), line)
+  if match := _SPACE_USED.search(message):
+    return OutOfMemory(match[1].lower(), _bytes(match[2]), _bytes(match[3]), line)
+  named = _SPACE_NAMED.search(message)
+  space = (named[1] or named[2]).lower() if named else ""
+  if space.isdigit():
+    space = f"memory space {space}"
+  if not space and "hbm" in lower:
+    space = "hbm"
+  if match := _ALLOCATION.search(message):
+    return OutOfMemory(space, float(match[1]), float(match[2]), line)
+  return OutOfMemory(space, float("nan"), float("nan"), line)
 
 
 class PreflightError(Exception):

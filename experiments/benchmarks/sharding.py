@@ -9,7 +9,8 @@ Nothing runs: for each (data, fsdp, tensor) mesh the script lowers and compiles
 bert_jax.pretrain.train_step exactly as the trainer jits it (the optimizer of
 bert_jax.optim, the parameter/optimizer/batch shardings of
 bert_jax.train_state.make_layout, the logical axis rules of experiments/configs, under
-bert_jax.sharding.activate), then reads
+bert_jax.sharding.activate: bert_jax.preflight.lower_train_step, the one copy, which
+the TPU preflight compiles too), then reads
 
   args / temp   compiled.memory_analysis(): argument and temporary bytes per device;
   collectives   bytes per device by kind, parsed from the compiled HLO: for each op
@@ -68,7 +69,6 @@ if __name__ == "__main__":  # as a program; importers (tests) keep their own env
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import argparse
 import contextlib
-import functools
 import json
 import math
 import re
@@ -77,27 +77,12 @@ import tempfile
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-
-from bert_jax import heads
 
 from bert_jax import model as model_lib
-from bert_jax import optim
-from bert_jax import pretrain_step
+from bert_jax import preflight
 from bert_jax import sharding
-from bert_jax import train_state as state_lib
+from bert_jax.preflight import collective_stats
 from experiments.configs import pretrain
-
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
-# "bf16[64,128,256]{2,1,0}" -> dtype and dims; layouts and tuples around it are skipped.
-_SHAPE = re.compile(r"\b(pred|[su](?:8|16|32|64)|bf16|f16|f32|f64)\[([0-9,]*)\]")
-# An HLO instruction: "%name = <result type> <opcode>(<operand names>), attributes"; the
-# compiled module's text names operands without their types.
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?(%[\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\((.*)$")
-_ASYNC_SUFFIX = "-start"
-
 
 def parse_meshes(values: list[str]) -> list[tuple[int, int, int]]:
   """'1,8,1' '1,4,2;2,2,2' '1,8,1,8,1,1' -> [(1, 8, 1), (1, 4, 2), ...] (triples of ints)."""
@@ -111,63 +96,6 @@ def parse_meshes(values: list[str]) -> list[tuple[int, int, int]]:
         raise ValueError(f"--mesh={value!r}: sizes come in (data, fsdp, tensor) triples")
       meshes.extend(tuple(sizes[i:i + 3]) for i in range(0, len(sizes), 3))
   return meshes
-
-
-def _shapes(text: str) -> list[tuple[tuple[int, ...], int]]:
-  """[(dims, bytes)] of every array type written in `text`."""
-  out = []
-  for dtype, dims in _SHAPE.findall(text):
-    dims = tuple(int(d) for d in dims.split(",") if d)
-    out.append((dims, math.prod(dims) * _BYTES[dtype]))
-  return out
-
-
-def is_batch_activation(dims: tuple[int, ...], batch: int, seq_len: int, hidden: int) -> bool:
-  """A [batch, T, >= hidden] (or flattened [batch * T, >= hidden]) array of the global batch."""
-  if dims[:2] == (batch, seq_len):
-    rest = dims[2:]
-  elif dims[:1] == (batch * seq_len,):
-    rest = dims[1:]
-  else:
-    return False
-  return math.prod(rest) >= hidden
-
-
-def collective_stats(hlo_text: str, batch: int, seq_len: int, hidden: int) -> dict[str, Any]:
-  """Bytes per collective kind in a compiled HLO module, and the whole-batch all-reduces.
-
-  An op counts the larger of its result and its operands (tuples summed); the
-  asynchronous "-start" form counts once, its "-done" not at all.
-  """
-  results = {}  # instruction name -> [(elements, bytes)] of its result
-  ops = []
-  for line in hlo_text.splitlines():
-    match = _INSTRUCTION.match(line)
-    if not match:
-      continue
-    name, result, opcode, rest = match.groups()
-    results[name] = _shapes(result)
-    is_async = opcode.endswith(_ASYNC_SUFFIX)
-    kind = opcode[:-len(_ASYNC_SUFFIX)] if is_async else opcode
-    if kind in COLLECTIVES:
-      operands = re.findall(r"%[\w.\-]+", rest.split(")", 1)[0])
-      ops.append((kind, is_async, results[name], operands))
-  totals = {kind: 0 for kind in COLLECTIVES}
-  counts = {kind: 0 for kind in COLLECTIVES}
-  batch_all_reduces = []
-  for kind, is_async, result_shapes, operand_names in ops:
-    operand_shapes = [s for n in operand_names for s in results.get(n, [])]
-    result_bytes = sum(b for _, b in result_shapes)
-    operand_bytes = sum(b for _, b in operand_shapes)
-    if is_async and kind != "all-reduce":  # the start's result tuple holds the operand too
-      result_bytes -= operand_bytes
-    totals[kind] += max(result_bytes, operand_bytes)
-    counts[kind] += 1
-    batch_operands = [d for d, _ in operand_shapes
-                      if is_batch_activation(d, batch, seq_len, hidden)]
-    if kind == "all-reduce" and batch_operands:
-      batch_all_reduces.append(batch_operands)
-  return {"bytes": totals, "counts": counts, "batch_all_reduces": batch_all_reduces}
 
 
 @contextlib.contextmanager
@@ -195,22 +123,6 @@ def count_constraints(lowered_text: str) -> int:
           + lowered_text.count("@Sharding"))
 
 
-def abstract_batch(batch: int, seq_len: int, predictions: int,
-                   batch_sharding: jax.sharding.NamedSharding) -> dict[str, jax.ShapeDtypeStruct]:
-  """The pretraining batch's shapes and dtypes (as data_pipeline.pretraining feeds them)."""
-  def spec(shape, dtype):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
-  return {
-      "input_ids": spec((batch, seq_len), jnp.int32),
-      "input_mask": spec((batch, seq_len), jnp.int32),
-      "segment_ids": spec((batch, seq_len), jnp.int32),
-      "masked_lm_positions": spec((batch, predictions), jnp.int32),
-      "masked_lm_ids": spec((batch, predictions), jnp.int32),
-      "masked_lm_weights": spec((batch, predictions), jnp.float32),
-      "next_sentence_labels": spec((batch,), jnp.int32),
-  }
-
-
 def bench_config(mesh_sizes: tuple[int, int, int], *, size: str, batch: int, seq_len: int,
                  predictions: int, vocab_size: int, variant: str = "base",
                  grad_accum_steps: int = 1, vocab_multiple: int | None = None):
@@ -231,37 +143,15 @@ def bench_config(mesh_sizes: tuple[int, int, int], *, size: str, batch: int, seq
 def lower_train_step(config) -> tuple[Any, model_lib.BertConfig]:
   """(jax.stages.Lowered, BertConfig): bert_jax.pretrain.train_step lowered as the trainer jits it.
 
-  The trainer's sections "mesh", "model and optimizer", "shardings" and "step",
-  on abstract arrays (nothing is allocated), over the first devices of this process.
+  bert_jax.preflight.lower_train_step (the one copy, which the TPU preflight
+  compiles too) over the first devices of this process; nothing is allocated.
   """
   bert_config = model_lib.BertConfig.from_size(config.model_size, **config.model.to_dict())
   num_devices = math.prod(config.mesh[a] for a in sharding.MESH_AXES)
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:num_devices])
-  rules = [(name, tuple(axes) if isinstance(axes, list) else axes)
-           for name, axes in config.logical_axis_rules]
-  model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
-  tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
-  seq_len = config.data.max_seq_length
-  predictions = config.data.masking.max_predictions_per_seq
-
-  def init_params(rng):
-    ids = jnp.zeros((1, seq_len), jnp.int32)
-    return model.init({"params": rng}, ids, ids, ids, jnp.zeros((1, predictions), jnp.int32),
-                      deterministic=True)["params"]
-
-  layout = state_lib.make_layout(model, init_params, tx, mesh, rules, jax.random.key(0))
-  state = state_lib.TrainState(
-      step=layout.abstract["step"], apply_fn=model.apply, params=layout.abstract["params"],
-      tx=tx, opt_state=layout.abstract["opt_state"])
-  batch = abstract_batch(config.batch_size, seq_len, predictions, layout.batch)
-  rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=layout.replicated)  # PRNGKey(seed)
-  with sharding.activate(mesh, rules):
-    p_train_step = jax.jit(
-        functools.partial(pretrain_step.train_step, grad_accum_steps=config.grad_accum_steps,
-                          skip_nonfinite=config.skip_nonfinite_steps),
-        in_shardings=(layout.state, layout.batch, layout.replicated),
-        out_shardings=(layout.state, layout.replicated), donate_argnums=(0,))
-    return p_train_step.lower(state, batch, rng), bert_config
+  step = preflight.lower_train_step(config, bert_config, mesh, config.data.max_seq_length,
+                                    config.data.masking.max_predictions_per_seq)
+  return step.lowered, bert_config
 
 
 def measure(config) -> dict[str, Any]:
