@@ -42,7 +42,6 @@ from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import paths
 from bert_jax import phases
-from bert_jax import preemption
 from bert_jax import pretrain_step
 from bert_jax import sharding
 from bert_jax import train_loop
@@ -182,20 +181,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     cleanup.enter_context(sharding.activate(mesh, rules))
 
     # ---------------------------------------------------------------- step
-    p_train_step = jax.jit(
-        functools.partial(pretrain_step.train_step, grad_accum_steps=config.grad_accum_steps,
-                          skip_nonfinite=config.skip_nonfinite_steps),
-        in_shardings=(layout.state, layout.batch, layout.replicated),
-        out_shardings=(layout.state, layout.replicated), donate_argnums=(0,))
-    p_eval_step = jax.jit(functools.partial(pretrain_step.eval_step, apply_fn=model.apply),
-                          in_shardings=(layout.params, layout.batch),
-                          out_shardings=layout.replicated)
+    p_train_step, p_eval_step = state_lib.jit_steps(
+        layout, functools.partial(pretrain_step.train_step,
+                                  grad_accum_steps=config.grad_accum_steps,
+                                  skip_nonfinite=config.skip_nonfinite_steps),
+        functools.partial(pretrain_step.eval_step, apply_fn=model.apply))
 
     # ------------------------------------------------------------- restore
-    manager = checkpoint.make_manager(workdir, config.checkpoint)
-    cleanup.callback(manager.close)
-    # A pending async save must finish (or fail loudly) whatever else fails.
-    cleanup.callback(manager.wait_until_finished)
+    manager = train_loop.open_manager(cleanup, workdir, config.checkpoint)
     load_init = (functools.partial(_load_init_checkpoint, config, bert_config, init)
                  if config.init_checkpoint else None)
     state, data_state = state_lib.start(manager, layout, model, tx, init_rng, load_init,
@@ -203,8 +196,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     step = int(state.step)
     if previous and step and previous.get("total_steps", config.total_steps) != config.total_steps:
       _announce_new_total(config, previous["total_steps"], step, lr_schedule)
-    writer = metrics_io.MetricWriter(workdir, start_step=step)
-    cleanup.callback(writer.close)
     # What each step read (unmasked-batch fingerprints): ablations check runs against it.
     batches = batch_log.BatchLog(workdir, step, process_index=jax.process_index(),
                                  process_count=jax.process_count())
@@ -216,7 +207,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     def evaluate(at_step: int) -> dict[str, float]:
       """Held-out metrics at `at_step`; a step metrics.jsonl already has is not redone."""
-      done = writer.recorded(at_step)
+      done = loop.writer.recorded(at_step)
       if "eval/mlm_loss" in done:
         return {k: v for k, v in done.items() if k.split("/")[0] in eval_kinds}
       phase = pretraining_data.phase_at(min(at_step, config.total_steps - 1))
@@ -229,20 +220,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             totals[k] = totals.get(k, 0.0) + float(v)
         result.update({f"{kind}/{k}": float(v) for k, v in
                        losses.pretraining_metrics(totals).items() if k != "nsp_loss"})
-      writer.write(at_step, result)
+      loop.writer.write(at_step, result)
       logging.info("held-out at step %d: %s", at_step,
                    " ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in result.items()))
       return result
 
     # ---------------------------------------------------------------- loop
-    stop_request = preemption.StopRequest()
-    cleanup.callback(stop_request.close)
+    loop = train_loop.Loop(cleanup, workdir, manager, start_step=step,
+                           total_steps=config.total_steps, log_every=config.log_every_steps,
+                           save_every=config.checkpoint.every_steps,
+                           skip_nonfinite=config.skip_nonfinite_steps)
     phase, data = make_input(step, data_state)
     cleanup.callback(lambda: data.close())  # the input of the phase running at the end
-    progress = metrics_io.Progress(config.total_steps, step)
     peak = metrics_io.peak_flops(config.peak_tflops_per_device)
-    step_metrics = train_loop.StepMetrics(train_loop.last_good(manager),
-                                          config.skip_nonfinite_steps)
     result = evaluate(step)
 
     while step < config.total_steps:
@@ -256,36 +246,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       state, metrics = p_train_step(state, batch, dropout_rng)
       if step + 1 < config.total_steps and phases.phase_data_config(config, step + 1)[0] == phase:
         data.fetch_next()  # batch n+1 is read and placed while step n computes
-      step_metrics.settle()  # the previous step's, fetched while this one computes
+      loop.step_metrics.settle()  # the previous step's, fetched while this one computes
       step += 1
       batches.add(step, data.last_fingerprint, local)
-      step_metrics.add(step, metrics)
-      due = train_loop.due(step, config.total_steps, log_every=config.log_every_steps,
-                           save_every=config.checkpoint.every_steps,
-                           stop=stop_request.reached(step))
-      if due.log or due.save:
-        step_metrics.settle()  # never log or save a state that went non-finite
-      if due.log:
-        scalars = step_metrics.means()
-        scalars["learning_rate"] = float(lr_schedule(step - 1))
-        # The logged step's real predictions (this process's share, scaled to the global
-        # batch): MFU counts predictions made, not the prediction slots P.
-        flops = cost.step_flops(
-            bert_config, layout.abstract_params, sequences=config.batch_size,
-            seq_len=local["input_ids"].shape[1],
-            predictions=float(np.sum(local["masked_lm_weights"])) * jax.process_count())
-        scalars.update(progress.measure(step, tokens, flops, peak))
-        writer.write(step, scalars)
-        logging.info("%s", metrics_io.progress_line(step, config.total_steps, scalars))
+      # MFU from the logged step's real predictions (this process's share, scaled to the
+      # global batch): it counts predictions made, not the prediction slots P.
+      due = loop.after_step(
+          step, metrics, tokens=tokens, learning_rate=lambda: float(lr_schedule(step - 1)),
+          flops=lambda: cost.step_flops(
+              bert_config, layout.abstract_params, sequences=config.batch_size,
+              seq_len=local["input_ids"].shape[1],
+              predictions=float(np.sum(local["masked_lm_weights"])) * jax.process_count()),
+          peak=peak)
       if due.save:
         train_loop.save(manager, step, state, {"phase": phase, "input": data.get_state()},
-                        logs=(batches, writer))
+                        logs=(batches, loop.writer))
       if due.stop:
         train_loop.preempted(step)
         break
       if step % config.eval_every_steps == 0 and step < config.total_steps:
         result = evaluate(step)
-    step_metrics.settle()
+    loop.step_metrics.settle()
     if step >= config.total_steps:
       result = evaluate(step)
   return result

@@ -11,8 +11,13 @@ evaluation; the bookkeeping between steps is the same and lives here once:
     lock to another run (bert_jax.workdir_lock), within one heartbeat.
   - `save`: logs flushed first, then the checkpoint, so a saved step always has
     its rows and a resumed run never writes them twice.
+  - `open_manager`: the checkpoint manager, closed after its pending save
+    whatever fails; `Loop`: the metrics writer, the stop request,
+    progress and `StepMetrics` from the start step on, and `Loop.after_step`,
+    which checks and logs each step and says what else is due.
 """
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, Iterable
 
@@ -22,6 +27,7 @@ import numpy as np
 
 from bert_jax import checkpoint
 from bert_jax import errors
+from bert_jax import metrics_io
 from bert_jax import preemption
 from bert_jax import workdir_lock
 
@@ -111,3 +117,54 @@ def last_good(manager: Any) -> Callable[[], str]:
 def preempted(step: int) -> None:
   """The last line of a run stopped on request (SIGTERM, or Ctrl-C: preemption.stop_reason)."""
   logging.warning("%s: saved step %d; the same command resumes", preemption.stop_reason(), step)
+
+
+def open_manager(cleanup: contextlib.ExitStack, workdir: str, checkpoint_config: Any) -> Any:
+  """The run's checkpoint manager (it creates workdir/checkpoints: open it only once the
+  config can no longer be refused), closed by `cleanup` whatever fails later, and only
+  after a pending async save has finished (or failed loudly)."""
+  manager = checkpoint.make_manager(workdir, checkpoint_config)
+  cleanup.callback(manager.close)
+  cleanup.callback(manager.wait_until_finished)  # runs first: the pending save finishes
+  return manager
+
+
+class Loop:
+  """A training loop's bookkeeping from its start step, each piece closed by `cleanup`:
+  `writer` (metrics.jsonl + TensorBoard), `stop_request` (SIGTERM, preemption,
+  Ctrl-C), `progress` (steps/s, ETA, MFU) and `step_metrics` (one step late)."""
+
+  def __init__(self, cleanup: contextlib.ExitStack, workdir: str, manager: Any, *,
+               start_step: int, total_steps: int, log_every: int, save_every: int,
+               skip_nonfinite: bool):
+    self.total_steps, self._log_every, self._save_every = total_steps, log_every, save_every
+    self.writer = metrics_io.MetricWriter(workdir, start_step=start_step)
+    cleanup.callback(self.writer.close)
+    self.stop_request = preemption.StopRequest()
+    cleanup.callback(self.stop_request.close)
+    self.progress = metrics_io.Progress(total_steps, start_step)
+    self.step_metrics = StepMetrics(last_good(manager), skip_nonfinite)
+
+  def after_step(self, step: int, device_metrics: dict[str, Any], *, tokens: int,
+                 learning_rate: Callable[[], float],
+                 flops: Callable[[], float] | None = None, peak: float | None = None) -> Due:
+    """Records step `step` (1-based count of steps done) and logs it when due.
+
+    A logged or saved step is checked first (StepMetrics.settle): nothing is
+    logged or saved from a state that went non-finite. The row holds the metric
+    means since the last row, `learning_rate()`, and progress.measure's rates
+    (`tokens` of the global batch; MFU from `flops()` when `peak` is known).
+    The caller saves (due.save) and stops (due.stop).
+    """
+    self.step_metrics.add(step, device_metrics)
+    what = due(step, self.total_steps, log_every=self._log_every,
+               save_every=self._save_every, stop=self.stop_request.reached(step))
+    if what.log or what.save:
+      self.step_metrics.settle()
+    if what.log:
+      scalars = self.step_metrics.means()
+      scalars["learning_rate"] = learning_rate()
+      scalars.update(self.progress.measure(step, tokens, flops() if flops else 0.0, peak))
+      self.writer.write(step, scalars)
+      logging.info("%s", metrics_io.progress_line(step, self.total_steps, scalars))
+    return what

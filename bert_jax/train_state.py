@@ -7,6 +7,7 @@ there is one copy of each:
 
   setup_mesh          distributed init, accelerator check, device mesh, axis rules
   make_layout         shardings and abstract shapes of {params, opt_state, step}
+  jit_steps           the train and eval steps compiled on a layout
   start               resume from the workdir, else init from a checkpoint, else random
   dropout_key         the dropout key in config.rng_impl's generator
   accumulated_grads   loss and gradients of a global batch, in micro-batches if asked
@@ -135,6 +136,21 @@ def make_layout(model: nn.Module, init_params: Callable[[jax.Array], Any],
                      abstract_params=abstract_params, replicated=replicated,
                      batch=sharding.batch_sharding(mesh),
                      init=jax.jit(init, out_shardings=state_shardings))
+
+
+def jit_steps(layout: StateLayout, train_step: Callable, eval_step: Callable
+              ) -> tuple[Callable, Callable]:
+  """(train, eval) jitted with the layout's explicit shardings.
+
+  train(state, batch, rng) -> (state, metrics): the state donated (updated in
+  place, never two copies in memory), the metrics replicated. eval(params,
+  batch) -> its outputs, replicated.
+  """
+  train = jax.jit(train_step, in_shardings=(layout.state, layout.batch, layout.replicated),
+                  out_shardings=(layout.state, layout.replicated), donate_argnums=(0,))
+  evaluate = jax.jit(eval_step, in_shardings=(layout.params, layout.batch),
+                     out_shardings=layout.replicated)
+  return train, evaluate
 
 
 def start(manager, layout: StateLayout, model: nn.Module, tx: optax.GradientTransformation,

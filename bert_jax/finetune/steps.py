@@ -136,12 +136,10 @@ def build(config: ml_collections.ConfigDict, task: task_kind.Task, cache: dict, 
     return model.init({"params": rng}, ids, ids, ids, deterministic=True)["params"]
 
   layout = state_lib.make_layout(model, init_params, tx, mesh, rules, jax.random.PRNGKey(0))
-  train = jax.jit(
-      functools.partial(train_step, task=task, grad_accum_steps=config.grad_accum_steps,
-                        skip_nonfinite=config.skip_nonfinite_steps),
-      in_shardings=(layout.state, layout.batch, layout.replicated),
-      out_shardings=(layout.state, layout.replicated), donate_argnums=(0,))
   evaluate = functools.partial(eval_step, apply_fn=model.apply, task=task)
+  train, jitted_eval = state_lib.jit_steps(
+      layout, functools.partial(train_step, task=task, grad_accum_steps=config.grad_accum_steps,
+                                skip_nonfinite=config.skip_nonfinite_steps), evaluate)
 
   def out_shapes(length):
     ids = jax.ShapeDtypeStruct((config.eval_batch_size, length), jnp.int32)
@@ -150,9 +148,7 @@ def build(config: ml_collections.ConfigDict, task: task_kind.Task, cache: dict, 
   # Outputs whose shape follows the batch's length are padded back to max_seq_length.
   full, shorter = out_shapes(config.max_seq_length), out_shapes(config.max_seq_length - 1)
   programs = Programs(
-      tx=tx, schedule=schedule, layout=layout, train_step=train,
-      eval_step=jax.jit(evaluate, in_shardings=(layout.params, layout.batch),
-                        out_shardings=layout.replicated),
+      tx=tx, schedule=schedule, layout=layout, train_step=train, eval_step=jitted_eval,
       buckets=buckets_lib.bucket_lengths(config.max_seq_length, config.bucket_multiple,
                                          config.padding),
       sequence_outputs=tuple(k for k in full if full[k].shape != shorter[k].shape))

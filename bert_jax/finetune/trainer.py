@@ -53,11 +53,9 @@ import numpy as np
 
 from bert_jax import checkpoint
 from bert_jax import errors
-from bert_jax import metrics_io
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import paths
-from bert_jax import preemption
 from bert_jax import sharding
 from bert_jax import train_loop
 from bert_jax import train_state as state_lib
@@ -320,9 +318,7 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
                  100 * padding["fixed_pad_fraction"])
 
     # ------------------------------------------------------------- restore
-    manager = checkpoint.make_manager(workdir, config.checkpoint)
-    cleanup.callback(manager.close)
-    cleanup.callback(manager.wait_until_finished)  # a pending async save finishes first
+    manager = train_loop.open_manager(cleanup, workdir, config.checkpoint)
     load_init = None
     if loaded is not None:
       load_init = functools.partial(_merge_pretrained, loaded, bert_config, task.head_name,
@@ -336,8 +332,10 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
     cleanup.callback(best.close)
 
     # ---------------------------------------------------------------- eval
-    writer = metrics_io.MetricWriter(workdir, start_step=step)
-    cleanup.callback(writer.close)
+    loop = train_loop.Loop(cleanup, workdir, manager, start_step=step, total_steps=total_steps,
+                           log_every=config.log_every_steps,
+                           save_every=config.checkpoint.every_steps,
+                           skip_nonfinite=config.skip_nonfinite_steps)
 
     def evaluate(at_step: int) -> dict[str, float]:
       result, predictions = {}, {}
@@ -346,7 +344,7 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
         metrics, predictions[split] = task.score(dev, outputs)
         prefix = "dev" if len(task.dev) == 1 else split  # MNLI: dev_matched, dev_mismatched
         result.update({f"{prefix}/{k}": float(v) for k, v in metrics.items()})
-      writer.write(at_step, result)
+      loop.writer.write(at_step, result)
       logging.info("dev at step %d: %s", at_step,
                    " ".join(f"{k} {v:.4f}" for k, v in result.items()))
       out = paths.join(workdir, "predictions", str(at_step))
@@ -366,12 +364,7 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
       return result
 
     # ---------------------------------------------------------------- loop
-    stop_request = preemption.StopRequest()
-    cleanup.callback(stop_request.close)
-    progress = metrics_io.Progress(total_steps, step)
     eval_every = config.eval_every_steps or steps_per_epoch
-    step_metrics = train_loop.StepMetrics(train_loop.last_good(manager),
-                                          config.skip_nonfinite_steps)
     result = None
     stop = False
     if step == 0 and config.eval_at_start:
@@ -381,27 +374,18 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
       programs.train_lengths.add(local["input_ids"].shape[1])
       state, metrics = programs.train_step(state, sharding.global_batch(local, mesh), dropout_rng)
       step += 1
-      step_metrics.add(step, metrics)
-      evaluated = step % eval_every == 0 or step == total_steps
-      stop = stop_request.reached(step)
       # Saved only where the config asks (every_steps, the end, a stop) and to best/: a run
       # resumed from before an evaluation redoes it exactly (same steps, deterministic eval).
-      due = train_loop.due(step, total_steps, log_every=config.log_every_steps,
-                           save_every=config.checkpoint.every_steps, stop=stop)
-      if due.log or due.save:
-        step_metrics.settle()  # never save (or evaluate) a state that went non-finite
-      if due.log:
-        scalars = step_metrics.means()
-        scalars["learning_rate"] = config.optimizer.learning_rate * float(
-            programs.schedule(step - 1))
-        scalars.update(progress.measure(step, local["input_ids"].size * jax.process_count(),
-                                        0.0, None))
-        writer.write(step, scalars)
-        logging.info("%s", metrics_io.progress_line(step, total_steps, scalars))
+      due = loop.after_step(
+          step, metrics, tokens=local["input_ids"].size * jax.process_count(),
+          learning_rate=lambda: config.optimizer.learning_rate * float(
+              programs.schedule(step - 1)))
+      stop = due.stop
+      evaluated = step % eval_every == 0 or step == total_steps
       if evaluated:
         result = evaluate(step)
       if due.save:
-        train_loop.save(manager, step, state, {"step": step}, logs=(writer,))
+        train_loop.save(manager, step, state, {"step": step}, logs=(loop.writer,))
         if evaluated and jax.process_index() == 0:
           # Written after the evaluation it reports; on resume it is re-read.
           _write_json(paths.join(workdir, RESULT_FILE),
