@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax import jsonl
-from bert_jax import paths
+from host import paths
 
 FILE_NAME = "batch_log.jsonl"
 

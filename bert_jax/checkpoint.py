@@ -31,9 +31,9 @@ from orbax.checkpoint import checkpoint_managers
 
 from bert_jax import errors
 from bert_jax import model as model_lib
-from bert_jax import paths
 from bert_jax import workdir as workdir_lib
 from bert_jax import workdir_lock
+from host import paths
 
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt_checkpoints"

@@ -25,10 +25,10 @@ import numpy as np
 
 from bert_jax import convert
 from bert_jax import model as model_lib
-from bert_jax import paths
 from bert_jax.finetune import packing
 from data_pipeline import tokenizers
-from data_pipeline.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
+from host import paths
+from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 
 PAIR_SEPARATOR = " ||| "
 

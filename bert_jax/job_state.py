@@ -2,7 +2,7 @@
 
 A job started by bert_jax.launch runs detached on the TPU VMs; the launcher
 learns how it is doing from this one small file, which process 0 writes
-through bert_jax.paths (so gs:// and local workdirs alike):
+through host.paths (so gs:// and local workdirs alike):
 
   {"state": "running" | "done" | "preempted" | "failed",
    "host": ..., "pid": ..., "time": <unix seconds of this write>,
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from absl import logging
 
-from bert_jax import paths
+from host import paths
 
 STATE_FILE = "job_state.json"
 RUNNING, DONE, PREEMPTED, FAILED = "running", "done", "preempted", "failed"

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from bert_jax import jsonl
-from bert_jax import paths
+from host import paths
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -97,7 +97,7 @@ class MetricWriter:
     if not self._enabled:
       return
     # pylint: disable=g-import-not-at-top  # TF only on the writing host
-    from data_pipeline.tf_cpu import tf  # kept off the accelerators
+    from host.tf_cpu import tf  # kept off the accelerators
     from tensorflow.core.framework import summary_pb2
     self._tf = tf
     self._remote = paths.is_remote(workdir)

@@ -40,7 +40,6 @@ from bert_jax import losses
 from bert_jax import metrics_io
 from bert_jax import model as model_lib
 from bert_jax import optim
-from bert_jax import paths
 from bert_jax import phases
 from bert_jax import pretrain_step
 from bert_jax import sharding
@@ -49,6 +48,7 @@ from bert_jax import train_state as state_lib
 from bert_jax import workdir as workdir_lib
 from data_pipeline import prepare as prepare_lib
 from data_pipeline import specs
+from host import paths
 
 
 

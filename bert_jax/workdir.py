@@ -42,8 +42,8 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from bert_jax import errors
-from bert_jax import paths
 from bert_jax import workdir_lock
+from host import paths
 
 # The lock and its errors, as callers know them (workdir.Lock, workdir.WorkdirError, ...).
 Lock, LockHeld, WorkdirError = workdir_lock.Lock, workdir_lock.LockHeld, workdir_lock.WorkdirError

@@ -2,7 +2,7 @@
 
 workdir/.lock holds its holder's host, pid, a random token, the time of its last
 heartbeat and the job it belongs to. Every change to it is conditional on the
-version its writer last saw (bert_jax.paths' read_versioned / create_if_absent /
+version its writer last saw (host.paths' read_versioned / create_if_absent /
 replace_if / remove_if: GCS generations with ifGenerationMatch, or a content
 compare under an fcntl guard on a local disk), so of any number of processes
 and hosts racing for it exactly one holds it:
@@ -41,7 +41,7 @@ import uuid
 from absl import logging
 
 from bert_jax import errors
-from bert_jax import paths
+from host import paths
 
 LOCK_FILE = ".lock"
 HEARTBEAT_S = 30.0  # how often the holder refreshes the lock

@@ -64,7 +64,7 @@ import re
 import sys
 from typing import Iterator
 
-from bert_jax import paths
+from host import paths
 
 # Sentence ends: Latin .!? followed by whitespace, or CJK 。！？ (no space needed in
 # CJK text); closing quotes/brackets right after the end mark stay with the
@@ -222,7 +222,7 @@ def _jsonl_documents(path, max_line_bytes, stats, text_field) -> Iterator[list[s
 def _tfds_documents(name, data_dir, split, text_field, process_index,
                     process_count) -> Iterator[list[str]]:
   """Documents of a tfds dataset: one per example; process i reads the i-th even sub-split."""
-  from data_pipeline import tf_cpu  # pylint: disable=g-import-not-at-top,unused-import  # first
+  from host import tf_cpu  # pylint: disable=g-import-not-at-top,unused-import  # first
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   builder = tfds.builder(name, data_dir=data_dir or None)
   # even_splits cuts by example, so it is disjoint for any number of files.

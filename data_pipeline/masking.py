@@ -53,7 +53,7 @@ import numbers
 from typing import Sequence
 
 import numpy as np
-from data_pipeline.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
+from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 
 _STRATEGIES = ("fixed", "bernoulli")
 SCHEDULES = ("constant", "linear", "cosine", "polynomial", "warmup_decay")

@@ -57,7 +57,7 @@ from typing import Iterator
 import weakref
 
 import numpy as np
-from data_pipeline.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
+from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 
 from data_pipeline import masking
 from data_pipeline import pairs

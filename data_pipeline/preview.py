@@ -22,8 +22,8 @@ from absl import flags
 from ml_collections import config_flags
 import numpy as np
 
-from bert_jax import paths
 from data_pipeline import pretraining
+from host import paths
 
 
 def _define_flags() -> None:

@@ -22,7 +22,7 @@ import logging
 import os
 
 import numpy as np
-from data_pipeline.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
+from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 
 from data_pipeline import corpora
 from data_pipeline import pairs

@@ -63,10 +63,10 @@ import re
 from typing import Iterable, Sequence
 
 import numpy as np
-from data_pipeline.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
+from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 import tensorflow_text as tf_text
 
-from bert_jax import paths
+from host import paths
 
 # Role -> BERT spelling; the pipeline only ever refers to specials by role.
 SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
@@ -374,7 +374,7 @@ def tokenize_file(tokenizer, input_file: str, output_file: str, batch_size: int 
 
   lines = non_utf8 = 0
   # TextLineDataset reads through TensorFlow's own file systems; a gs:// input is
-  # downloaded first (see bert_jax.paths for why TF never talks to GCS here).
+  # downloaded first (see host.paths for why TF never talks to GCS here).
   with paths.local_file(input_file) as local_input, paths.open_text(output_file, "w") as out:
     dataset = tf.data.TextLineDataset(local_input).batch(batch_size).map(
         tokenize_batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)

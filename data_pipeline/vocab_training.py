@@ -21,11 +21,11 @@ import tempfile
 from typing import Iterator, Sequence
 
 from absl import logging
-from data_pipeline.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
+from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bert_vocab
 
-from bert_jax import paths
 from data_pipeline import tokenizers
+from host import paths
 
 # Reserved ids 0-4 for both kinds of vocabulary, in this order.
 RESERVED_TOKENS = [tokenizers.SPECIAL_TOKENS[r] for r in ("pad", "unk", "cls", "sep", "mask")]

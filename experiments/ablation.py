@@ -44,7 +44,6 @@ from ml_collections import config_flags
 from bert_jax import batch_log
 from bert_jax import checkpoint
 from bert_jax import metrics_io
-from bert_jax import paths
 from bert_jax import preemption
 from bert_jax import workdir as workdir_lib
 from data_pipeline import specs
@@ -56,6 +55,7 @@ from experiments import chinese_data
 from experiments.configs import ablation as ablation_configs
 from experiments.configs import finetune as finetune_configs
 from experiments.configs import pretrain as pretrain_configs
+from host import paths
 
 STAGES = ("all", "prepare", "pretrain", "check", "finetune", "report")
 PLAN_FILE = "plan.json"

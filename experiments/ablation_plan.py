@@ -19,8 +19,8 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from bert_jax import paths
 from data_pipeline import specs
+from host import paths
 
 MODES = ("steps", "flops")
 _SPECIAL_TOKENS = 3  # [CLS] A [SEP] B [SEP]: never predicted

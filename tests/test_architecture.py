@@ -5,7 +5,8 @@ where the next engineer learns which module holds what; both go stale silently
 when a module is added or removed. These tests walk the packages on disk and
 fail when a module is missing from either, when either names a module that does
 not exist, when the architecture's TensorFlow rule is broken, when modules
-import each other in a circle, or when docs/ links outside the repository.
+import each other in a circle, when an import crosses the layers the wrong way
+(host <- data_pipeline <- bert_jax), or when docs/ links outside the repository.
 """
 
 import ast
@@ -97,19 +98,19 @@ def test_readme_layout_table_names_every_module_and_nothing_else():
 
 
 def test_tensorflow_is_taken_through_tf_cpu_everywhere():
-  """docs/architecture.md says every TensorFlow user goes through data_pipeline/tf_cpu.py.
+  """docs/architecture.md says every TensorFlow user goes through host/tf_cpu.py.
 
   Fails on a module that imports tensorflow, tensorflow_text or tensorflow_datasets
   (at the top or in a function) with no `tf_cpu` import on an earlier line.
   """
   offenders = []
   for module in sorted(_modules()):
-    if module == "data_pipeline/tf_cpu.py":
+    if module == "host/tf_cpu.py":
       continue
     lines = (ROOT / module).read_text().splitlines()
     for number, line in enumerate(lines):
       if TENSORFLOW_IMPORT.match(line) and not any(
-          re.match(r"\s*from data_pipeline(\.| import )tf_cpu", earlier) for earlier in lines[:number]):
+          re.match(r"\s*from host(\.| import )tf_cpu", earlier) for earlier in lines[:number]):
         offenders.append(f"{module}:{number + 1}: {line.strip()}")
   assert offenders == []
 
@@ -160,3 +161,46 @@ def test_docs_link_nowhere_outside_the_repository():
       if ROOT not in resolved.parents or not resolved.exists():
         bad.append(f"{doc.name}: ({target})")
   assert bad == []
+
+
+# The layers: `host` (the floor: paths, tf_cpu) under both packages; data_pipeline
+# under bert_jax, reached only through these modules.
+FLOOR = "host"
+DATA_PIPELINE_ENTRIES = {
+    "data_pipeline.prepare",  # the pretraining trainer's data, as one object
+    "data_pipeline.specs",  # what a data config asks for, judged without data
+    "data_pipeline.tokenizers",  # the tokenizers fine-tuning and feature extraction share
+}
+
+
+def _imported(path: str) -> set[str]:
+  """The project modules (or packages) a module imports, inside functions too."""
+  names = set()
+  for node in ast.walk(ast.parse((ROOT / path).read_text())):
+    if isinstance(node, ast.Import):
+      names.update(a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      for alias in node.names:
+        sub = f"{node.module}.{alias.name}"
+        names.add(sub if (ROOT / (sub.replace(".", "/") + ".py")).is_file() else node.module)
+  return {n for n in names if n.split(".")[0] in PACKAGES + (FLOOR,)}
+
+
+def test_layers_floor_then_data_pipeline_then_bert_jax():
+  """docs/architecture.md's layering: the floor imports neither package, data_pipeline
+  never imports bert_jax, and bert_jax reaches data_pipeline only through
+  DATA_PIPELINE_ENTRIES. Fails on an import (at the top or in a function) that
+  breaks one of the three."""
+  wrong = []
+  for module in sorted(_modules()):
+    package = module.split("/")[0]
+    for name in sorted(_imported(module)):
+      top = name.split(".")[0]
+      if package == FLOOR and top != FLOOR:
+        wrong.append(f"{module} (the floor) imports {name}")
+      elif package == "data_pipeline" and top == "bert_jax":
+        wrong.append(f"{module} imports {name}")
+      elif package == "bert_jax" and top == "data_pipeline" and name not in DATA_PIPELINE_ENTRIES:
+        wrong.append(f"{module} imports {name}, not one of {sorted(DATA_PIPELINE_ENTRIES)}")
+  assert (ROOT / FLOOR / "paths.py").is_file() and (ROOT / FLOOR / "tf_cpu.py").is_file()
+  assert wrong == []

@@ -5,7 +5,7 @@ a ValueError naming the file (and the line, or the split) from the readers
 (bert_jax/finetune/tabular_files.py, glue.py, squad.py, conll.py) or a kind's
 build (registry.py), never an
 IndexError after the training. The same readers read gs:// through
-bert_jax.paths, tested here against a local fake-gcs-server.
+host.paths, tested here against a local fake-gcs-server.
 """
 
 import json
@@ -16,7 +16,6 @@ import re
 import pytest
 
 from bert_jax import model as model_lib
-from bert_jax import paths
 from bert_jax.finetune import classification_task
 from bert_jax.finetune import conll
 from bert_jax.finetune import glue
@@ -26,6 +25,7 @@ from bert_jax.finetune import tabular_files
 from bert_jax.finetune import tokenization
 from bert_jax.finetune import trainer
 from experiments.configs import finetune as finetune_configs
+from host import paths
 from test_finetune_trainer import toy_config  # the tiny fine-tuning config of the trainer tests
 from test_finetune_trainer import toy_files  # pylint: disable=unused-import  # a fixture
 

@@ -19,9 +19,9 @@ import pytest
 
 from bert_jax import checkpoint
 from bert_jax import metrics_io
-from bert_jax import paths
 from bert_jax import workdir
 from bert_jax.finetune import trainer as finetune_trainer
+from host import paths
 from test_finetune_trainer import toy_config  # the tiny fine-tuning config of the trainer tests
 from test_finetune_trainer import toy_files  # pylint: disable=unused-import  # a fixture
 

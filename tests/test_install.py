@@ -30,7 +30,7 @@ from packaging.version import Version
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-SOURCE_DIRS = ("bert_jax", "data_pipeline", "experiments")
+SOURCE_DIRS = ("bert_jax", "data_pipeline", "experiments", "host")
 
 # How the source names a module -> (the module, the import that binds the name there).
 ALIASES = {

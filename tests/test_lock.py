@@ -18,10 +18,10 @@ import pytest
 
 from bert_jax import checkpoint
 from bert_jax import jobs
-from bert_jax import paths
 from bert_jax import train_loop
 from bert_jax import workdir_lock
 from experiments.configs import pretrain
+from host import paths
 
 
 def _stale_lock(workdir: str) -> None:

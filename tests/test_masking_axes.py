@@ -17,7 +17,7 @@ from data_pipeline import masking
 from data_pipeline import pretraining
 from data_pipeline import specs
 from data_pipeline import word_segmentation
-from data_pipeline.tf_cpu import tf
+from host.tf_cpu import tf
 from experiments.configs import data as data_configs
 
 MASK, VOCAB, SPECIALS = 3, 1000, (0, 1, 2, 3)

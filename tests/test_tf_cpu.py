@@ -1,4 +1,4 @@
-"""data_pipeline/tf_cpu.py: TensorFlow kept off accelerators, quiet, and the only way in."""
+"""host/tf_cpu.py: TensorFlow kept off accelerators, quiet, and the only way in."""
 
 import os
 import pathlib
@@ -29,9 +29,9 @@ def test_accelerators_are_hidden_from_tensorflow(monkeypatch):
   tf_cpu stops calling set_visible_devices([], "GPU") for a listed GPU or crashes when
   TensorFlow was initialised first. The real check runs where a device exists:
   `python -m experiments.benchmarks.accelerator` prints "TensorFlow check ok/FAILED"
-  (TensorFlow's visible GPUs and TPUs after data_pipeline.tf_cpu, beside JAX's devices).
+  (TensorFlow's visible GPUs and TPUs after host.tf_cpu, beside JAX's devices).
   """
-  from data_pipeline import tf_cpu  # pylint: disable=g-import-not-at-top
+  from host import tf_cpu  # pylint: disable=g-import-not-at-top
   hidden = []
   monkeypatch.setattr(tf_cpu.tf.config, "list_physical_devices",
                       lambda kind: [f"/physical_device:{kind}:0"] if kind == "GPU" else [])
@@ -48,7 +48,7 @@ def test_accelerators_are_hidden_from_tensorflow(monkeypatch):
 
 def test_start_up_is_quiet_and_tensorflow_works():
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-  code = ("from data_pipeline.tf_cpu import tf; "
+  code = ("from host.tf_cpu import tf; "
           "print(int(tf.constant(2) + 1), tf.config.get_visible_devices('GPU'))")
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=300)

@@ -13,7 +13,7 @@ from absl import logging
 import jax
 
 from bert_jax import convert
-from bert_jax import paths
+from host import paths
 
 FLAGS = flags.FLAGS
 

@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from bert_jax import model as model_lib
-from bert_jax import paths
+from host import paths
 import bert_jax.convert.layout as convert_layout  # (not via the package: its __init__ imports this)
 
 CONFIG_NAME = "config.json"

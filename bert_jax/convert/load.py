@@ -10,7 +10,7 @@ from absl import logging
 import numpy as np
 
 from bert_jax import checkpoint
-from bert_jax import paths
+from host import paths
 # Siblings by module path, not via the package: its __init__ imports this module.
 import bert_jax.convert.hf as convert_hf
 import bert_jax.convert.layout as convert_layout

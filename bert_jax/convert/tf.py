@@ -12,7 +12,7 @@ import re
 import numpy as np
 
 from bert_jax import model as model_lib
-from bert_jax import paths
+from host import paths
 import bert_jax.convert.hf as convert_hf  # (not via the package: its __init__ imports this)
 
 CONFIG_NAME = "bert_config.json"
@@ -60,7 +60,7 @@ def read_tf_checkpoint(prefix, *, config_file=None):
      vocab path or None).
   """
   # heavy; only for this format. From tf_cpu, so TensorFlow never claims an accelerator.
-  from data_pipeline.tf_cpu import tf  # pylint: disable=g-import-not-at-top
+  from host.tf_cpu import tf  # pylint: disable=g-import-not-at-top
 
   directory = prefix.parent
   config_file = config_file or directory / CONFIG_NAME
@@ -68,7 +68,7 @@ def read_tf_checkpoint(prefix, *, config_file=None):
     raise ValueError(f"TF checkpoint {prefix}: no {CONFIG_NAME} beside it ({config_file})")
   config = model_lib.BertConfig.from_tf_dict(convert_hf.read_json(config_file))
   # TF's reader opens files through TensorFlow's own file systems; a gs:// checkpoint
-  # is downloaded first (bert_jax.paths says why TF never talks to GCS here).
+  # is downloaded first (host.paths says why TF never talks to GCS here).
   with paths.local_file(prefix, companions=(".index", ".data-*")) as local_prefix:
     try:
       reader = tf.train.load_checkpoint(local_prefix)

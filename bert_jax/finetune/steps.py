@@ -23,12 +23,12 @@ import numpy as np
 import optax
 
 from bert_jax import optim
-from bert_jax import paths
 from bert_jax import sharding
 from bert_jax import train_state as state_lib
 from bert_jax import workdir as workdir_lib
 from bert_jax.finetune import buckets as buckets_lib
 from bert_jax.finetune import task_kind
+from host import paths
 
 TrainState = state_lib.TrainState
 # Under $BERT_JAX_CACHE (else ~/.cache/bert_jax), as data_pipeline/corpora.py keeps its corpus.

@@ -4,7 +4,7 @@
 files, index) columns; the suffix (.tsv/.txt, .csv, .jsonl/.json) sets the
 format. Every example remembers where it came from ("file:line"), so a bad
 label, a short row or a byte that is not UTF-8 is reported at its place in
-the file. Files are read through bert_jax.paths (local or gs://).
+the file. Files are read through host.paths (local or gs://).
 """
 
 import csv
@@ -13,9 +13,9 @@ import logging
 import os
 from typing import Iterator, Sequence
 
-from bert_jax import paths
 from bert_jax.finetune import records
 from bert_jax.finetune import text_files
+from host import paths
 
 Column = str | int   # a header / JSON key name, or a 0-based index in a headerless file
 

@@ -38,7 +38,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax import model as model_lib
-from bert_jax import paths
+from host import paths
 
 # The model's inputs, in the order every task model of bert_jax.heads takes them.
 INPUTS = ("input_ids", "input_mask", "segment_ids")

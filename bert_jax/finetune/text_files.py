@@ -3,13 +3,13 @@
 Every reader (tabular_files, conll, squad, snownlp_corpora) reads through these,
 so an encoding error reads "train.csv is not valid UTF-8 at line 2002: byte
 0xe9" rather than Python's UnicodeDecodeError, which names neither. Files go
-through bert_jax.paths, so they may be local or gs://.
+through host.paths, so they may be local or gs://.
 """
 
 import os
 from typing import Iterator
 
-from bert_jax import paths
+from host import paths
 
 
 def decode_text(path: "str | os.PathLike", data: bytes) -> str:

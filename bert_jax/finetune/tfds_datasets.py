@@ -31,7 +31,7 @@ def read_split(tfds_name: str, data_dir: str | None, tfds_split: str, *,
     regression: the label is a float.
   """
   # pylint: disable=g-import-not-at-top  # heavy; only this reader needs it
-  from data_pipeline import tf_cpu  # pylint: disable=unused-import  # first: keeps TF off accelerators
+  from host import tf_cpu  # pylint: disable=unused-import  # first: keeps TF off accelerators
   import tensorflow_datasets as tfds
   try:
     builder = tfds.builder(tfds_name, data_dir=data_dir)

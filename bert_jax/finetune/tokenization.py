@@ -17,7 +17,7 @@ from typing import Iterable
 import numpy as np
 
 from data_pipeline import tokenizers
-from data_pipeline.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
+from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 
 # Words per batched TensorFlow call in `prime`: large enough to amortise the
 # per-call overhead, small enough to keep the ragged intermediates small.

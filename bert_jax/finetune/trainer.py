@@ -55,7 +55,6 @@ from bert_jax import checkpoint
 from bert_jax import errors
 from bert_jax import model as model_lib
 from bert_jax import optim
-from bert_jax import paths
 from bert_jax import sharding
 from bert_jax import train_loop
 from bert_jax import train_state as state_lib
@@ -66,6 +65,7 @@ from bert_jax.finetune import splits
 from bert_jax.finetune import steps
 from bert_jax.finetune import task_kind
 from bert_jax.finetune import tokenization
+from host import paths
 
 TrainState = state_lib.TrainState
 BEST_DIR = "best"

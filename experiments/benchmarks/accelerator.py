@@ -34,7 +34,7 @@ more (no TensorFlow, no transformers) are imported, so an accelerator image with
 the jax stack alone runs it.
 
 TensorFlow check (--tf_check, on by default wherever JAX sees an accelerator): in a
-child process, after JAX has taken its devices, `from data_pipeline.tf_cpu import tf`
+child process, after JAX has taken its devices, `from host.tf_cpu import tf`
 must leave TensorFlow no visible GPU or TPU and JAX its devices; the line is printed
 first and stored in every row (tf_check). A CPU machine cannot show this (there is
 nothing to hide; tests/test_tf_cpu.py says so), hence here. Targets on one NVIDIA H200 (bf16, fast recipe):
@@ -89,7 +89,7 @@ _TF_CHECK = """
 import json, jax
 jax_devices = [d.platform for d in jax.devices()]
 try:
-  from data_pipeline.tf_cpu import tf
+  from host.tf_cpu import tf
 except ImportError as e:
   print(json.dumps({"tensorflow": None, "why": str(e)})); raise SystemExit
 int(tf.constant(1) + 1)  # TensorFlow initialised and ran an op
@@ -100,7 +100,7 @@ print(json.dumps({"tensorflow": tf.__version__, "jax_devices": jax_devices,
 
 
 def tensorflow_check() -> dict:
-  """What TensorFlow sees after data_pipeline.tf_cpu, beside JAX's devices; "ok" is whether
+  """What TensorFlow sees after host.tf_cpu, beside JAX's devices; "ok" is whether
   it sees no GPU or TPU while JAX keeps every device it had."""
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get(
@@ -123,7 +123,7 @@ def describe_tensorflow_check(found: dict) -> str:
     return f"TensorFlow check FAILED to run: {found['error']}"
   if found.get("tensorflow") is None:
     return f"TensorFlow check: not installed ({found.get('why')}), nothing to hide"
-  return (f"TensorFlow check {'ok' if found['ok'] else 'FAILED'}: after data_pipeline.tf_cpu, "
+  return (f"TensorFlow check {'ok' if found['ok'] else 'FAILED'}: after host.tf_cpu, "
           f"TensorFlow {found['tensorflow']} sees GPU {found['tf_visible']['GPU']}, "
           f"TPU {found['tf_visible']['TPU']} (physical: GPU {found['tf_physical']['GPU']}, "
           f"TPU {found['tf_physical']['TPU']}); JAX keeps {len(found['jax_devices'])} x "
@@ -388,7 +388,7 @@ def main(argv=None) -> list[dict]:
                       "resolves), compile nothing")
   p.add_argument("--output", default="accelerator_benchmark.jsonl", help="JSON lines out")
   p.add_argument("--tf_check", default="auto", choices=("auto", "yes", "no"),
-                 help="check TensorFlow sees no accelerator after data_pipeline.tf_cpu "
+                 help="check TensorFlow sees no accelerator after host.tf_cpu "
                       "(auto: where JAX has one)")
   args = p.parse_args(argv)
   start = time.perf_counter()

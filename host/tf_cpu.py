@@ -1,7 +1,7 @@
 """TensorFlow for the input pipeline only: imported here, kept off GPUs and TPUs, quiet.
 
 Every module of this project that uses TensorFlow takes it from here
-(`from data_pipeline.tf_cpu import tf`). tf.data and tensorflow-text run on the
+(`from host.tf_cpu import tf`). tf.data and tensorflow-text run on the
 host; left alone, TensorFlow would claim every GPU's memory at start (and probe
 TPUs) before JAX gets them. Hiding the accelerators from it must happen before
 TensorFlow first touches its devices, hence one module that imports it first.
