@@ -32,10 +32,11 @@ _CHECK_MODULES = (f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {_
                   "print('loaded:', bad); sys.exit(1 if bad else 0)")
 
 
-@pytest.mark.parametrize("module", ["experiments.benchmarks.accelerator",
-                                    "experiments.benchmarks.train_step"])
-def test_benchmarks_import_neither_tensorflow_nor_transformers(module):
-  code = f"import sys; import {module}; import bert_jax.attention; {_CHECK_MODULES}"
+def test_benchmarks_import_neither_tensorflow_nor_transformers():
+  """Both benchmarks in one fresh interpreter (one start, one JAX import): fails if either
+  of them, or the attention module they run, loads any of _FORBIDDEN."""
+  code = ("import sys; import experiments.benchmarks.accelerator; "
+          f"import experiments.benchmarks.train_step; import bert_jax.attention; {_CHECK_MODULES}")
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(),
                         capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stdout + done.stderr
@@ -79,15 +80,17 @@ def test_paper_rows_drop_attention_probabilities_and_fast_rows_do_not():
 def test_kept_only_counts_what_each_remat_policy_keeps(tmp_path):
   """--kept_only: the activations kept for the backward pass per row, nothing compiled;
   less as the policy saves less, and nearly twice as much for twice the batch (a few
-  kept arrays, such as the padded vocabulary's logit mask, do not grow with it)."""
+  kept arrays, such as the padded vocabulary's logit mask, do not grow with it). Two
+  policies are enough for the benchmark's plumbing (fails if a row compiled, if the
+  policy or the batch did not reach the row); the order of all five is test_remat's."""
   rows = accelerator.main(["--size=tiny", "--seq_len=64", "--batch=4,8", "--attention=paper",
-                           "--remat=none,dots_saveable,save_qkv_out_proj,full", "--kept_only",
+                           "--remat=none,full", "--kept_only",
                            f"--output={tmp_path / 'kept.jsonl'}"])
   kept = {(r["remat"], r["batch_per_device"]): r["kept_gib"] for r in rows}
   assert all(r["status"] == "ok" and "compile_s" not in r for r in rows)
+  assert len(rows) == 4
   for batch in (4, 8):
-    order = [kept[(p, batch)] for p in ("none", "dots_saveable", "save_qkv_out_proj", "full")]
-    assert order == sorted(order, reverse=True) and len(set(order)) == 4, order
+    assert kept[("none", batch)] > kept[("full", batch)], kept
   for policy in ("none", "full"):
     assert 1.8 * kept[(policy, 4)] < kept[(policy, 8)] <= 2 * kept[(policy, 4)], kept
 
