@@ -5,15 +5,20 @@ r"""Runs bert_jax.main on a Cloud TPU VM slice, detached: create, install, start
     --workdir=gs://my-bucket/bert-base --config.total_steps=100000
 
 `--action=run` (the default):
+  0. before any gcloud call, check the configuration compiles and fits the
+     slice (bert_jax.preflight, unless --skip_preflight): a config that cannot
+     run is refused before anything is read, created or paid for. A pass is
+     remembered in LOGDIR/preflight_passed/ under a key of the config, its
+     overrides, the accelerator type, the source tree and the jax/libtpu
+     versions, so re-running the same command to attach does not compile again;
   1. look at the workdir's job record (WORKDIR/job_state.json, written by the
      job: bert_jax.job_state) and the queued resource: if this launch's job is
      running there (the slice ACTIVE, the record 'running' with a heartbeat
      younger than --stale_after_s), ATTACH to it (steps 5-6) and start nothing;
      if the record says 'done', only delete the slice;
-  2. otherwise check the configuration compiles and fits the slice
-     (bert_jax.preflight, unless --skip_preflight), then create the slice as a
-     queued resource (reused if ACTIVE; `v5e-N` is sent as `v5litepod-N`;
-     --autocheckpoint uses gcloud's alpha track for --autocheckpoint-enabled);
+  2. otherwise create the slice as a queued resource (reused if ACTIVE;
+     `v5e-N` is sent as `v5litepod-N`; --autocheckpoint uses gcloud's alpha
+     track for --autocheckpoint-enabled);
   3. upload this source tree to every worker and install it into a Python 3.11
      virtual environment (~/bert_jax_venv; Ubuntu 22.04's python3.11 package),
      printing each worker's Python, JAX version and devices;
@@ -46,6 +51,8 @@ state reads and the judgement in bert_jax/launch_state.py, starting and
 watching in bert_jax/launch_attach.py, the preflight in bert_jax/preflight.py.
 """
 
+import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -141,10 +148,8 @@ class Launcher:
       say(f"{self.tpu.name} is {state}; waiting for {launch_plan.ACTIVE}")
       time.sleep(self.poll_s)
 
-  def create(self, preflight) -> None:
-    """Checks the config fits (`preflight`), queues the slice and waits until it is ACTIVE."""
-    if preflight is not None:
-      preflight()
+  def create(self) -> None:
+    """Queues the slice and waits until it is ACTIVE."""
     self.gcloud.run(launch_plan.create_command(self.tpu), "create")
     self._wait_active("create")
 
@@ -165,7 +170,7 @@ class Launcher:
         time.sleep(self.poll_s)
     return True
 
-  def ensure_active(self, state: "str | None", preflight) -> None:
+  def ensure_active(self, state: "str | None") -> None:
     """Makes the slice ACTIVE from `state`: reuses or awaits a live one, replaces a broken one."""
     if state == launch_plan.ACTIVE:
       say(f"{self.tpu.name} is already ACTIVE; reusing it")
@@ -176,7 +181,7 @@ class Launcher:
     if state is not None:
       say(f"{self.tpu.name} is {state}; deleting it to create it again")
       self.delete(wait=True, step="create")
-    self.create(preflight)
+    self.create()
 
   # --- install ---
 
@@ -241,10 +246,19 @@ class Launcher:
 
   def run(self, args: list[str], max_relaunches: int, keep: bool, preflight=None) -> None:
     """Attaches to this launch's live job, or brings the slice up and starts it; then watches,
-    relaunches a lost job, and deletes the slice when the workdir says done."""
+    relaunches a lost job, and deletes the slice when the workdir says done.
+
+    `preflight` (the config fits the slice, or LaunchError) runs first, before any
+    gcloud call: deciding whether a job is live takes gcloud reads, and a config
+    that cannot fit must be refused before any of them (it would be refused
+    anyway before a create). A re-run that attaches finds its pass remembered
+    (see _preflight), so attaching is not held up by a compile.
+    """
     os.makedirs(self.logdir, exist_ok=True)
     say(f"{self.tpu.name}: {self.tpu.accelerator_type}, {self.tpu.num_workers} workers; "
         f"job {self.tpu.job_id}; local log copy in {self.logdir}")
+    if preflight is not None:
+      preflight()
     job, state = self.reader.job(), self.reader.slice_state()
     if job is not None and job["state"] == "done":
       say(f"the workdir says the job is done ({launch_state.describe_job(job, time.time())})")
@@ -258,7 +272,7 @@ class Launcher:
       self.last_attempt = int(job["attempt"])
       self.judge.watch(self.last_attempt, time.time())
     else:
-      self.ensure_active(state, preflight)
+      self.ensure_active(state)
       self.install()
       self.start(args)
     follower = launch_attach.LogFollower(self.tpu, self.logdir) if self.follow_logs else None
@@ -290,7 +304,7 @@ class Launcher:
           except LaunchError as e:  # the tree or environment went with a maintenance reboot
             say(f"{e}; reinstalling")
         else:
-          self.ensure_active(obs.slice_state, None)  # the preflight passed already
+          self.ensure_active(obs.slice_state)
         self.install()
         self.start(args, replace=True)
     finally:
@@ -312,8 +326,54 @@ def plan(action: str, tpu: launch_plan.Slice, logdir: str, workdir: str, args: l
                               int(time.time()), args, keep)
 
 
-def _preflight(config: str, overrides: list[str], accelerator_type: str) -> None:
-  """bert_jax.preflight: compile the train step for the slice before paying for it."""
+# What the compiled step depends on besides the flags: the code and the compiler.
+_PREFLIGHT_SOURCES = ("bert_jax", os.path.join("experiments", "configs"))
+_PREFLIGHT_PACKAGES = ("jax", "jaxlib", "libtpu", "flax", "optax")
+
+
+def preflight_key(config: str, overrides: list[str], accelerator_type: str,
+                  source_dir: str) -> str:
+  """A digest of what a preflight's verdict depends on: the config argument and its file,
+  the overrides, the accelerator type, every .py of the source tree's bert_jax/ and
+  experiments/configs/, and the installed jax, jaxlib, libtpu, flax and optax."""
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+  digest = hashlib.sha256()
+
+  def version(package: str) -> str:
+    try:
+      return metadata.version(package)
+    except metadata.PackageNotFoundError:
+      return ""
+
+  digest.update(json.dumps([config, overrides, accelerator_type,
+                            [version(p) for p in _PREFLIGHT_PACKAGES]]).encode())
+  files = [config.split(":", 1)[0]]
+  for top in _PREFLIGHT_SOURCES:
+    for root, _, names in sorted(os.walk(os.path.join(source_dir, top))):
+      files += [os.path.join(root, n) for n in sorted(names) if n.endswith(".py")]
+  for path in files:
+    if os.path.isfile(path):
+      digest.update(os.path.relpath(path, source_dir).encode())
+      with open(path, "rb") as f:
+        digest.update(hashlib.sha256(f.read()).digest())
+  return digest.hexdigest()[:16]
+
+
+def _preflight(config: str, overrides: list[str], accelerator_type: str, logdir: str,
+               source_dir: str) -> None:
+  """bert_jax.preflight: compile the train step for the slice before paying for it.
+
+  A pass is written to LOGDIR/preflight_passed/KEY.txt (preflight_key) and not
+  compiled again: re-running the launch command to attach to a live job (after
+  a laptop slept, say) must not wait minutes for a compile it already passed.
+  A refusal is never remembered.
+  """
+  passed = os.path.join(logdir, "preflight_passed",
+                        preflight_key(config, overrides, accelerator_type, source_dir) + ".txt")
+  if os.path.isfile(passed):
+    say(f"preflight: {config} passed for {accelerator_type} before, with this source tree and "
+        f"these flags ({passed}); not compiled again")
+    return
   from bert_jax import preflight  # pylint: disable=g-import-not-at-top  # pulls in JAX and libtpu
   say(f"preflight: compiling {config} for {accelerator_type} (--skip_preflight skips this)")
   try:
@@ -322,6 +382,9 @@ def _preflight(config: str, overrides: list[str], accelerator_type: str) -> None
     raise LaunchError("preflight", str(e)) from e
   for line in str(report).splitlines():
     say(f"preflight: {line}")
+  os.makedirs(os.path.dirname(passed), exist_ok=True)
+  with open(passed, "w") as f:
+    f.write(str(report) + "\n")
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -377,7 +440,7 @@ def main(argv: list[str]) -> None:
     return
   overrides = [a for a in extra if a.startswith("--config.")]
   preflight = None if _SKIP_PREFLIGHT.value else (
-      lambda: _preflight(_CONFIG.value, overrides, accelerator_type))
+      lambda: _preflight(_CONFIG.value, overrides, accelerator_type, launcher.logdir, source_dir))
   try:
     if _ACTION.value == "status":
       print(f"{tpu.name}: {launcher.reader.slice_state() or 'not found'}")

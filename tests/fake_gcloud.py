@@ -277,10 +277,12 @@ class FakeGcloud:
             "--start_timeout_s=20", "--skip_preflight", f"--logdir={self.logdir}",
             "--config.total_steps=7", "--config.data.corpus=gs://bucket/text/*.txt", *flags]
 
-  def launch(self, *flags: str, accelerator_type: str = "v4-32", **env: str):
-    """Runs the launcher to its end."""
+  def launch(self, *flags: str, accelerator_type: str = "v4-32", timeout: float = 120,
+             **env: str):
+    """Runs the launcher to its end (`env`: more environment variables)."""
     return subprocess.run(self.argv(*flags, accelerator_type=accelerator_type), cwd=REPO,
-                          env={**self.env, **env}, capture_output=True, text=True, timeout=120)
+                          env={**self.env, **env}, capture_output=True, text=True,
+                          timeout=timeout)
 
   def popen(self, *flags: str, **env: str) -> subprocess.Popen:
     """Starts the launcher in the background (its output in a file: see `output`)."""

@@ -338,6 +338,72 @@ def test_a_done_workdir_only_deletes(gcloud):
   assert gcloud.commands() == [CAT, DESCRIBE, DELETE]
 
 
+def test_a_passed_preflight_is_remembered_and_a_refusal_is_not(tmp_path, monkeypatch):
+  """Fails if the launcher compiles again a preflight that passed with the same config, flags,
+  slice and source (a re-run to attach would wait minutes), reuses a pass for other flags,
+  or remembers a refusal."""
+  from bert_jax import launch
+  from bert_jax import preflight
+  from bert_jax.launch_state import LaunchError
+  compiled = []
+
+  def check_launch(config, overrides, accelerator_type):
+    compiled.append(overrides)
+    if "--config.batch_size=9999" in overrides:
+      raise preflight.PreflightError("preflight: phase 1 needs 99 GiB")
+    return "preflight base on v4-32: fits"
+
+  monkeypatch.setattr(preflight, "check_launch", check_launch)
+  config, logdir = "experiments/configs/pretrain.py:base", str(tmp_path)
+  monkeypatch.chdir(REPO)
+  for overrides in (["--config.total_steps=7"], ["--config.total_steps=7"], []):
+    launch._preflight(config, overrides, "v4-32", logdir, str(REPO))  # pylint: disable=protected-access
+  assert compiled == [["--config.total_steps=7"], []]
+  for _ in range(2):
+    with pytest.raises(LaunchError, match="phase 1 needs 99 GiB"):
+      launch._preflight(config, ["--config.batch_size=9999"], "v4-32", logdir, str(REPO))  # pylint: disable=protected-access
+  assert len(compiled) == 4
+  key = launch.preflight_key(config, [], "v4-32", str(REPO))
+  assert (tmp_path / "preflight_passed" / f"{key}.txt").read_text() == (
+      "preflight base on v4-32: fits\n")
+  assert key != launch.preflight_key(config, [], "v4-8", str(REPO))
+
+
+@pytest.mark.slow  # imports JAX, TensorFlow (the trainer's checks) and libtpu: ~20 s of CPU
+def test_a_refused_config_makes_no_gcloud_call(gcloud):
+  """The real launcher and preflight, on a config the trainer refuses (a global batch of 3 over
+  a v4-8's 4 chips), which preflight refuses before compiling anything (seconds).
+
+  Fails if any gcloud call (even a read of the slice's or the job's state) comes before the
+  refusal. tests/test_preflight.py checks the same for an oversized batch (a compile)."""
+  result = gcloud.launch("--noskip_preflight", "--config=experiments/configs/pretrain.py:tiny",
+                         "--config.batch_size=3", accelerator_type="v4-8", timeout=600,
+                         JAX_PLATFORMS="cpu")
+  assert result.returncode == 1, result.stderr[-2000:]
+  assert _error_line(result).startswith(
+      "error: launch failed at step 'preflight': the trainer would refuse this config: "
+      "config.batch_size=3 is not divisible"), result.stderr[-2000:]
+  assert gcloud.commands() == []
+
+
+def test_a_re_run_does_not_compile_a_remembered_preflight_again(gcloud):
+  """With the preflight on and its pass remembered (as after a first launch), the launcher
+  prints the remembered pass, compiles nothing and goes on exactly as without preflight.
+  Fails if a re-run (to attach, say) would wait for a compile it already passed."""
+  from bert_jax import launch
+  overrides = ["--config.total_steps=7", "--config.data.corpus=gs://bucket/text/*.txt"]
+  key = launch.preflight_key("experiments/configs/pretrain.py:base", overrides, "v4-32",
+                             str(REPO))
+  passed = gcloud.logdir / "preflight_passed" / f"{key}.txt"
+  passed.parent.mkdir(parents=True)
+  passed.write_text("fits\n")
+  result = gcloud.launch("--nofollow_logs", "--noskip_preflight")
+  assert result.returncode == 0, result.stderr
+  assert "passed for v4-32 before, with this source tree and these flags" in result.stdout
+  assert "not compiled again" in result.stdout and "compiling" not in result.stdout
+  assert gcloud.commands()[0] == CAT and gcloud.commands()[-1] == DELETE
+
+
 def test_the_start_script_never_starts_a_second_job(tmp_path):
   """Run on a "worker" twice while the first job lives: the second run adopts it."""
   from bert_jax import launch_plan
