@@ -45,20 +45,27 @@ def _activation_residuals(params, batch, cfg) -> list[tuple[int, str]]:
   return accelerator.saved_activations(functools.partial(_loss, cfg=cfg), params, batch)
 
 
-# Each policy compiles the model's gradient twice (with and without remat): the quick loop
-# keeps the project's own named policy, CI runs the other three.
+@pytest.fixture(scope="module")
+def no_remat_gradient():
+  """The case, the jitted gradient, and its loss and gradients without remat: compiled once
+  for every policy below (each policy then compiles only its own program)."""
+  params, batch = _case()
+  grad = jax.jit(jax.value_and_grad(_loss), static_argnums=2)
+  return params, batch, grad, grad(params, batch, CFG)
+
+
+# Each policy compiles the model's gradient: the quick loop keeps the project's own named
+# policy, CI runs the other three.
 @pytest.mark.parametrize("policy", [
     p if p == "save_qkv_out_proj" else pytest.param(p, marks=pytest.mark.slow)
     for p in model_lib.REMAT_POLICIES if p != "none"])
-def test_policies_give_the_same_loss_and_gradients(policy):
+def test_policies_give_the_same_loss_and_gradients(policy, no_remat_gradient):
   """Fails if a policy changes the numbers (e.g. a replay with other dropout masks), or if
   remat is not on at all: the traced program must hold one remat per layer."""
-  params, batch = _case()
+  params, batch, grad, (want_loss, want) = no_remat_gradient
   jaxpr = lambda cfg: str(jax.make_jaxpr(_loss, static_argnums=2)(params, batch, cfg))
   assert jaxpr(CFG.replace(remat_policy=policy)).count("remat2[") == CFG.num_hidden_layers
   assert "remat2[" not in jaxpr(CFG)
-  grad = jax.jit(jax.value_and_grad(_loss), static_argnums=2)
-  want_loss, want = grad(params, batch, CFG)
   loss, got = grad(params, batch, CFG.replace(remat_policy=policy))
   np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
   # Within 1e-5 of the largest gradient: remat changes fusion (rounding), not maths; a
