@@ -142,7 +142,8 @@ def load_for_finetuning(path, *, task_heads: tuple[str, ...], vocab_file=None,
     vocab path or None).
   """
   path = paths.path(path)
-  kind, fmt, config, tensors, display, ignored, vocab = _read(path)
+  read = _read(path)
+  kind, fmt, _, tensors, display, _, _ = read
   heads = {}
   for name in list(tensors):
     head, sep, leaf = name.replace(".", "/", 1).partition("/")
@@ -156,16 +157,8 @@ def load_for_finetuning(path, *, task_heads: tuple[str, ...], vocab_file=None,
     if leaf not in ("kernel", "bias"):
       raise ValueError(f"{kind} {path}: task-head tensor {display(name)!r} is neither a "
                        "kernel nor a bias")
-    heads.setdefault(head, {})[leaf] = array
-  params, _ = convert_layout.assemble(
-      tensors, config, fmt, target="encoder", allow_missing_heads=True,
-      source=f"{kind} {path}", display=display, ignored=ignored)
-  if vocab_multiple is not None:
-    params, config = convert_layout.pad_vocab(params, config, vocab_multiple)
-  if vocab_file is not None:
-    vocab = paths.path(vocab_file)
-    if not vocab.is_file():
-      raise ValueError(f"vocab_file {vocab} does not exist")
+    heads.setdefault(head, {})[leaf] = array  # taken out of `read`'s tensors
+  params, config, vocab, _ = _assemble(path, read, "encoder", True, vocab_file, vocab_multiple)
   return _per_layer_config(config), params, heads, vocab
 
 
@@ -183,7 +176,20 @@ def checkpoint_vocab(path) -> paths.Path | None:
 
 def load_checkpoint(path, target, allow_missing_heads, vocab_file, vocab_multiple=None):
   """load_pretrained's work, also returning what was read: (params, config, vocab, kind, target)."""
-  kind, fmt, config, tensors, display, ignored, vocab = _read(path)
+  read = _read(path)
+  params, config, vocab, target = _assemble(path, read, target, allow_missing_heads, vocab_file,
+                                            vocab_multiple)
+  if vocab is None:
+    logging.warning("%s has no vocab.txt and no vocab_file was given", path)
+  return params, config, vocab, read[0], target
+
+
+def _assemble(path, read: tuple, target: str, allow_missing_heads: bool, vocab_file,
+              vocab_multiple: int | None):
+  """(params, config, vocab, target) from what _read returned: the tree assembled
+  (layout.assemble's checks), padded to vocab_multiple, vocab_file in place of the
+  vocabulary found (which must exist)."""
+  kind, fmt, config, tensors, display, ignored, vocab = read
   params, target = convert_layout.assemble(
       tensors, config, fmt, target=target, allow_missing_heads=allow_missing_heads,
       source=f"{kind} {path}", display=display, ignored=ignored)
@@ -193,6 +199,4 @@ def load_checkpoint(path, target, allow_missing_heads, vocab_file, vocab_multipl
     vocab = paths.path(vocab_file)
     if not vocab.is_file():
       raise ValueError(f"vocab_file {vocab} does not exist")
-  if vocab is None:
-    logging.warning("%s has no vocab.txt and no vocab_file was given", path)
-  return params, config, vocab, kind, target
+  return params, config, vocab, target
