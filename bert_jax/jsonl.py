@@ -12,9 +12,13 @@ without the hole showing.
 import json
 from typing import Any, Callable
 
+from bert_jax import errors
 
-class MalformedLine(ValueError):
-  """A complete line of a JSON-lines log that is not a row: the file is damaged."""
+
+class MalformedLine(errors.UsageError):
+  """A complete line of a JSON-lines log that is not a row: the file is damaged. A
+  refusal (one line from bert_jax.jobs, exit 1), not a bug: the workdir's checkpoints
+  are intact, and the person who damaged the log is the one who can repair it."""
 
 
 def parse_rows(text: str, where: str, is_row: Callable[[Any], bool] | None = None
@@ -41,6 +45,7 @@ def parse_rows(text: str, where: str, is_row: Callable[[Any], bool] | None = Non
       if number == len(lines) and torn_allowed:
         continue
       raise MalformedLine(f"{where}:{number}: malformed line {line[:80]!r} (only a torn "
-                          "last line, from a kill mid-write, is allowed)") from None
+                          "last line, from a kill mid-write, is allowed); restore or delete "
+                          "that line (the checkpoints are untouched) and re-run") from None
     rows.append(row)
   return rows

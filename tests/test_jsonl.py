@@ -12,6 +12,7 @@ import json
 import pytest
 
 from bert_jax import batch_log
+from bert_jax import errors
 from bert_jax import jsonl
 from bert_jax import metrics_io
 
@@ -31,6 +32,15 @@ def test_a_torn_last_line_is_dropped_and_a_malformed_one_before_it_is_an_error()
   with pytest.raises(jsonl.MalformedLine, match=r"^m:1: "):
     jsonl.parse_rows(_rows([1]), "m", is_row=lambda r: r["step"] > 1)
   assert jsonl.parse_rows("", "m") == []
+
+
+def test_a_damaged_log_is_a_one_line_refusal_that_says_what_to_do():
+  """bert_jax.jobs prints a UsageError as one line (exit 1) and anything else as a
+  traceback: this fails if a damaged log on resume became a bug's traceback again."""
+  with pytest.raises(errors.UsageError) as caught:
+    jsonl.parse_rows(_rows([1]) + "garbage\n" + _rows([3]), "w/metrics.jsonl")
+  assert errors.one_line(str(caught.value)) == str(caught.value)
+  assert "w/metrics.jsonl:2" in str(caught.value) and "delete that line" in str(caught.value)
 
 
 def test_metrics_resume_drops_later_rows_and_the_torn_line(tmp_path):
