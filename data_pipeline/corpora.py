@@ -65,12 +65,15 @@ import sys
 from typing import Iterator
 
 from host import paths
+from data_pipeline import word_segmentation
 
 # Sentence ends: Latin .!? followed by whitespace, or CJK 。！？ (no space needed in
 # CJK text); closing quotes/brackets right after the end mark stay with the
 # sentence. Abbreviations ("e.g. x") split too -- accepted for pretraining text,
 # which only needs roughly sentence-sized units for NSP.
-_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)|[。！？][」』\"')）]*")
+# A gold word mark (word_segmentation.WORD_MARK) before a closing mark or the space is
+# skipped, so a marked line splits where its unmarked text does.
+_SENTENCE_END = re.compile(r"[.!?](?:\u2063?[\"')\]])*(?=\u2063?\s)|[。！？](?:\u2063?[」』\"')）])*")
 
 # Default cache location of the embedded corpus (overridable per call or by env).
 _DEFAULT_CACHE = pathlib.Path("~/.cache/bert_jax/embedded_corpus")
@@ -91,6 +94,12 @@ class CorpusStats:
   split_documents: int = 0
   single_sentence_documents: int = 0
   heldout_documents: int = 0
+  # With data.masking.word_segmentation (tokenized_corpus.py): sentences whose words set
+  # the word starts, sentences without words and sentences whose words did not line up
+  # with their pieces (the last two keep the "##" rule).
+  segmented_sentences: int = 0
+  unsegmented_sentences: int = 0
+  misaligned_sentences: int = 0
 
   def log(self, source: str) -> None:
     """Logs the counters, as a warning when anything was skipped."""
@@ -128,7 +137,8 @@ def _paragraph_sentences(text: str) -> list[str]:
 
 def is_heldout(document: list[str], modulus: int) -> bool:
   """Whether a document belongs to the held-out evaluation split (stable MD5 of its text)."""
-  digest = hashlib.md5("\n".join(document).encode("utf-8")).digest()
+  text = "\n".join(document).replace(word_segmentation.WORD_MARK, "")  # marks are not text
+  digest = hashlib.md5(text.encode("utf-8")).digest()
   return int.from_bytes(digest[:8], "little") % modulus == 0
 
 

@@ -42,6 +42,11 @@ import dataclasses
 
 import numpy as np
 
+# Set on an id (int32) that starts a segmented word. Carried inside the ids, not beside
+# them, so every cut, truncation and shuffle above moves a token's word start with it
+# and none of this module knows about words; pretraining.ExampleStream takes it off.
+WORD_START = 1 << 30
+
 
 @dataclasses.dataclass(frozen=True)
 class TokenizedCorpus:
@@ -52,10 +57,13 @@ class TokenizedCorpus:
     sentence_starts: [num_sentences + 1] offsets of each sentence into ``ids``.
     document_starts: [num_documents + 1] offsets of each document into the
       sentences.
+    word_starts: whether ``ids`` (then int32) carry WORD_START on the first piece of
+      each word of a word segmentation (data.masking.word_segmentation).
   """
   ids: np.ndarray
   sentence_starts: np.ndarray
   document_starts: np.ndarray
+  word_starts: bool = False
 
   @property
   def num_documents(self) -> int:

@@ -12,7 +12,11 @@ Stages, and where each runs:
    per block, not per example.
 3. Mask each example in-graph (masking.py ``mask_tokens``) in a parallel,
    order-preserving ``map``, with the stateless seed
-   ``example_seed(seed, epoch, index in epoch)``.
+   ``example_seed(seed, epoch, index in epoch)``. Whole-word and span masking
+   read each example's word starts: the "##" rule of the vocabulary, or with
+   data.masking.word_segmentation the segmentation's, which ride from
+   tokenization to here inside the ids (pairs.WORD_START) and are taken off
+   after assembly, so the ids, pairs and fingerprints are those of the "##" rule.
 4. Batch per host (``batch_size`` = global batch / process count), prefetch.
 
 Masking-ratio schedules (masking.py ``MaskingSpec.ratio_at``): every example
@@ -63,11 +67,13 @@ from data_pipeline import masking
 from data_pipeline import pairs
 from data_pipeline import specs
 from data_pipeline import tokenized_corpus
-from data_pipeline import tokenizers
 
 _POSITION = "position"  # per-example (epoch, block, offset, index, example); stripped from batches
 _RATIO = "mask_ratio"  # per-example masking ratio (float64), consumed by the masking map
 _UNMASKED = "unmasked_ids"  # input ids before masking; hashed into last_fingerprint, then dropped
+# [T] bool per example: word starts for whole-word/span masking, from the corpus's segmentation
+# or else the "##" rule; consumed by the masking map, never fingerprinted.
+_WORD_STARTS = "word_starts"
 
 
 def batch_fingerprint(input_ids: np.ndarray, segment_ids: np.ndarray,
@@ -84,15 +90,6 @@ def batch_fingerprint(input_ids: np.ndarray, segment_ids: np.ndarray,
 # --------------------------------------------------------------------------
 # Tokenizer facts and the example stream (pure function of corpus, seed and position).
 # --------------------------------------------------------------------------
-
-
-def word_start_table(tokenizer) -> np.ndarray:
-  """[vocab] bool: whether a piece id starts a word ("##" / missing "\u2581" continue one)."""
-  specials = set(tokenizers.SPECIAL_TOKENS.values())
-  if isinstance(tokenizer, tokenizers.SentencePieceTokenizer):
-    return np.array([p.startswith("\u2581") or p in specials or (p.startswith("<") and p.endswith(">"))
-                     for p in tokenizer.vocab])
-  return np.array([not p.startswith("##") for p in tokenizer.vocab])
 
 
 class ExampleStream:
@@ -144,6 +141,11 @@ class ExampleStream:
           arrays = pairs.assemble(instances, max_seq_length=self.max_seq_length,
                                   cls_id=self.special_ids["cls"], sep_id=self.special_ids["sep"],
                                   pad_id=self.special_ids["pad"])
+          if self.corpus.word_starts:  # the segmentation's word starts ride in the ids
+            ids = arrays["input_ids"]
+            arrays["input_ids"] = ids & ~pairs.WORD_START
+            arrays[_WORD_STARTS] = ((ids & pairs.WORD_START) != 0) | np.isin(
+                arrays["input_ids"], list(self.special_ids.values()))
           n = len(instances)
           arrays[_POSITION] = np.stack([np.full([n], epoch), np.full([n], b),
                                         offset + np.arange(n), index + np.arange(n),
@@ -179,12 +181,16 @@ def _masked_dataset(stream: ExampleStream, start: dict, spec: masking.MaskingSpe
                "segment_ids": tf.TensorSpec([None, t], tf.int32),
                "next_sentence_labels": tf.TensorSpec([None], tf.int32),
                _POSITION: tf.TensorSpec([None, 5], tf.int64),
-               _RATIO: tf.TensorSpec([None], tf.float64)}
+               _RATIO: tf.TensorSpec([None], tf.float64),
+               _WORD_STARTS: tf.TensorSpec([None, t], tf.bool)}
+  start_table = tokenized_corpus.word_start_table(tokenizer)
 
   def blocks():
     for block in stream.blocks(**start):
       if stop is not None and stop.is_set():
         return
+      if _WORD_STARTS not in block:  # no segmentation: the "##" rule
+        block[_WORD_STARTS] = start_table[block["input_ids"]]
       steps = first_step + block[_POSITION][:, 4] // batch_size
       # ratio_at itself (Python floats) once per step of the block: the one definition.
       unique, inverse = np.unique(steps, return_inverse=True)
@@ -195,7 +201,6 @@ def _masked_dataset(stream: ExampleStream, start: dict, spec: masking.MaskingSpe
   ds = tf.data.Dataset.from_generator(blocks, output_signature=signature)
   ds = ds.unbatch()
   specials = tokenizer.special_ids
-  starts = tf.constant(word_start_table(tokenizer))
   num_predictions = spec.max_predictions(t)
 
   def mask(example):
@@ -204,7 +209,7 @@ def _masked_dataset(stream: ExampleStream, start: dict, spec: masking.MaskingSpe
     maskable = input_mask & (ids != specials["cls"]) & (ids != specials["sep"])
     position = example[_POSITION]
     masked = masking.mask_tokens(
-        ids, maskable, tf.gather(starts, ids), masking.example_seed(seed, position[0], position[3]),
+        ids, maskable, example[_WORD_STARTS], masking.example_seed(seed, position[0], position[3]),
         spec, mask_id=specials["mask"], vocab_size=tokenizer.vocab_size,
         special_ids=list(specials.values()), max_predictions=num_predictions,
         ratio=example[_RATIO])

