@@ -293,7 +293,9 @@ def test_ssh_255_while_the_slice_is_active_deletes_nothing_and_rerun_attaches(gc
   assert "delete" not in gcloud.steps()
   assert "lost the ssh while starting attempt" in gcloud.output()
   launcher.send_signal(signal.SIGINT)  # the user stops watching
-  assert launcher.wait(timeout=30) == 1
+  # The bound only guards against a hang: in a fresh-clone CI run sharing the 2 cores
+  # with two training runs the exit took over 30 s (cause not pinned down).
+  assert launcher.wait(timeout=180) == 1
   assert "nothing was deleted and the job keeps running: re-run the same command to attach" in (
       gcloud.output())
   assert "delete" not in gcloud.steps()
