@@ -105,23 +105,25 @@ def test_both_processes_killed_then_restarted_end_bit_identical(
                    (tmp_path / "single.log").read_text())
 
 
-@pytest.mark.slow
-def test_sigterm_to_one_process_stops_both_at_one_saved_step_and_resumes(
-    uninterrupted, multihost_config, pretrain_subprocess, tmp_path):
+def _stop_one_host_and_resume(uninterrupted, multihost_config, pretrain_subprocess, tmp_path,
+                              name, host, signum, exit_code, saved_pattern):
+  """Starts the 2-process run, sends `signum` to process `host` alone after step 4, and
+  checks both exit `exit_code` at the same saved step (`saved_pattern` in each log), then
+  that the same command resumes to the uninterrupted run's results, bit for bit."""
   run = tmp_path / "run"
-  processes = _start_pair(pretrain_subprocess, multihost_config(), run, "preempted")
+  processes = _start_pair(pretrain_subprocess, multihost_config(), run, name)
   deadline = time.time() + 600
   while max(_losses(run), default=0) < 4:
     for i, p in enumerate(processes):
-      assert p.poll() is None, _log(tmp_path, "preempted", i)
+      assert p.poll() is None, _log(tmp_path, name, i)
     assert time.time() < deadline
     time.sleep(0.01)
-  processes[1].send_signal(signal.SIGTERM)  # the preemption notice reaches one host only
+  processes[host].send_signal(signum)  # the signal reaches one host only
   for i, p in enumerate(processes):
-    assert p.wait(timeout=600) == preemption.PREEMPTED_EXIT_CODE, _log(tmp_path, "preempted", i)
+    assert p.wait(timeout=600) == exit_code, _log(tmp_path, name, i)
   # Both stopped at the same step (the preemption sync point), and it was saved.
-  stopped = [re.search(r"preempted \(SIGTERM\): saved step (\d+);",
-                       (tmp_path / f"preempted_{i}.log").read_text()) for i in range(2)]
+  stopped = [re.search(saved_pattern, (tmp_path / f"{name}_{i}.log").read_text())
+             for i in range(2)]
   assert all(stopped) and stopped[0].group(1) == stopped[1].group(1)
   step = int(stopped[0].group(1))
   assert 4 <= step < 12 and (run / "checkpoints" / str(step)).exists()
@@ -129,6 +131,16 @@ def test_sigterm_to_one_process_stops_both_at_one_saved_step_and_resumes(
   for i, p in enumerate(processes):
     assert p.wait(timeout=600) == 0, _log(tmp_path, "relaunched", i)
   _assert_same_run(run, uninterrupted)
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_both_at_one_saved_step_and_resumes(
+    uninterrupted, multihost_config, pretrain_subprocess, tmp_path):
+  """Fails if a preemption notice (SIGTERM) to process 1 alone does not stop both processes
+  at the same saved step with exit 143, or if the relaunch does not end bit-identical."""
+  _stop_one_host_and_resume(uninterrupted, multihost_config, pretrain_subprocess, tmp_path,
+                            "preempted", 1, signal.SIGTERM, preemption.PREEMPTED_EXIT_CODE,
+                            r"preempted \(SIGTERM\): saved step (\d+);")
 
 
 @pytest.mark.slow
@@ -137,24 +149,6 @@ def test_ctrl_c_to_one_process_stops_both_at_one_saved_step_and_resumes(
   """Fails if a SIGINT to process 0 alone (a Ctrl-C in the terminal of one host) does not
   stop both processes at the same saved step with exit 130 (process 1 would hang in its
   next collective, or exit 143), or if the same command then does not end bit-identical."""
-  run = tmp_path / "run"
-  processes = _start_pair(pretrain_subprocess, multihost_config(), run, "interrupted")
-  deadline = time.time() + 600
-  while max(_losses(run), default=0) < 4:
-    for i, p in enumerate(processes):
-      assert p.poll() is None, _log(tmp_path, "interrupted", i)
-    assert time.time() < deadline
-    time.sleep(0.01)
-  processes[0].send_signal(signal.SIGINT)
-  for i, p in enumerate(processes):
-    assert p.wait(timeout=600) == preemption.INTERRUPTED_EXIT_CODE, (
-        _log(tmp_path, "interrupted", i))
-  stopped = [re.search(r"interrupted \(Ctrl-C\): saved step (\d+);",
-                       (tmp_path / f"interrupted_{i}.log").read_text()) for i in range(2)]
-  assert all(stopped) and stopped[0].group(1) == stopped[1].group(1)
-  step = int(stopped[0].group(1))
-  assert 4 <= step < 12 and (run / "checkpoints" / str(step)).exists()
-  processes = _start_pair(pretrain_subprocess, multihost_config(), run, "relaunched")
-  for i, p in enumerate(processes):
-    assert p.wait(timeout=600) == 0, _log(tmp_path, "relaunched", i)
-  _assert_same_run(run, uninterrupted)
+  _stop_one_host_and_resume(uninterrupted, multihost_config, pretrain_subprocess, tmp_path,
+                            "interrupted", 0, signal.SIGINT, preemption.INTERRUPTED_EXIT_CODE,
+                            r"interrupted \(Ctrl-C\): saved step (\d+);")
