@@ -20,7 +20,6 @@ when it saves a checkpoint); on gs://, where nothing can be appended, the rows
 are kept in memory and the file is uploaded whole at each flush.
 """
 
-import json
 from typing import Any
 
 import numpy as np
@@ -44,21 +43,16 @@ class BatchLog:
   def __init__(self, workdir: str, start_step: int, *, process_index: int, process_count: int):
     self._path = paths.join(workdir, file_name(process_index, process_count))
     self._remote = paths.is_remote(workdir)
-    text = paths.read_text(self._path) if paths.exists(self._path) else ""
-    kept = [r for r in jsonl.parse_rows(text, str(self._path), _is_row)
-            if r["step"] <= start_step]
-    self._lines = [json.dumps(r) + "\n" for r in kept]
-    if "".join(self._lines) != text:  # later steps (or a torn line) from a killed attempt
-      paths.write_atomic(self._path, "".join(self._lines))
+    kept = jsonl.resume(self._path, start_step, _is_row)
     self._file = None if self._remote else paths.open_text(self._path, "a")
-    if not self._remote:
-      self._lines = []  # the file holds them
+    # On gs:// the whole file is uploaded at each flush; locally the file holds them.
+    self._lines = [jsonl.line(r) for r in kept] if self._remote else []
 
   def add(self, step: int, fingerprint: str, batch: dict[str, np.ndarray]) -> None:
     """Records update `step`'s batch (this process's part of it)."""
-    line = json.dumps({"step": step, "batch": fingerprint,
+    line = jsonl.line({"step": step, "batch": fingerprint,
                        "tokens": int(np.sum(batch["input_mask"])),
-                       "predictions": int(np.sum(batch["masked_lm_weights"]))}) + "\n"
+                       "predictions": int(np.sum(batch["masked_lm_weights"]))})
     if self._file is not None:
       self._file.write(line)
     else:

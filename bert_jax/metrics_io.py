@@ -10,14 +10,12 @@ matmuls, forward 4 L H T), E embedding size, V vocabulary. Padding tokens are
 counted as tokens: the hardware computes them.
 """
 
-import json
 import os
 import shutil
 import tempfile
 import time
 from typing import Any
 
-from absl import logging
 import jax
 import numpy as np
 
@@ -85,15 +83,13 @@ class MetricWriter:
 
   def __init__(self, workdir: str, start_step: int = 0, *, sync_every_s: float = 60.0):
     self._path = paths.join(workdir, METRICS_FILE)
-    raw = paths.read_text(self._path) if paths.exists(self._path) else ""
-    existing = jsonl.parse_rows(raw, str(self._path), _is_row)
-    kept = [r for r in existing if r["step"] <= start_step]
+    self._enabled = jax.process_index() == 0
     # Every process knows what is recorded, so all make the same decisions (a
     # skipped evaluation is skipped everywhere); only process 0 writes.
+    kept = jsonl.resume(self._path, start_step, _is_row, rewrite=self._enabled)
     self._recorded: dict[int, dict[str, float]] = {}
     for r in kept:
       self._recorded.setdefault(r["step"], {}).update(r)
-    self._enabled = jax.process_index() == 0
     if not self._enabled:
       return
     # pylint: disable=g-import-not-at-top  # TF only on the writing host
@@ -110,11 +106,7 @@ class MetricWriter:
     self._scalar_metadata = summary_pb2.SummaryMetadata(
         plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
         data_class=summary_pb2.DATA_CLASS_SCALAR)
-    self._lines = [json.dumps(r) + "\n" for r in kept]
-    if "".join(self._lines) != raw:  # later rows, or a line torn by a kill mid-write
-      logging.info("%s: dropped %d rows after step %d (written by an attempt that did not "
-                   "reach its next checkpoint)", self._path, len(existing) - len(kept), start_step)
-      paths.write_atomic(self._path, "".join(self._lines))
+    self._lines = [jsonl.line(r) for r in kept]  # uploaded whole on gs://
     self._jsonl = None if self._remote else paths.open_text(self._path, "a")
     self._sync_every_s, self._last_sync = sync_every_s, time.monotonic()
 
@@ -131,7 +123,7 @@ class MetricWriter:
       for k, v in scalars.items():
         self._tf.summary.write(k, self._tf.constant(v, self._tf.float32), step=step,
                                metadata=self._scalar_metadata)
-    line = json.dumps({"step": step, **scalars}) + "\n"
+    line = jsonl.line({"step": step, **scalars})
     self._recorded.setdefault(step, {}).update(scalars)
     if self._remote:
       self._lines.append(line)

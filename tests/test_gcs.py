@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 
+from bert_jax import batch_log
 from bert_jax import checkpoint
 from bert_jax import metrics_io
 from bert_jax import workdir
@@ -50,6 +51,21 @@ def test_paths_read_write_list_and_lock_on_the_bucket(gcs_emulator, tmp_path):
     workdir.lock(f"{bucket}/run")
   held.release()
   assert not paths.exists(f"{bucket}/run/.lock")
+
+
+def test_batch_log_resumed_in_a_bucket_keeps_the_rows_up_to_its_step(gcs_emulator):
+  """On gs:// nothing is appended: the log is uploaded whole at each flush, from the
+  rows jsonl.resume kept plus the new ones. Fails if a resume in a bucket lost the
+  kept rows (the upload would hold only the new ones) or kept the later ones."""
+  run = gcs_emulator.bucket("batchlog")
+  path = f"{run}/{batch_log.FILE_NAME}"
+  row = lambda s: json.dumps({"step": s, "batch": "ab", "tokens": 3, "predictions": 1}) + "\n"
+  paths.write_atomic(path, row(1) + row(2) + row(3) + '{"step": 4, "ba')
+  log = batch_log.BatchLog(run, 2, process_index=0, process_count=1)
+  assert paths.read_text(path) == row(1) + row(2)  # cut back at once, before any new row
+  log.add(3, "ab", {"input_mask": np.ones(3), "masked_lm_weights": np.ones(1)})
+  log.close()
+  assert paths.read_text(path) == row(1) + row(2) + row(3)
 
 
 @pytest.mark.slow

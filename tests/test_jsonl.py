@@ -74,3 +74,22 @@ def test_both_logs_refuse_a_damaged_middle_line_naming_file_and_line(tmp_path):
     batch_log.BatchLog(str(tmp_path), 2, process_index=0, process_count=1)
   with pytest.raises(batch_log.BatchLogError, match=r"batch_log\.jsonl:2: malformed"):
     batch_log.read(str(tmp_path))
+
+
+def test_resume_cuts_back_only_when_needed_and_only_where_allowed(tmp_path):
+  """jsonl.resume, the one cut both writers make on resume: fails if it rewrote a log
+  that needs no cut (a needless upload per start on gs://), if a process told not to
+  write (MetricWriter's processes other than 0) wrote, or if the rows it returns (what
+  MetricWriter.recorded answers from) differed from what it kept."""
+  path = tmp_path / "log.jsonl"
+  is_row = lambda r: isinstance(r.get("step"), int)
+  assert jsonl.resume(str(path), 3, is_row) == [] and not path.exists()
+  path.write_text(_rows([1, 2]))
+  inode = path.stat().st_ino
+  assert [r["step"] for r in jsonl.resume(str(path), 2, is_row)] == [1, 2]
+  assert path.stat().st_ino == inode  # write_atomic renames a new file over it
+  path.write_text(_rows([1, 2, 3]) + '{"st')
+  kept = jsonl.resume(str(path), 1, is_row, rewrite=False)
+  assert kept == [{"step": 1}] and path.read_text() == _rows([1, 2, 3]) + '{"st'
+  assert jsonl.resume(str(path), 1, is_row) == [{"step": 1}]
+  assert path.read_text() == _rows([1]) == jsonl.line({"step": 1})
