@@ -25,7 +25,7 @@ import bert_jax.convert.layout as convert_layout  # (not via the package: its __
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-VOCAB_NAME = "vocab.txt"
+VOCAB_NAME = "vocab.txt"  # every format here (HF, google-research TF, our own) names it so
 
 _DTYPES = {
     "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),

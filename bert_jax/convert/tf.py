@@ -16,7 +16,6 @@ from host import paths
 import bert_jax.convert.hf as convert_hf  # (not via the package: its __init__ imports this)
 
 CONFIG_NAME = "bert_config.json"
-VOCAB_NAME = "vocab.txt"
 # Optimizer state and step counters written beside the weights; not part of the model.
 _OPTIMIZER_SUFFIXES = ("/adam_m", "/adam_v")
 _COUNTERS = ("global_step",)
@@ -80,5 +79,5 @@ def read_tf_checkpoint(prefix, *, config_file=None):
         ignored[name] = "optimizer state"
         continue
       tensors[name] = np.asarray(reader.get_tensor(name))
-  vocab = directory / VOCAB_NAME
+  vocab = directory / convert_hf.VOCAB_NAME  # google-research/bert names it as HF does
   return config, tensors, str, ignored, (vocab if vocab.is_file() else None)
