@@ -7,10 +7,13 @@ r"""The real pretraining step on this machine's accelerators: seq/s, MFU, memory
 Each row compiles and times bert_jax.pretrain_step.train_step exactly as the
 trainer runs it (BertForPreTraining with the gathered MLM head, the AdamW chain of
 bert_jax.optim, parameters and batch placed by bert_jax.train_state over every
-device, donation) on synthetic batches of the real shapes: --seq_len tokens,
-ceil(0.15 * seq_len) masked positions (20 at 128, 77 at 512), vocabulary 30,522
-padded to 30,592. The sweep is attention x remat policy x per-device batch, in that
-order, until --budget_s runs out (a row that would not fit is not started):
+device, donation: bert_jax.preflight.lower_train_step, the one copy the TPU
+preflight and experiments/benchmarks/sharding.py lower too, from
+experiments/configs/pretrain.py:base with the row's network) on synthetic batches
+of the real shapes: --seq_len tokens, ceil(0.15 * seq_len) masked positions (20 at
+128, 77 at 512), vocabulary 30,522 padded to 30,592. The sweep is attention x remat
+policy x per-device batch, in that order, until --budget_s runs out (a row that
+would not fit is not started):
 
   attention  auto    the fast recipe (attention dropout 0): the fused kernel auto picks
                      (cuDNN on NVIDIA GPUs, splash on TPUs, XLA elsewhere)
@@ -46,7 +49,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import functools
 import io
 import json
 import math
@@ -57,6 +59,7 @@ import sys
 import time
 import traceback
 
+from flax import linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -65,11 +68,10 @@ import numpy as np
 from bert_jax import heads
 from bert_jax import metrics_io
 from bert_jax import model as model_lib
-from bert_jax import optim
-from bert_jax import pretrain_step
+from bert_jax import preflight
 from bert_jax import sharding
 from bert_jax import train_state as state_lib
-from experiments.configs import optim_and_mesh
+from experiments.configs import pretrain
 
 ATTENTION = ("auto", "paper", "einsum", "xla", "cudnn", "splash")
 # Per-device batches swept by default, by (size, sequence length) and platform kind.
@@ -172,10 +174,20 @@ def saved_activations(loss, *args) -> list[tuple[int, str]]:
   return rows
 
 
-def _kept_gib(model, params, per_device: int, seq_len: int, predictions: int) -> float:
-  """Activations kept for the backward pass of one device's share of the batch, GiB."""
+def _kept_gib(cfg: model_lib.BertConfig, per_device: int, seq_len: int, predictions: int
+              ) -> float:
+  """Activations kept for the backward pass of one device's share of the batch, GiB.
+
+  The network alone (no optimizer, no shardings, nothing lowered): its parameter
+  shapes from jax.eval_shape of its init, so --kept_only stays a matter of seconds.
+  """
+  model = heads.BertForPreTraining(cfg)
   host = synthetic_batch(per_device, seq_len, predictions)
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in host.items()}
+  params = nn.unbox(jax.eval_shape(
+      lambda b: model.init({"params": jax.random.key(0)}, b["input_ids"], b["input_mask"],
+                           b["segment_ids"], b["masked_lm_positions"], deterministic=True),
+      batch)["params"])
 
   def loss(params, batch):
     out = model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
@@ -212,62 +224,54 @@ def bert_config(size: str, attention: str, remat: str, dtype: str, scan: bool
       attention_probs_dropout_prob=0.1 if paper else 0.0, remat_policy=remat, scan_layers=scan)
 
 
+def step_config(global_batch: int, rng_impl: str) -> ml_collections.ConfigDict:
+  """What bert_jax.preflight.lower_train_step reads for a row: experiments/configs/pretrain.py
+  (base) as the trainer gets it (optimizer, NSP head, logical axis rules, a data-parallel
+  mesh over every device, no accumulation, no non-finite skipping), with the row's batch."""
+  config = pretrain.get_config("base")
+  config.batch_size = global_batch
+  config.rng_impl = rng_impl
+  config.total_steps = 100_000  # the LR schedule's length: no bearing on a step's cost
+  return config
+
+
 def run_row(row: dict, args, peak: float | None, measured: float) -> dict:
   """Compiles and times one configuration; returns the row with its figures."""
   cfg = bert_config(row["size"], row["attention"], row["remat"], args.dtype, row["scan"])
   seq_len, per_device = row["seq_len"], row["batch_per_device"]
   predictions = math.ceil(0.15 * seq_len)
   global_batch = per_device * jax.device_count()
-  mesh_config = ml_collections.ConfigDict()
-  optim_and_mesh.add_sharding(mesh_config)
-  mesh, rules = state_lib.setup_mesh(mesh_config)
-  model = heads.BertForPreTraining(cfg)
-  tx, _ = optim.make_optimizer(optim_and_mesh.optimizer_config(), total_steps=100_000)
-  ids = jnp.zeros((1, seq_len), jnp.int32)
-
-  def init_params(rng):
-    return model.init({"params": rng}, ids, ids, ids, jnp.zeros((1, predictions), jnp.int32),
-                      deterministic=True)["params"]
-
-  layout = state_lib.make_layout(model, init_params, tx, mesh, rules, jax.random.key(0))
-  impl = {"threefry": "threefry2x32"}.get(args.rng_impl, args.rng_impl)
-  rng = jax.random.key(1, impl=impl)
   row.update(attention_impl=_resolved(cfg, seq_len), global_batch=global_batch,
              predictions=predictions, dtype=args.dtype, rng_impl=args.rng_impl,
-             kept_gib=_kept_gib(model, layout.abstract["params"], per_device, seq_len,
-                                predictions))
+             kept_gib=_kept_gib(cfg, per_device, seq_len, predictions))
   if args.kept_only:
     return row
-  with sharding.activate(mesh, rules):
-    step = jax.jit(functools.partial(pretrain_step.train_step, grad_accum_steps=1,
-                                     skip_nonfinite=False),
-                   in_shardings=(layout.state, layout.batch, layout.replicated),
-                   out_shardings=(layout.state, layout.replicated), donate_argnums=(0,))
-    abstract_state = state_lib.TrainState(
-        step=layout.abstract["step"], apply_fn=model.apply, params=layout.abstract["params"],
-        tx=tx, opt_state=layout.abstract["opt_state"])
-    host = synthetic_batch(global_batch, seq_len, predictions)
-    abstract_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=layout.batch)
-                      for k, v in host.items()}
-    start = time.perf_counter()
-    compiled = step.lower(abstract_state, abstract_batch, rng).compile()
-    row["compile_s"] = time.perf_counter() - start
-    row["memory_gib"] = _compiled_gib(compiled)
-    flops = metrics_io.flops_per_step(cfg, layout.abstract_params, global_batch, seq_len,
-                                      predictions)
-    row["model_tflop_per_step"] = flops / 1e12
-    if args.compile_only:
-      return row
-    state = layout.init(jax.random.key(0))
-    batch = sharding.global_batch(host, mesh)
-    for _ in range(args.warmup_steps):
-      state, _ = compiled(state, batch, rng)
-    jax.block_until_ready(state)  # --warmup_steps=0 is allowed: nothing to wait for but state
-    start = time.perf_counter()
-    for _ in range(args.steps):
-      state, metrics = compiled(state, batch, rng)
-    jax.block_until_ready((state, metrics))
-    seconds = (time.perf_counter() - start) / args.steps
+  config = step_config(global_batch, args.rng_impl)
+  mesh, _ = state_lib.setup_mesh(config)
+  start = time.perf_counter()
+  # The trainer's model, optimizer, shardings and jit, on abstract arrays (the one copy).
+  step = preflight.lower_train_step(config, cfg, mesh, seq_len, predictions)
+  compiled = step.lowered.compile()
+  row["compile_s"] = time.perf_counter() - start
+  layout = step.layout
+  row["memory_gib"] = _compiled_gib(compiled)
+  flops = metrics_io.flops_per_step(cfg, layout.abstract_params, global_batch, seq_len,
+                                    predictions)
+  row["model_tflop_per_step"] = flops / 1e12
+  if args.compile_only:
+    return row
+  # The key the step was lowered for: the trainer's, from config.seed in config.rng_impl.
+  rng = state_lib.dropout_key(jax.random.PRNGKey(config.seed), config.rng_impl)
+  state = layout.init(jax.random.key(0))
+  batch = sharding.global_batch(synthetic_batch(global_batch, seq_len, predictions), mesh)
+  for _ in range(args.warmup_steps):
+    state, _ = compiled(state, batch, rng)
+  jax.block_until_ready(state)  # --warmup_steps=0 is allowed: nothing to wait for but state
+  start = time.perf_counter()
+  for _ in range(args.steps):
+    state, metrics = compiled(state, batch, rng)
+  jax.block_until_ready((state, metrics))
+  seconds = (time.perf_counter() - start) / args.steps
   if not np.isfinite(float(metrics["loss"])):
     raise FloatingPointError(f"non-finite loss {float(metrics['loss'])}")
   rate = flops / seconds
