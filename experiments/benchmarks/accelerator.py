@@ -59,12 +59,12 @@ import sys
 import time
 import traceback
 
-from flax import linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from bert_jax import cost
 from bert_jax import heads
 from bert_jax import metrics_io
 from bert_jax import model as model_lib
@@ -179,15 +179,12 @@ def _kept_gib(cfg: model_lib.BertConfig, per_device: int, seq_len: int, predicti
   """Activations kept for the backward pass of one device's share of the batch, GiB.
 
   The network alone (no optimizer, no shardings, nothing lowered): its parameter
-  shapes from jax.eval_shape of its init, so --kept_only stays a matter of seconds.
+  shapes from bert_jax.cost.abstract_params, so --kept_only stays a matter of seconds.
   """
   model = heads.BertForPreTraining(cfg)
   host = synthetic_batch(per_device, seq_len, predictions)
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in host.items()}
-  params = nn.unbox(jax.eval_shape(
-      lambda b: model.init({"params": jax.random.key(0)}, b["input_ids"], b["input_mask"],
-                           b["segment_ids"], b["masked_lm_positions"], deterministic=True),
-      batch)["params"])
+  params = cost.abstract_params(cfg, nsp_head=True)
 
   def loss(params, batch):
     out = model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
