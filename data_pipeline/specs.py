@@ -6,6 +6,8 @@ refused at once, not after the embedded corpus's harvest: field checks, the
 training and held-out MaskingSpecs, and the static number of predictions.
 """
 
+import importlib.util
+
 from data_pipeline import masking
 from data_pipeline import word_segmentation
 
@@ -30,6 +32,10 @@ def validate(data_config) -> None:
   if segmentation and data_config.spm_model_file:
     raise ValueError("data.masking.word_segmentation needs a WordPiece vocab (data.vocab_file): "
                      "SentencePiece pieces are not aligned to a segmentation")
+  if "snownlp" in segmentation and importlib.util.find_spec("snownlp") is None:
+    # Else the corpus read would fail with an ImportError deep inside tf.data.
+    raise ValueError(f"data.masking.word_segmentation={segmentation!r} segments with snownlp, "
+                     "which is not installed: pip install --no-deps snownlp, or use 'gold'")
 
 
 def masking_spec(data_config) -> masking.MaskingSpec:

@@ -83,10 +83,15 @@ def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048, segmenta
   BERT) are dropped so that they never look like structure; sentences and
   documents left empty are dropped. Gold word marks (word_segmentation.WORD_MARK)
   are stripped whatever `segmentation` is, so the ids never depend on it;
-  `segmentation` "gold" / "snownlp" flags each word's first piece
+  `segmentation` "gold" / "snownlp" / "gold_else_snownlp"
+  (word_segmentation.sentence_words) flags each word's first piece
   (pairs.WORD_START), the "##" rule where a sentence has no words or they do not
-  line up with its pieces (counted in `stats`).
+  line up with its pieces (counted in `stats`). Segmenting needs a WordPiece
+  tokenizer: its [UNK]s are placed by their words' lengths.
   """
+  if segmentation and not isinstance(tokenizer, tokenizers.WordPieceTokenizer):
+    raise ValueError("a word segmentation needs a WordPiece tokenizer (data.vocab_file): "
+                     "SentencePiece pieces are not aligned to a segmentation")
   sentence_counts, errors, sentence_words = [], [], []
 
   def sentence_batches():
@@ -95,9 +100,7 @@ def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048, segmenta
       for document in documents:
         sentence_counts.append(len(document))
         for sentence in document:
-          sentence, words = word_segmentation.split_marked(sentence)
-          if segmentation == "snownlp":
-            words = word_segmentation.snownlp_words(sentence) if sentence.strip() else None
+          sentence, words = word_segmentation.sentence_words(sentence, segmentation)
           if segmentation:
             sentence_words.append(words)
           batch.append(sentence)
@@ -111,8 +114,11 @@ def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048, segmenta
       yield np.array(batch, dtype=object)
 
   def tokenize(strings):
-    ragged = tokenizer.tokenize(strings)
-    return ragged.flat_values, ragged.row_lengths()
+    if not segmentation:
+      ragged = tokenizer.tokenize(strings)
+      return ragged.flat_values, ragged.row_lengths(), tf.zeros([0], tf.int32)
+    ragged, word_lengths = tokenizer.tokenize_with_word_lengths(strings)
+    return ragged.flat_values, ragged.row_lengths(), word_lengths.flat_values
 
   ds = tf.data.Dataset.from_generator(
       sentence_batches, output_signature=tf.TensorSpec([None], tf.string))
@@ -121,15 +127,17 @@ def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048, segmenta
   specials = np.array(sorted(set(tokenizer.special_ids.values()) - {tokenizer.special_ids["unk"]}))
   ids, lengths = [], []
   aligner = _WordStarts(tokenizer, stats) if segmentation else None
-  for flat, row_lengths in ds.as_numpy_iterator():
+  for flat, row_lengths, word_lengths in ds.as_numpy_iterator():
     keep = ~np.isin(flat, specials)
     if not keep.all():
       sentence_of = np.repeat(np.arange(len(row_lengths)), row_lengths)
       row_lengths = np.bincount(sentence_of[keep], minlength=len(row_lengths))
       flat = flat[keep]
+      if aligner is not None:
+        word_lengths = word_lengths[keep]
     if aligner is not None:
       words, sentence_words[:len(row_lengths)] = sentence_words[:len(row_lengths)], []
-      flat = aligner.flag(flat, row_lengths, words)
+      flat = aligner.flag(flat, word_lengths, row_lengths, words)
     ids.append(flat.astype(dtype))
     lengths.append(row_lengths)
   if errors:
@@ -154,8 +162,10 @@ class _WordStarts:
     self.pieces, self.table = tokenizer.vocab, word_start_table(tokenizer)
     self.do_lower_case, self.stats = tokenizer.do_lower_case, stats
 
-  def flag(self, flat: np.ndarray, row_lengths: np.ndarray, words: list) -> np.ndarray:
-    """int32 ids with pairs.WORD_START on word starts (the "##" rule where none line up)."""
+  def flag(self, flat: np.ndarray, word_lengths: np.ndarray, row_lengths: np.ndarray,
+           words: list) -> np.ndarray:
+    """int32 ids with pairs.WORD_START on word starts (the "##" rule where none line up);
+    `word_lengths`: each piece's word's length in characters (places the [UNK]s)."""
     starts = self.table[flat]
     offsets = np.concatenate([[0], np.cumsum(row_lengths)])
     for k, sentence_words in enumerate(words):
@@ -167,9 +177,10 @@ class _WordStarts:
         try:
           starts[lo:hi] = word_segmentation.segmented_word_starts(
               [self.pieces[i] for i in flat[lo:hi]],
-              word_segmentation.normalized_words(sentence_words, self.do_lower_case))
+              word_segmentation.normalized_words(sentence_words, self.do_lower_case),
+              word_lengths[lo:hi])
           outcome = "segmented_sentences"
-        except ValueError:  # [UNK], a literal special, normalisation: keep the "##" rule
+        except ValueError:  # a dropped literal special, normalisation: keep the "##" rule
           outcome = "misaligned_sentences"
       if self.stats is not None:
         setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
@@ -211,7 +222,7 @@ def read_tokenized_corpus(data_config, tokenizer, *, split: str, process_index: 
         f"data.masking.word_segmentation='gold' but corpus {c.corpus!r} ({split} split) has "
         "no sentence whose gold words line up (a mark U+2063 before each word, as "
         "experiments/chinese_data.write_corpus writes them): rewrite the corpus with its "
-        "words, or use 'snownlp'")
+        "words, or use 'snownlp' or 'gold_else_snownlp'")
   return corpus
 
 

