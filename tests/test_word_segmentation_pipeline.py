@@ -182,10 +182,15 @@ def test_snownlp_segmentation_sets_word_starts(toy):
   assert starts[0] and 2 <= starts.sum() < len(starts)  # words, not characters
 
 
-def test_unknown_segmentation_and_gold_without_marks_are_refused(toy):
+def test_unknown_segmentation_and_gold_without_marks_are_refused(toy, monkeypatch):
   root, _ = toy
   with pytest.raises(ValueError, match="word_segmentation must be one of .*'gold_else_snownlp'"):
     specs.validate(_config(root, "marked.txt", "jieba"))
+  with monkeypatch.context() as patch:  # a machine without snownlp: refused before any read
+    patch.setattr(specs.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match="segments with snownlp, which is not installed"):
+      specs.validate(_config(root, "plain.txt", "gold_else_snownlp"))
+    specs.validate(_config(root, "marked.txt", "gold"))  # gold needs no segmenter
   config = _config(root, "plain.txt", "gold")  # no marks: "gold" would change nothing
   with pytest.raises(ValueError, match="no sentence whose gold words line up"):
     tokenized_corpus.read_tokenized_corpus(config, tokenized_corpus.load_tokenizer(config),

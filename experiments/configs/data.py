@@ -41,7 +41,9 @@ def data_config() -> ml_collections.ConfigDict:
   c.masking.strategy = "fixed"  # "fixed": round(ratio x maskable) per sequence | "bernoulli": per token
   c.masking.whole_word = False  # mask all pieces of a word together
   # Words for whole_word/span: "" the "##" rule (each CJK character a word), "gold" the
-  # corpus's marked words (word_segmentation.py), "snownlp" its segmenter's words.
+  # corpus's marked words (word_segmentation.py; unmarked sentences keep the "##" rule),
+  # "snownlp" its segmenter's words, "gold_else_snownlp" marked words where a sentence
+  # has them and the segmenter's elsewhere (People's Daily + unmarked review texts).
   c.masking.word_segmentation = ""
   c.masking.span = False  # SpanBERT geometric span masking
   c.masking.span_geometric_p = 0.2  # span-length geometric p (SpanBERT)
