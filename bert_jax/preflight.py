@@ -20,6 +20,8 @@ accumulation or config.model.scan_layers its FLOPs are one micro-batch's or one
 layer's, so bert_jax.cost's model FLOPs are printed beside them. A phase that does not fit is refused with one line naming the
 phase, the GiB needed and available, and the cheapest knob setting that fits:
 bert_jax.preflight_knobs tries them in order of extra compute (compiling each).
+Each compile runs in a child process (bert_jax.preflight_isolation), so that a
+crash of libtpu is reported for that phase or knob setting, never as a fit.
 
 bert_jax.launch calls `check_launch` before it creates a slice. The table
 in docs/pods.md ("Preflight") is printed by experiments/benchmarks/preflight_table.py.
@@ -45,6 +47,7 @@ from bert_jax import heads
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import phases as phases_lib
+from bert_jax import preflight_isolation
 from bert_jax import preflight_knobs
 from bert_jax import pretrain_step
 from bert_jax import sharding
@@ -83,10 +86,11 @@ class Measurement:
   oom: OutOfMemory | None = None  # which memory space libtpu ran out of, and its figures
   devices: int = 1
   compile_s: float = 0.0
+  crash: str = ""              # how the compiling child died ("signal 11, SIGSEGV"); no figures
 
   @property
   def fits(self) -> bool:
-    return not self.refused and self.total_bytes <= self.available_bytes
+    return not self.refused and not self.crash and self.total_bytes <= self.available_bytes
 
   @property
   def other_space(self) -> bool:
@@ -100,12 +104,17 @@ class Measurement:
 
   def short(self) -> str:
     """'phase 2 >= 33.20 GiB' (HBM per device), or what the other memory space needed."""
+    if self.crash:
+      return f"phase {self.phase} libtpu crashed ({self.crash})"
     if self.other_space:
       return f"phase {self.phase} {self.space_figures()}"
     return f"phase {self.phase} {'>= ' if self.refused else ''}{self.total_bytes / GIB:.2f} GiB"
 
   def line(self) -> str:
     """'phase 2 (512 tokens, 77 predictions): args .. + temps .. = .. GiB of .. GiB: fits; ...'."""
+    if self.crash:
+      return (f"phase {self.phase} ({self.seq_len} tokens, {self.predictions} predictions): "
+              f"libtpu crashed compiling it ({self.crash}): fit unknown, NOT CHECKED")
     if self.other_space:
       return (f"phase {self.phase} ({self.seq_len} tokens, {self.predictions} predictions): "
               f"args {self.argument_bytes / GIB:.2f} GiB of HBM per device; refused by libtpu: "
@@ -331,19 +340,28 @@ def collective_stats(hlo_text: str, batch: int, seq_len: int, hidden: int) -> di
   return {"bytes": totals, "counts": counts, "batch_all_reduces": batch_all_reduces}
 
 
+def check_for_slice(config: ml_collections.ConfigDict, slice_devices: list) -> None:
+  """The trainer's refusals of `config` on the slice's mesh, as one line (PreflightError)."""
+  with compiling_for(slice_devices[0]):
+    _check_config(config, bert_config_of(config), sharding.make_mesh(config.mesh, slice_devices))
+
+
 def compile_phase(config: ml_collections.ConfigDict, tpu: Target, slice_devices: list,
-                  phase: dict[str, Any]) -> Measurement:
+                  phase: dict[str, Any], check: bool = True) -> Measurement:
   """Compiles the train step of `config` at one phase's shapes for the slice; its figures.
 
   The trainer's sections "mesh", "model and optimizer", "shardings" and "step"
-  (bert_jax.pretrain), on abstract arrays over the slice's devices.
+  (bert_jax.pretrain), on abstract arrays over the slice's devices. `check`:
+  check_for_slice first (preflight's child skips it: the parent checked, and
+  the check imports TensorFlow, seconds a child need not spend).
   """
   started = time.time()
   seq_len, predictions = phase["seq_len"], phase["predictions"]
   bert_config = bert_config_of(config)
   mesh = sharding.make_mesh(config.mesh, slice_devices)
   with compiling_for(slice_devices[0]):
-    _check_config(config, bert_config, mesh)
+    if check:
+      _check_config(config, bert_config, mesh)
     step = lower_train_step(config, bert_config, mesh, seq_len, predictions)
   layout = step.layout
   # What the arguments take per device, from their shardings: known even when libtpu refuses.
@@ -383,16 +401,34 @@ def compile_phase(config: ml_collections.ConfigDict, tpu: Target, slice_devices:
 
 
 def measure(config: ml_collections.ConfigDict, tpu: Target, slice_devices: list,
-            only_phases: Sequence[int] = (), progress: Callable[[str], None] | None = None
-            ) -> list[Measurement]:
+            only_phases: Sequence[int] = (), progress: Callable[[str], None] | None = None,
+            isolate: bool = True) -> list[Measurement]:
   """compile_phase for every phase of the run (or those in `only_phases`); `progress` is
-  told each result as it comes (a large model's compile takes minutes on a CPU)."""
+  told each result as it comes (a large model's compile takes minutes on a CPU).
+
+  With `isolate` (the default) they compile in a child process
+  (bert_jax.preflight_isolation: a few seconds more per call), so that a phase whose
+  compile kills libtpu comes back as a Measurement with `crash` set (it never
+  fits) and the phases after it are still compiled.
+  """
+  todo = [p for p in phases_lib.phases(config) if not only_phases or p["phase"] in only_phases]
+  if isolate:
+    check_for_slice(config, slice_devices)  # here: the child does not check
+    results = preflight_isolation.compile_phases(config, tpu, todo)
+  else:
+    results = (compile_phase(config, tpu, slice_devices, p) for p in todo)
   out = []
-  for p in phases_lib.phases(config):
-    if not only_phases or p["phase"] in only_phases:
-      out.append(compile_phase(config, tpu, slice_devices, p))
-      if progress:
-        progress(f"preflight: {out[-1].line()}")
+  for result in results:
+    if isinstance(result, preflight_isolation.Crash):
+      if progress and result.log_tail:  # libtpu's stack dump, for a bug report
+        progress(f"preflight: the compiling process's last output:\n{result.log_tail}")
+      p = result.phase
+      result = Measurement(p["phase"], p["seq_len"], p["predictions"], argument_bytes=0.0,
+                           temp_bytes=0.0, total_bytes=0.0, available_bytes=tpu.hbm_gib * GIB,
+                           crash=result.how, devices=len(slice_devices))
+    out.append(result)
+    if progress:
+      progress(f"preflight: {result.line()}")
   return out
 
 
@@ -406,10 +442,14 @@ class Report:
 
 
 def run(config: ml_collections.ConfigDict, accelerator_type: str, *, name: str = "",
-        search: bool = True, progress: Callable[[str], None] | None = None) -> Report:
+        search: bool = True, progress: Callable[[str], None] | None = None,
+        isolate: bool = True) -> Report:
   """Compiles every phase of `config` for `accelerator_type`; searches knobs when one does not fit.
 
   `progress` (e.g. a print to stderr) hears of each compile as it finishes.
+  `isolate`: each measure() in a child process (see measure), so that a crash
+  of libtpu is reported (a phase that crashed as configured is searched like
+  one that does not fit; a knob setting that crashes is skipped), never a fit.
   """
   tpu = target(accelerator_type)
   slice_devices = devices(tpu)
@@ -427,15 +467,19 @@ def run(config: ml_collections.ConfigDict, accelerator_type: str, *, name: str =
       f"{config.batch_size // max(dp, 1)} per device"
       + (f" in {config.grad_accum_steps} micro-batches" if config.grad_accum_steps > 1 else "")
       + f"; mesh data={mesh_shape[0]} fsdp={mesh_shape[1]} tensor={mesh_shape[2]}"]
-  measurements = measure(config, tpu, slice_devices, progress=progress)
+  measurements = measure(config, tpu, slice_devices, progress=progress, isolate=isolate)
   lines += ["  " + m.line() for m in measurements]
   failing = [m for m in measurements if not m.fits]
   if not failing:
     return Report("\n".join(lines), "", measurements)
   # HBM's shortfall first: another space's refusal gives no HBM figure to compare.
-  worst = max(failing, key=lambda m: (not m.other_space, m.total_bytes))
+  # A crash, which gives no figure at all, is named only when nothing else failed.
+  worst = max(failing, key=lambda m: (not m.crash, not m.other_space, m.total_bytes))
   what = f"phase {worst.phase} ({worst.seq_len} tokens) of {name or config.get('variant', '')}"
-  if worst.other_space:
+  if worst.crash:
+    needs = (f"libtpu {libtpu_version()} crashed ({worst.crash}) compiling {what} for "
+             f"{accelerator_type}, so whether it fits is unknown")
+  elif worst.other_space:
     # A real run compiles the same program and is refused the same way: still a refusal.
     needs = (f"{what} does not compile for {accelerator_type}: libtpu ran {worst.space_figures()}"
              " per chip (a real run would be refused the same way)")
@@ -445,15 +489,21 @@ def run(config: ml_collections.ConfigDict, accelerator_type: str, *, name: str =
   if not search:
     return Report("\n".join(lines), f"preflight: {needs}", measurements)
   attempts = preflight_knobs.search(
-      config, tpu.num_devices, lambda c, only: measure(c, tpu, slice_devices, only, progress),
+      config, tpu.num_devices,
+      lambda c, only: measure(c, tpu, slice_devices, only, progress, isolate=isolate),
       [m.phase for m in failing], progress)
-  lines.append("  knobs tried, least extra compute first (each compiled):")
+  lines.append("  knobs tried, least extra compute first (each compiled):" if attempts else
+               "  knobs tried: none left (fsdp, full remat, no batch left to accumulate over)")
   lines += ["    " + a.line() for a in attempts]
   fix = next((a for a in attempts if a.fits), None)
   if fix:
     lines.append(f"  cheapest that fits: {fix.flags}")
     refusal = (f"preflight: {needs}; cheapest fix that fits: {fix.flags} "
                f"({fix.worst_gib:.2f} GiB)")
+  elif worst.crash:
+    refusal = (f"preflight: {needs}; {'no knob tried fits' if attempts else 'no knob left to try'}"
+               ": set another remat policy, mesh or libtpu version by hand, or --skip_preflight "
+               "at your own risk")
   else:
     refusal = (f"preflight: {needs}; no knob tried fits (fsdp, remat policy, gradient "
                "accumulation): use a larger slice or a smaller global batch")

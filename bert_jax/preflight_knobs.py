@@ -113,7 +113,10 @@ def search(config: ml_collections.ConfigDict, num_devices: int,
   """Tries candidates() in order; stops at the first with which every phase fits.
 
   `measure(config, phases)` compiles those phases of a config for the slice
-  (bert_jax.preflight.measure bound to it) and returns their Measurements.
+  (bert_jax.preflight.measure bound to it) and returns their Measurements. A
+  setting whose compile crashed libtpu (a Measurement with `crash`, from
+  measure's child process) is refused ("libtpu crashed compiling this setting
+  (signal 11, SIGSEGV); skipped") and the search goes on to the next.
 
   Each candidate compiles the failing phases first; only one that fits them
   compiles the others (a knob that shrinks one phase shrinks them all, but
@@ -137,6 +140,9 @@ def search(config: ml_collections.ConfigDict, num_devices: int,
       attempt.measurements += measure(trial, rest) if rest else []
       attempt.measurements.sort(key=lambda m: m.phase)
       attempt.complete = True
+    crashed = [m for m in attempt.measurements if m.crash]
+    if crashed:  # libtpu died compiling it: no figure, never a fit
+      attempt.refused = f"libtpu crashed compiling this setting ({crashed[0].crash}); skipped"
     attempts.append(attempt)
     if attempt.fits:
       break
