@@ -28,6 +28,8 @@ MODELS = {"base": ("BERT-Base", "paper"), "base_fast": ("BERT-Base", "fast"),
 
 
 def _gib(m: preflight.Measurement) -> str:
+  if m.crash:  # the compiling child died: no figure (bert_jax.preflight_isolation)
+    return f"libtpu crashed ({m.crash})"
   return f"{'>=' if m.refused else ''}{m.total_bytes / preflight.GIB:.1f}"
 
 
