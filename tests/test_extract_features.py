@@ -10,6 +10,7 @@ pooled / mean-pooled outputs it writes.
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -45,12 +46,13 @@ def test_matches_the_model_on_transformers_token_ids(tmp_path, minilm_dir):
   firsts = [line.split(" ||| ")[0] for line in LINES]
   seconds = [line.split(" ||| ")[1] if " ||| " in line else None for line in LINES]
   config, params, _ = convert.load_pretrained(minilm_dir, target="encoder")
-  model = model_lib.BertModel(config)
+  # Jitted: every line has the same (1, 32) shape, so one compile, not one per primitive.
+  apply = jax.jit(model_lib.BertModel(config).apply)
   for i, (a, b) in enumerate(zip(firsts, seconds)):
     enc = hf_tokenizer(a, b, padding="max_length", max_length=32, truncation=True,
                        return_tensors="np")
     np.testing.assert_array_equal(saved["input_ids"][i], enc["input_ids"][0])
-    sequence, pooled = model.apply(
+    sequence, pooled = apply(
         {"params": params}, *(enc[k].astype(np.int32)
                               for k in ("input_ids", "attention_mask", "token_type_ids")))
     n = int(enc["attention_mask"].sum())
@@ -72,7 +74,18 @@ def test_bad_input_names_the_line(tmp_path, content, message):
     extract_features.read_inputs(str(path))
 
 
+def test_refuses_too_long_sequence_before_writing(tmp_path, minilm_dir):
+  """Fails if a max_seq_length past the checkpoint's positions is accepted or writes a file."""
+  (tmp_path / "in.txt").write_text("hello\n")
+  with pytest.raises(ValueError, match="max_position_embeddings=512"):
+    extract_features.run(str(tmp_path / "in.txt"), str(tmp_path / "o.npz"), str(minilm_dir),
+                         vocab_file=None, do_lower_case=True, max_seq_length=1024, batch_size=3)
+  assert not (tmp_path / "o.npz").exists()
+
+
+@pytest.mark.slow  # a fresh interpreter imports jax and the tool: the command line end to end
 def test_cli_refuses_too_long_sequence(tmp_path, minilm_dir):
+  """Fails if the command exits 0 on the refusal, or its stderr does not name the limit."""
   (tmp_path / "in.txt").write_text("hello\n")
   result = subprocess.run(
       [sys.executable, "-m", "bert_jax.extract_features", f"--input_file={tmp_path / 'in.txt'}",

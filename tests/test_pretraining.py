@@ -278,7 +278,10 @@ print(json.dumps(source.get_state()))
 """
 
 
+@pytest.mark.slow  # a fresh Python process imports TensorFlow and rebuilds the pipeline
 def test_exact_resume_in_a_fresh_process(corpus_dir, uncased_vocab, tmp_path):
+  """Batches after set_state in a new process equal the uninterrupted run's; fails if any
+  part of the position (epoch, block, offset, shuffle state) were not in get_state."""
   config = _config(corpus_dir, uncased_vocab)
   source = pretraining.PretrainingInput(config, batch_size=32)
   seen = [next(source) for _ in range(6)]
@@ -355,7 +358,9 @@ def test_preview_writes_the_batches_and_shows_the_masks(corpus_dir, uncased_voca
   assert "[MASK](" in printed and all(s in printed for s in shown)
 
 
-def test_close_keeps_the_position_and_lets_the_process_exit(corpus_dir, uncased_vocab, tmp_path):
+def test_close_keeps_the_position(corpus_dir, uncased_vocab):
+  """close() twice, then next(): the stream goes on where it was; fails if close dropped
+  the position (the restart would repeat batches 1-2) or a second close raised."""
   config = _config(corpus_dir, uncased_vocab)
   reference = pretraining.PretrainingInput(config, batch_size=32)
   expected = [next(reference) for _ in range(4)]
@@ -368,8 +373,14 @@ def test_close_keeps_the_position_and_lets_the_process_exit(corpus_dir, uncased_
   for want, have in zip(expected, got):
     for key in want:
       np.testing.assert_array_equal(have[key], want[key], err_msg=key)
-  # A process that leaves its input running must still exit (the pipeline is drained
-  # at exit; dropping it mid-flight can deadlock on the GIL).
+
+
+@pytest.mark.slow  # two fresh Python processes, each importing TensorFlow
+def test_a_process_that_leaves_its_input_running_exits(corpus_dir, uncased_vocab):
+  """A process that leaves its input running must still exit (the pipeline is drained
+  at exit; dropping it mid-flight can deadlock on the GIL): a hang fails on the timeout,
+  a crash at exit on the return code (two runs: two chances to hit a racy exit)."""
+  config = _config(corpus_dir, uncased_vocab)
   script = ("import json, sys, ml_collections\n"
             "from data_pipeline import pretraining\n"
             "source = pretraining.PretrainingInput(\n"
@@ -445,8 +456,11 @@ print(json.dumps([source.get_state(), fingerprints]))
 """
 
 
+@pytest.mark.slow  # a fresh Python process imports TensorFlow and rebuilds the pipeline
 def test_exact_resume_across_a_schedule_change_in_a_fresh_process(corpus_dir, uncased_vocab,
                                                                    tmp_path):
+  """Resumed mid-schedule in a new process: the same batches, masks and fingerprints; fails
+  if the resumed stream restarted the schedule at step 0 or lost the example count."""
   config = _schedule_config(corpus_dir, uncased_vocab)
   source = pretraining.PretrainingInput(config, batch_size=16, schedule_steps=8)
   for _ in range(3):

@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -46,7 +48,9 @@ def test_accelerators_are_hidden_from_tensorflow(monkeypatch):
   assert tf_cpu.hide_accelerators() == []  # whoever initialised first decided; no crash
 
 
+@pytest.mark.slow  # start-up noise is only seen in a fresh interpreter importing TensorFlow
 def test_start_up_is_quiet_and_tensorflow_works():
+  """Fails if importing host.tf_cpu prints CUDA or CPU-feature lines, or TF cannot compute."""
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
   code = ("from host.tf_cpu import tf; "
           "print(int(tf.constant(2) + 1), tf.config.get_visible_devices('GPU'))")
