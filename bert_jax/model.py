@@ -68,6 +68,11 @@ class BertConfig:
   intermediate_size: int = 3072  # feed-forward width, 4H in the paper
   hidden_dropout_prob: float = 0.1  # dropout on embeddings and every residual branch
   attention_probs_dropout_prob: float = 0.1  # dropout on attention probabilities
+  # Which attention-dropout mask (einsum path in training only; the fused kernels drop
+  # nothing): False draws one per example, head, query and key, as google-research/bert
+  # (the paper's); True one [T, T] mask shared by every example and head, as transformers'
+  # Flax BERT (flax's broadcast_dropout), fewer random bits for the same rate.
+  attention_dropout_shared: bool = False
   max_position_embeddings: int = 512  # longest sequence the learned positions cover
   type_vocab_size: int = 2  # segment A / segment B
   initializer_range: float = 0.02  # stddev of the truncated-normal initialiser
@@ -104,7 +109,7 @@ class BertConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name} must be a positive number, got {value!r}")
-    for name in ("share_layers", "remat", "scan_layers"):
+    for name in ("share_layers", "remat", "scan_layers", "attention_dropout_shared"):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
     if self.dtype not in _DTYPES:
@@ -378,7 +383,10 @@ class BertSelfAttention(nn.Module):
                                  training=not deterministic, seq_len=x.shape[1])
     dropout = None
     if impl == "einsum" and not deterministic and rate > 0:
-      dropout = lambda probs: nn.Dropout(rate)(probs, deterministic=False)
+      # einsum_attention's probabilities are [B, N, T, S]: broadcasting over batch and
+      # heads draws one [T, S] mask for all of them.
+      shared = (0, 1) if cfg.attention_dropout_shared else ()
+      dropout = lambda probs: nn.Dropout(rate, broadcast_dims=shared)(probs, deterministic=False)
     out = attention_lib.attend(impl, q, k, v, mask, dropout)
     out = _constrain(out, "batch", "length", "heads", "kv")
     out = dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1))(out)

@@ -42,6 +42,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from bert_jax import errors
+from bert_jax import model as model_lib
 from bert_jax import workdir_lock
 from host import paths
 
@@ -135,6 +136,10 @@ def _resumable(key: str) -> bool:
 
 # Network fields that change runtime only (memory, speed), never what the weights are.
 _RUNTIME_BERT_FIELDS = ("remat", "remat_policy", "attention_impl")
+# A network field missing from a record was added after it was written; the code that
+# wrote it ran with the field's default (a new field's default keeps the old meaning), so
+# a resume is compared against that default (e.g. attention_dropout_shared reads False).
+_BERT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(model_lib.BertConfig)}
 
 
 def differences(recorded: dict, new: dict) -> list[tuple[str, Any, Any]]:
@@ -156,9 +161,13 @@ def differences(recorded: dict, new: dict) -> list[tuple[str, Any, Any]]:
     if recorded.get(field) != new[field]:
       name = "vocabulary" if field == "vocab_sha256" else "SentencePiece model"
       diffs.append((f"{name} (SHA-256)", recorded.get(field), new[field]))
+  recorded_bert = recorded.get("bert_config")
   for key, value in new["bert_config"].items():
-    if key not in _RUNTIME_BERT_FIELDS and recorded.get("bert_config", {}).get(key, value) != value:
-      diffs.append((f"network {key}", recorded["bert_config"][key], value))
+    if recorded_bert is None or key in _RUNTIME_BERT_FIELDS:
+      continue
+    old = recorded_bert.get(key, _BERT_DEFAULTS.get(key, value))
+    if old != value:
+      diffs.append((f"network {key}", old, value))
   for key, value in new["data"].items():
     if recorded.get("data", {}).get(key, value) != value:
       diffs.append((f"corpus {key}", recorded["data"][key], value))

@@ -107,6 +107,9 @@ def get_config(arg: str = "sst2") -> ml_collections.ConfigDict:
   config.model.dtype = "float32"  # compute dtype (fine-tuning is short: keep full precision)
   config.model.hidden_dropout_prob = 0.1  # paper value
   config.model.attention_probs_dropout_prob = 0.1  # paper value
+  # True: one [T, T] attention-dropout mask shared by every example and head (transformers'
+  # Flax BERT); False: one per example, head, query and key (the paper's, google-research/bert).
+  config.model.attention_dropout_shared = False
   config.model.remat = False  # rematerialise blocks (long SQuAD windows on small memory)
   config.model.scan_layers = False  # nn.scan over layers
   config.max_seq_length = 128  # google-research value (SQuAD: KIND_RECIPES)

@@ -67,6 +67,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   config.model.share_layers = False  # ALBERT cross-layer parameter sharing
   config.model.hidden_dropout_prob = 0.1  # paper value
   config.model.attention_probs_dropout_prob = 0.1  # paper value
+  # True: one [T, T] attention-dropout mask shared by every example and head (transformers'
+  # Flax BERT); False: one per example, head, query and key (the paper's, google-research/bert).
+  config.model.attention_dropout_shared = False
   # Attention kernel (bert_jax/attention.py): auto takes the paper's einsum path wherever
   # attention probabilities are dropped in training, else cuDNN flash attention on NVIDIA
   # GPUs (bf16), Pallas splash on TPUs, XLA elsewhere; einsum|xla|cudnn|splash force one.
