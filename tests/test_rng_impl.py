@@ -105,12 +105,27 @@ def test_resume_is_bit_exact_for_each_generator(setup, rng_impl, tmp_path):
 
 
 def test_generators_draw_different_masks_and_threefry_is_unchanged(setup):
-  """The choice matters (other masks, other losses); threefry keeps the runs' old key."""
-  _, _, mesh, layout, step = setup
+  """The choice matters (other masks, other outputs); threefry keeps the runs' old key.
+
+  Fails if dropout_key ignored rng_impl (two generators, one output) or returned a new
+  key for threefry. The network's training forward pass, with the step's fold_in of the
+  step number, is where the key is used: one compile per generator (the key's type
+  differs) of the forward alone, not of the whole train step (the resume test above
+  runs the step)."""
+  model, _, _, layout, _ = setup
   _, raw = jax.random.split(jax.random.PRNGKey(0))
   assert state_lib.dropout_key(raw, "threefry") is raw
-  losses = {impl: _run(step, layout.init(jax.random.key(0)), _batches()[:1], mesh,
-                       state_lib.dropout_key(raw, impl))[1][0]
+  params = layout.init(jax.random.key(0)).params
+  b = _batches()[0]
+
+  @jax.jit
+  def forward(key):
+    out = model.apply({"params": params}, b["input_ids"], b["input_mask"], b["segment_ids"],
+                      b["masked_lm_positions"], deterministic=False,
+                      rngs={"dropout": jax.random.fold_in(key, 0)})
+    return out["mlm_logits"].sum() + out["nsp_logits"].sum()
+
+  losses = {impl: float(forward(state_lib.dropout_key(raw, impl)))
             for impl in state_lib.RNG_IMPLS}
   assert len(set(losses.values())) == 3, losses
   assert jax.random.key_impl(state_lib.dropout_key(raw, "rbg")) == jax.random.key_impl(

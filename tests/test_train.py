@@ -59,13 +59,19 @@ def _adamw():
 
 
 def test_gradient_accumulation_matches_the_large_batch():
+  """k=4 micro-batches give the k=1 update; fails if a micro-batch's loss were divided by
+  its own prediction count (a mean of means) or the summed grads were not the batch's.
+  One layer and a jitted init keep it to two compiles of the step: accumulation
+  happens around the whole network, so a second layer proves nothing more."""
   bert_config = model_lib.BertConfig.from_size(
       "tiny", vocab_size=96, hidden_size=64, num_attention_heads=2, intermediate_size=128,
-      max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+      num_hidden_layers=1, max_position_embeddings=32, hidden_dropout_prob=0.0,
+      attention_probs_dropout_prob=0.0)
   module = heads.BertForPreTraining(bert_config)
   batch = _random_batch(np.random.default_rng(0), batch=8)
-  params = nn.unbox(module.init(jax.random.key(0), batch["input_ids"], batch["input_mask"],
-                                batch["segment_ids"], batch["masked_lm_positions"])["params"])
+  params = nn.unbox(jax.jit(module.init)(jax.random.key(0, impl="rbg"), batch["input_ids"],
+                                         batch["input_mask"], batch["segment_ids"],
+                                         batch["masked_lm_positions"])["params"])
   state = train_state.TrainState.create(apply_fn=module.apply, params=params, tx=_adamw())
 
   # The oracle can fail: micro-batches (examples j, j+4, ... for k=4) hold
@@ -215,20 +221,26 @@ def test_every_variant_builds_a_consistent_run(variant):
 
 
 def test_bfloat16_step_keeps_float32_state_and_skips_nonfinite_updates():
-  """bf16 compute, fp32 params/moments; with skip_nonfinite a NaN step changes nothing but step."""
+  """bf16 compute, fp32 params/moments; with skip_nonfinite a NaN step changes nothing but step.
+
+  Fails if a bf16 cast reached the params or Adam moments, or a NaN loss still moved a
+  parameter or moment. One layer: the casts are per layer type, a second adds no case."""
   bert_config = model_lib.BertConfig.from_size(
       "tiny", vocab_size=96, hidden_size=64, num_attention_heads=2, intermediate_size=128,
-      max_position_embeddings=32, dtype="bfloat16")
+      num_hidden_layers=1, max_position_embeddings=32, dtype="bfloat16")
   module = heads.BertForPreTraining(bert_config)
   batch = _random_batch(np.random.default_rng(0), batch=4)
-  params = nn.unbox(jax.jit(module.init)(jax.random.key(0), batch["input_ids"],
+  # rbg keys: threefry's hash, unrolled into every parameter draw and dropout mask, doubles
+  # the compile time on CPU; which generator draws them does not matter here.
+  params = nn.unbox(jax.jit(module.init)(jax.random.key(0, impl="rbg"), batch["input_ids"],
                                          batch["input_mask"], batch["segment_ids"],
                                          batch["masked_lm_positions"])["params"])
   state = train_state.TrainState.create(apply_fn=module.apply, params=params, tx=_adamw())
   step = jax.jit(functools.partial(pretrain_step.train_step, grad_accum_steps=2, skip_nonfinite=True))
   same = lambda a, b: bool(jnp.array_equal(a, b, equal_nan=True))
+  dropout = jax.random.key(1, impl="rbg")
 
-  new, metrics = step(state, batch, jax.random.key(1))
+  new, metrics = step(state, batch, dropout)
   assert metrics["finite"] and metrics["loss"].dtype == jnp.float32
   assert {x.dtype for x in jax.tree.leaves((new.params, new.opt_state))
           if jnp.issubdtype(x.dtype, jnp.floating)} == {jnp.dtype(jnp.float32)}
@@ -237,7 +249,7 @@ def test_bfloat16_step_keeps_float32_state_and_skips_nonfinite_updates():
   poisoned = jax.tree.map(lambda x: x, state.params)
   poisoned["nsp_head"]["bias"] = jnp.array([jnp.nan, 0.0])  # the loss becomes NaN
   bad = state.replace(params=poisoned)
-  new, metrics = step(bad, batch, jax.random.key(1))
+  new, metrics = step(bad, batch, dropout)
   assert not metrics["finite"] and int(new.step) == 1
   assert all(jax.tree.leaves(jax.tree.map(same, new.params, bad.params)))
   assert all(jax.tree.leaves(jax.tree.map(same, new.opt_state, bad.opt_state)))
