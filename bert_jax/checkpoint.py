@@ -144,16 +144,19 @@ _TRANSIENT = re.compile(r"UNAVAILABLE|DEADLINE_EXCEEDED|ABORTED|RESOURCE_EXHAUST
                         re.IGNORECASE)
 
 
-# Which array of an OCDBT database tensorstore reads first, and so the array name and
-# byte range in its error, varies between attempts (reads run in parallel); the damaged
+# Which array of an OCDBT database tensorstore reads first, and so the array name, byte
+# range and value size in its error, varies between attempts (reads run in parallel; a
+# truncated file gave "value of size 360409" once and "of size 3" twice); the damaged
 # file and the kind of error do not. Those are what must repeat to judge a step damaged.
 _OCDBT_ARRAY = re.compile(r'Error reading "[^"]*" in OCDBT')
 _BYTE_RANGE = re.compile(r"\[\d+, \d+\)")
+_VALUE_SIZE = re.compile(r"value of size \d+")
 
 
 def _damage_site(cause: str) -> str:
   """A failure's cause without what varies between attempts on the same damaged file."""
-  return _BYTE_RANGE.sub("[...)", _OCDBT_ARRAY.sub('Error reading <array> in OCDBT', cause))
+  cause = _OCDBT_ARRAY.sub("Error reading <array> in OCDBT", cause)
+  return _VALUE_SIZE.sub("value of size N", _BYTE_RANGE.sub("[...)", cause))
 
 
 def _agree(manager: ocp.CheckpointManager, step: int, status: int) -> list[int]:

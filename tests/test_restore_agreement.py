@@ -79,13 +79,16 @@ def test_the_same_failure_every_attempt_moves_the_step_aside(tmp_path, monkeypat
 def test_one_damaged_file_read_through_different_arrays_is_the_same_failure(tmp_path,
                                                                             monkeypatch):
   """tensorstore reads an OCDBT file's arrays in parallel, so which array (and byte range)
-  its error names varies between attempts on the same truncated file (seen on a real
-  truncated checkpoint); that is still one damaged file, moved aside."""
+  its error names, and the size of the value it read, varies between attempts on the same
+  truncated file (seen on real truncated checkpoints: "of size 360409" once, "of size 3"
+  twice); that is still one damaged file, moved aside. Fails if any of the three counts as
+  a different cause (the step would then be kept and the run stopped)."""
   abstract = _saved(tmp_path)
   site = 'in OCDBT database at local file "/run/checkpoints/2/state/"'
   damage = [ValueError(f'OUT_OF_RANGE: Error reading "{name}/0.0" {site}: Requested byte range '
-                       f'[{a}, {b}) is not valid for value of size 230706')
-            for name, a, b in [("w", 432784, 447937), ("v", 410063, 432784), ("w", 432784, 447937)]]
+                       f'[{a}, {b}) is not valid for value of size {size}')
+            for name, a, b, size in [("w", 432784, 447937, 230706), ("v", 410063, 432784, 3),
+                                     ("w", 432784, 447937, 3)]]
   calls = _failing(monkeypatch, damage)
   step, _, _ = checkpoint.restore_latest(_manager(tmp_path / "run"), abstract)
   assert step == 1 and calls == [2, 2, 2, 1]
