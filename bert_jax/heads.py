@@ -91,8 +91,9 @@ class BertForSequenceClassification(nn.Module):
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True):
     """-> logits [B,num_labels] float32."""
+    # Only the pooled [CLS] is read: the last layer computes that row alone.
     _, pooled = BertModel(self.config, name="bert")(
-        input_ids, input_mask, segment_ids, deterministic=deterministic)
+        input_ids, input_mask, segment_ids, deterministic=deterministic, pooled_only=True)
     pooled = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
     return _classifier(self.config, self.num_labels, "classifier")(pooled.astype(jnp.float32))
 

@@ -365,14 +365,19 @@ class BertSelfAttention(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, *, deterministic: bool = True) -> jax.Array:
-    """x [B,T,H], mask [B,1,1,T] bool (True = attend) -> [B,T,H]."""
+  def __call__(self, x, mask, *, deterministic: bool = True, first_only: bool = False
+               ) -> jax.Array:
+    """x [B,T,H], mask [B,1,1,T] bool (True = attend) -> [B,T,H] ([B,1,H]: first_only).
+
+    first_only: only the first position ([CLS]) queries; keys and values stay all T.
+    """
     cfg = self.config
     heads = (cfg.num_attention_heads, cfg.head_size)
     qkv_axes = ("embed", "heads", "kv")
     # Named so that remat_policy "save_qkv_out_proj" can keep exactly these.
     q, k, v = (
-        checkpoint_name(_constrain(dense(cfg, heads, qkv_axes, name)(x),
+        checkpoint_name(_constrain(dense(cfg, heads, qkv_axes, name)(
+            x[:, :1] if first_only and name == "query" else x),
                                    "batch", "length", "heads", "kv"), f"{name}_proj")
         for name in ("query", "key", "value"))
     rate = cfg.attention_probs_dropout_prob
@@ -381,6 +386,10 @@ class BertSelfAttention(nn.Module):
     impl = attention_lib.resolve(cfg.attention_impl, dtype=cfg.compute_dtype,
                                  head_size=cfg.head_size, dropout_rate=rate,
                                  training=not deterministic, seq_len=x.shape[1])
+    if first_only and impl in ("splash", "cudnn"):
+      # One query row ([B,N,1,T] probabilities) is too small for a fused kernel to
+      # matter, and splash's query blocks are 128 rows: XLA's attention does the same maths.
+      impl = "xla"
     dropout = None
     if impl == "einsum" and not deterministic and rate > 0:
       # einsum_attention's probabilities are [B, N, T, S]: broadcasting over batch and
@@ -399,11 +408,18 @@ class BertLayer(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool = True) -> jax.Array:
-    """x [B,T,H], mask [B,1,1,T] -> [B,T,H]. `deterministic` is positional so remat can mark it static."""
+  def __call__(self, x, mask, deterministic: bool = True, first_only: bool = False
+               ) -> jax.Array:
+    """x [B,T,H], mask [B,1,1,T] -> [B,T,H], or [B,1,H] (the [CLS] row) when first_only.
+
+    `deterministic` and `first_only` are positional so remat can mark them static.
+    """
     cfg = self.config
     drop = nn.Dropout(cfg.hidden_dropout_prob)
-    h = BertSelfAttention(cfg, name="attention")(x, mask, deterministic=deterministic)
+    h = BertSelfAttention(cfg, name="attention")(x, mask, deterministic=deterministic,
+                                                 first_only=first_only)
+    if first_only:
+      x = x[:, :1]  # the residual of the one row still computed
     h = layer_norm(cfg, "attention_layer_norm")(x + drop(h, deterministic=deterministic))
     h = _constrain(h, "batch", "length", "embed")
     y = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(h)
@@ -419,16 +435,23 @@ class BertEncoder(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, *, deterministic: bool = True) -> jax.Array:
-    """x [B,T,H], mask [B,1,1,T] -> [B,T,H]."""
+  def __call__(self, x, mask, *, deterministic: bool = True, first_only: bool = False
+               ) -> jax.Array:
+    """x [B,T,H], mask [B,1,1,T] -> [B,T,H].
+
+    first_only (unscanned encoders): the last layer computes only the first row, [B,1,H]:
+    all a pooled-output head reads of it, so its FFN and attention output projection
+    run on one row instead of T (exact: no other row of the last layer reaches [CLS]).
+    A scanned encoder has one program for all layers and still computes every row.
+    """
     cfg = self.config
     policy = cfg.effective_remat_policy
     layer_cls = BertLayer
     if policy != "none":
-      # static_argnums counts `self` as 0: `deterministic` (3) is a Python bool. Under
-      # scan, CSE across iterations cannot happen, so its prevention is dropped (jax's
-      # advice for checkpoint inside scan).
-      layer_cls = nn.remat(BertLayer, static_argnums=(3,), policy=REMAT_POLICIES[policy],
+      # static_argnums counts `self` as 0: `deterministic` (3) and `first_only` (4) are
+      # Python bools. Under scan, CSE across iterations cannot happen, so its prevention
+      # is dropped (jax's advice for checkpoint inside scan).
+      layer_cls = nn.remat(BertLayer, static_argnums=(3, 4), policy=REMAT_POLICIES[policy],
                            prevent_cse=not cfg.scan_layers)
     if cfg.scan_layers:
       # Shared layers broadcast one set of params over the loop; otherwise each
@@ -436,19 +459,20 @@ class BertEncoder(nn.Module):
       params = dict(variable_broadcast="params") if cfg.share_layers else dict(
           variable_axes={"params": 0}, metadata_params={nn.PARTITION_NAME: "layers"})
       scan = nn.scan(
-          lambda module, carry, m: (module(carry, m, deterministic), None),
+          lambda module, carry, m: (module(carry, m, deterministic, False), None),
           split_rngs={"params": not cfg.share_layers, "dropout": True},
           in_axes=(nn.broadcast,), length=cfg.num_hidden_layers, **params)
       name = "layer" if cfg.share_layers else "layers"
       x, _ = scan(layer_cls(cfg, name=name), x, mask)
       return x
+    last = cfg.num_hidden_layers - 1
     if cfg.share_layers:
       layer = layer_cls(cfg, name="layer")
-      for _ in range(cfg.num_hidden_layers):
-        x = layer(x, mask, deterministic)
+      for i in range(cfg.num_hidden_layers):
+        x = layer(x, mask, deterministic, first_only and i == last)
       return x
     for i in range(cfg.num_hidden_layers):
-      x = layer_cls(cfg, name=f"layer_{i}")(x, mask, deterministic)
+      x = layer_cls(cfg, name=f"layer_{i}")(x, mask, deterministic, first_only and i == last)
     return x
 
 
@@ -474,11 +498,16 @@ class BertModel(nn.Module):
     self.encoder = BertEncoder(self.config)
     self.pooler = BertPooler(self.config)
 
-  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True):
-    """int32 [B,T] ids, mask (1 = real token), segments -> (sequence [B,T,H], pooled [B,H])."""
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True,
+               pooled_only: bool = False):
+    """int32 [B,T] ids, mask (1 = real token), segments -> (sequence [B,T,H], pooled [B,H]).
+
+    pooled_only: the caller reads only `pooled`, so the last layer may compute only the
+    [CLS] row (BertEncoder's first_only); `sequence` is then [B,1,H] or [B,T,H].
+    """
     x = self.embeddings(input_ids, segment_ids, deterministic=deterministic)
     mask = (input_mask > 0)[:, None, None, :]
-    x = self.encoder(x, mask, deterministic=deterministic)
+    x = self.encoder(x, mask, deterministic=deterministic, first_only=pooled_only)
     return x, self.pooler(x)
 
   def word_embedding_table(self) -> jax.Array:

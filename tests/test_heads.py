@@ -166,6 +166,35 @@ def test_sequence_classification_matches_transformers(config, inputs, num_labels
   np.testing.assert_allclose(out, ref.logits, atol=1e-5)
 
 
+def _full_rows_classifier(model, params, inputs):
+  """The classifier's logits with every row of the last layer computed (pooled_only=False)."""
+  _, pooled = BertModel(model.config).apply({"params": params["bert"]}, *inputs)
+  k, b = params["classifier"]["kernel"], params["classifier"]["bias"]
+  return pooled @ k + b
+
+
+@pytest.mark.parametrize("variant", [{}, {"remat_policy": "full"}, {"share_layers": True}])
+def test_classification_last_layer_computes_only_cls_with_the_same_logits_and_gradients(
+    config, inputs, variant):
+  # Fails if the one-row last layer changed the logits or the gradients (e.g. the
+  # keys/values cut to one row too, or the residual taken from the wrong row), or if it
+  # no longer saved work: the last FFN must run on [B,1,I], not [B,T,I].
+  model = heads.BertForSequenceClassification(config.replace(
+      attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0, **variant), num_labels=3)
+  params = _random_params(model, *inputs)
+  np.testing.assert_allclose(model.apply({"params": params}, *inputs),
+                             _full_rows_classifier(model, params, inputs), atol=1e-6)
+  loss = lambda f: lambda p: jnp.sum(jnp.sin(f(p)))
+  ours = jax.grad(loss(lambda p: model.apply({"params": p}, *inputs, deterministic=False,
+                                             rngs={"dropout": jax.random.key(0)})))(params)
+  full = jax.grad(loss(lambda p: _full_rows_classifier(model, p, inputs)))(params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), ours, full)
+  jaxpr = str(jax.make_jaxpr(lambda p: model.apply({"params": p}, *inputs))(params))
+  assert jaxpr.count(f"f32[2,16,{I}]") and f"f32[2,1,{I}]" in jaxpr
+  full_jaxpr = str(jax.make_jaxpr(lambda p: _full_rows_classifier(model, p, inputs))(params))
+  assert f"f32[2,1,{I}]" not in full_jaxpr
+
+
 def test_token_classification_matches_transformers(config, inputs):
   model = heads.BertForTokenClassification(config, num_labels=5)
   params = _random_params(model, *inputs)
