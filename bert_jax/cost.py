@@ -61,8 +61,8 @@ def flop_weights(bert_config: Any, params: Any, seq_len: int) -> dict[str, float
   6 N_seq}: N_token the encoder's parameters outside the embedding tables, N_head
   the MLM head's (transform, LayerNorm, output bias), N_seq the pooler's and the
   NSP head's. The MLM head runs on gathered prediction slots and the pooler and
-  NSP head on [CLS] only, so charging them per token (as metrics_io.flops_per_step
-  does) overcounts; here each is charged where it runs.
+  NSP head on [CLS] only, so charging them per token (the common 6N-per-token rule)
+  overcounts; here each is charged where it runs.
   """
   groups = {"token": 0, "prediction": 0, "sequence": 0}
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):

@@ -1,13 +1,8 @@
 """Training metrics out: TensorBoard events, metrics.jsonl, the terminal progress line, MFU.
 
-Model FLOPs (what MFU counts; the PaLM-paper convention, forward + backward = 3x forward):
-  per token   6 * N_dense + 12 * L * H * T
-  per MLM prediction   6 * E * V   (the tied decoder runs on masked positions only)
-where N_dense = parameters excluding the word/position/type embedding tables
-(they are lookups, not matmuls, except as the decoder counted separately),
-L layers, H hidden size, T sequence length (12 L H T is the QK^T and AV
-matmuls, forward 4 L H T), E embedding size, V vocabulary. Padding tokens are
-counted as tokens: the hardware computes them.
+MFU divides model FLOPs per second by the devices' peak (PEAK_TFLOPS). The model
+FLOPs of a step are defined once, in bert_jax.cost.step_flops (each head charged
+where it runs, the real predictions counted); this module only times and writes.
 """
 
 import os
@@ -45,16 +40,6 @@ def count_params(params: Any) -> tuple[int, int]:
     if not any(name in jax.tree_util.keystr(path) for name in EMBEDDING_TABLES):
       dense += n
   return total, dense
-
-
-def flops_per_step(bert_config: Any, params: Any, batch_size: int, seq_len: int,
-                   predictions: int) -> float:
-  """Model FLOPs of one training step (formula in the module docstring)."""
-  _, dense = count_params(params)
-  c = bert_config
-  e = c.embedding_size or c.hidden_size
-  per_token = 6 * dense + 12 * c.num_hidden_layers * c.hidden_size * seq_len
-  return float(batch_size * (seq_len * per_token + predictions * 6 * e * c.vocab_size))
 
 
 def peak_flops(peak_tflops_per_device: float) -> float | None:

@@ -1,15 +1,14 @@
 """Tests for bert_jax.cost: device sets, and the model FLOPs of a step (cost.step_flops,
-and metrics_io.flops_per_step that the benchmarks' MFU uses) against an independent
-count: the matmuls of the traced forward + backward pass (jax.make_jaxpr of jax.grad).
+the one definition the trainer's MFU, the benchmarks, --dry_run and the ablation use)
+against an independent count: the matmuls of the traced forward + backward pass
+(jax.make_jaxpr of jax.grad).
 
 Model FLOPs are a convention (PaLM's: 2 per multiply-add, backward = 2 x forward), and
 differ from the traced matmuls in named ways only, so the tests assert exact identities:
 
   step_flops = matmuls + 6 x (biases, LayerNorm parameters, output bias: parameters that
                are not matmul weights, charged where they run) - 6 E x (padded
-               vocabulary rows) per prediction (computed, but not model FLOPs);
-  flops_per_step = the same, with every parameter charged per token (the MLM head then
-               costs T instead of P rows, the pooler and NSP head T instead of 1).
+               vocabulary rows) per prediction (computed, but not model FLOPs).
 
 A wrong factor, a missing attention or decoder term, an embedding table counted as a
 matmul, a head charged in the wrong place, or a sequence length where the number of
@@ -75,8 +74,7 @@ def _traced(cfg: BertConfig, batch: int, seq_len: int, predictions: int):
   return loss, params, args
 
 
-def _conventions(cfg: BertConfig, params, batch: int, seq_len: int, predictions: int,
-                 *, per_token: bool) -> int:
+def _conventions(cfg: BertConfig, params, batch: int, seq_len: int, predictions: int) -> int:
   """What the model FLOPs count beyond the traced matmuls (module docstring)."""
   extra = -6 * cfg.embed_size * (cfg.padded_vocab_size - cfg.vocab_size) * batch * predictions
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
@@ -86,8 +84,7 @@ def _conventions(cfg: BertConfig, params, batch: int, seq_len: int, predictions:
     is_matmul = name.endswith("['kernel']")
     runs_on = (1 if name.startswith(("['bert']['pooler']", "['nsp_head']")) else
                predictions if name.startswith("['mlm_head']") else seq_len)  # rows per sequence
-    charged = seq_len if per_token else runs_on
-    extra += 6 * n * batch * (charged - (runs_on if is_matmul else 0))
+    extra += 6 * n * batch * (runs_on if not is_matmul else 0)
   return extra
 
 
@@ -107,10 +104,7 @@ def test_model_flops_are_the_traced_matmuls_plus_their_conventions(fields, batch
   assert step == 3 * forward  # backward = 2 x forward: the "6" of 6N
   executed = cost.step_flops(cfg, params, sequences=batch, seq_len=seq_len,
                              predictions=batch * predictions)
-  assert executed == step + _conventions(cfg, params, batch, seq_len, predictions,
-                                         per_token=False)
-  assert metrics_io.flops_per_step(cfg, params, batch, seq_len, predictions) == step + \
-      _conventions(cfg, params, batch, seq_len, predictions, per_token=True)
+  assert executed == step + _conventions(cfg, params, batch, seq_len, predictions)
   if "embedding_size" not in fields:
     # XLA's own count of the compiled step: the traced matmuls plus the elementwise work
     # (GELU, softmax, LayerNorm: ~3% at H=128), never less.
@@ -132,8 +126,7 @@ def test_bert_base_paper_run_flops():
     loss, one, args = _traced(bert_config, 1, f["seq_len"], f["predictions"])
     step = _matmul_flops(jax.make_jaxpr(jax.grad(loss))(one, *args).jaxpr)
     assert jax.tree.map(np.shape, one) == jax.tree.map(np.shape, params)
-    conventions = _conventions(bert_config, params, 256, f["seq_len"], f["predictions"],
-                               per_token=False)
+    conventions = _conventions(bert_config, params, 256, f["seq_len"], f["predictions"])
     assert f["flops_per_step"] == 256 * step + conventions
     assert 0 < conventions < 0.01 * 256 * step, conventions / (256 * step)
   total = sum(f["flops"] for f in flops)

@@ -252,8 +252,8 @@ def run_row(row: dict, args, peak: float | None, measured: float) -> dict:
   row["compile_s"] = time.perf_counter() - start
   layout = step.layout
   row["memory_gib"] = _compiled_gib(compiled)
-  flops = metrics_io.flops_per_step(cfg, layout.abstract_params, global_batch, seq_len,
-                                    predictions)
+  flops = cost.step_flops(cfg, layout.abstract_params, sequences=global_batch, seq_len=seq_len,
+                          predictions=global_batch * predictions)
   row["model_tflop_per_step"] = flops / 1e12
   if args.compile_only:
     return row

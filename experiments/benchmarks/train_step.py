@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bert_jax import cost
 from bert_jax import heads
 from bert_jax import losses
 from bert_jax import metrics_io
@@ -178,8 +179,8 @@ def main():
     shapes = jax.eval_shape(lambda: heads.BertForPreTraining(base_config).init(
         jax.random.key(0), batch["input_ids"], batch["input_mask"], batch["segment_ids"],
         batch["masked_lm_positions"]))
-    flops = metrics_io.flops_per_step(base_config, nn.unbox(shapes["params"]), args.batch,
-                                      args.seq_len, args.predictions)
+    flops = cost.step_flops(base_config, nn.unbox(shapes["params"]), sequences=args.batch,
+                            seq_len=args.seq_len, predictions=args.batch * args.predictions)
     built = {}
     for name in rows:
       if name == "reference":
@@ -200,8 +201,8 @@ def main():
       # The reference computes vocabulary logits at every position, ours at the
       # masked ones; the rest of both steps is the same matmuls in the same compiler,
       # so at equal efficiency the speed ratio is the FLOP ratio.
-      executed = metrics_io.flops_per_step(base_config, nn.unbox(shapes["params"]), args.batch,
-                                           args.seq_len, args.seq_len)
+      executed = cost.step_flops(base_config, nn.unbox(shapes["params"]), sequences=args.batch,
+                                 seq_len=args.seq_len, predictions=args.batch * args.seq_len)
       print(f"{size:5s} ratio to reference: " + ", ".join(
           f"{name} {rates[name] / rates['reference']:.2f}x" for name in rates
           if name != "reference")
