@@ -47,7 +47,6 @@ from bert_jax import metrics_io
 from bert_jax import preemption
 from bert_jax import workdir as workdir_lib
 from data_pipeline import specs
-from data_pipeline import tokenized_corpus
 from experiments import ablation_plan
 from experiments import ablation_proof
 from experiments import ablation_report
@@ -116,6 +115,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if (config.budget.mode == "steps" and config.budget.get("finetune_at_equal_flops", True)
       and config.downstream):
     _check_eval_checkpoints(config.pretrain)
+  if config.budget.mode == "flops" and config.pretrain.phase2.start_fraction < 1.0:
+    # ablation_plan's per-step estimate is of one sequence length.
+    raise AblationError(
+        f"config.budget.mode='flops' with config.pretrain.phase2.start_fraction="
+        f"{config.pretrain.phase2.start_fraction}: the FLOP plan matches single-phase runs; "
+        "set start_fraction=1.0 (one length throughout) or budget.mode='steps'")
   if config.report.baseline not in config.settings:
     raise AblationError(f"config.report.baseline={config.report.baseline!r} is not a setting "
                         f"({sorted(config.settings)}): differences are taken to it")
@@ -424,7 +429,15 @@ def commands(config: ml_collections.ConfigDict, workdir: str, runs: list[Run],
 
 
 def dry_run(config: ml_collections.ConfigDict, runs: list[Run]) -> str:
-  """The runs with model FLOPs and expected times here and on the config's target devices."""
+  """The runs with model FLOPs and expected times here and on the config's target devices.
+
+  FLOPs are bert_jax.cost.step_flops at the predictions a full sequence is expected
+  to make (ablation_plan.expected_predictions: what FLOP mode matches), beside the
+  upper bound with every prediction slot P used; the report later counts the
+  predictions the runs made (shorter sequences make fewer). Nothing here builds a
+  tokenizer or reads the corpus: the vocabulary size is the vocab file's or the
+  configured one.
+  """
   from bert_jax import pretrain as pretrain_lib  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   kind, count = jax.devices()[0].device_kind, jax.device_count()
@@ -441,23 +454,23 @@ def dry_run(config: ml_collections.ConfigDict, runs: list[Run]) -> str:
     target_kind, n = target.rsplit(":", 1)
     targets.append((f"{n} x {target_kind}",
                     metrics_io.PEAK_TFLOPS[target_kind] * 1e12 * int(n) * config.report.mfu))
-  # FLOPs with every prediction slot counted (bert_jax.cost.run_flops): an upper bound;
-  # the report counts the predictions the runs actually make.
-  header = ["run", "steps", "P", "GFLOP/step (all P slots)", "total PFLOP",
-            f"here ({here})"] + \
+  header = ["run", "steps", "predictions / seq (expected, of P)", "GFLOP/step",
+            "GFLOP/step (all P slots)", "total PFLOP", f"here ({here})"] + \
       [f"{name} at MFU {config.report.mfu:.0%}" for name, _ in targets]
   rows, total = [], 0.0
   for run in runs:
-    vocab_size = len(tokenized_corpus.load_tokenizer(run.config.data).vocab)
+    vocab_size = ablation_plan.vocab_size(run.config.data, run.config.model)
     bert_config = pretrain_lib.build_bert_config(run.config, vocab_size)
-    phases = ablation_report.phase_flops(run.config, bert_config)
-    flops = sum(steps * per_step for steps, per_step, _ in phases)
+    (_, upper, slots), = ablation_report.phase_flops(run.config, bert_config)  # one phase
+    per_step = ablation_plan.step_flops_estimate(run.config)
+    flops = per_step * run.config.total_steps
     total += flops
-    rows.append([run.name, f"{run.config.total_steps:,}", "/".join(str(p) for _, _, p in phases),
-                 "/".join(f"{per_step / 1e9:.1f}" for _, per_step, _ in phases),
-                 f"{flops / 1e15:.3f}", ablation_report.duration(flops / here_rate)]
+    rows.append([run.name, f"{run.config.total_steps:,}",
+                 f"{ablation_plan.expected_predictions(run.config):g} of {slots}",
+                 f"{per_step / 1e9:.1f}", f"{upper / 1e9:.1f}", f"{flops / 1e15:.3f}",
+                 ablation_report.duration(flops / here_rate)]
                 + [ablation_report.duration(flops / rate) for _, rate in targets])
-  rows.append(["all", "", "", "", f"{total / 1e15:.3f}",
+  rows.append(["all", "", "", "", "", f"{total / 1e15:.3f}",
                ablation_report.duration(total / here_rate)]
               + [ablation_report.duration(total / rate) for _, rate in targets])
   tasks = sum(len(c.learning_rates or [0]) * len(c.seeds) for c in config.downstream.values())

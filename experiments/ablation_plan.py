@@ -26,7 +26,9 @@ MODES = ("steps", "flops")
 _SPECIAL_TOKENS = 3  # [CLS] A [SEP] B [SEP]: never predicted
 
 
-def _vocab_size(data_config: ml_collections.ConfigDict, model_config) -> int:
+def vocab_size(data_config: ml_collections.ConfigDict, model_config) -> int:
+  """The model's vocabulary size without building a tokenizer: the configured size, else
+  the vocab file's lines, else the embedded vocabulary's target size."""
   if model_config.vocab_size:
     return int(model_config.vocab_size)
   if data_config.vocab_file:
@@ -47,7 +49,7 @@ def expected_predictions(run: ml_collections.ConfigDict) -> float:
 def step_flops_estimate(run: ml_collections.ConfigDict) -> float:
   """Model FLOPs of one step of `run` before it has run (bert_jax.cost.step_flops)."""
   from bert_jax import cost  # pylint: disable=g-import-not-at-top  # jax only when planning FLOPs
-  bert_config, params = cost.abstract_model(run, _vocab_size(run.data, run.model))
+  bert_config, params = cost.abstract_model(run, vocab_size(run.data, run.model))
   return cost.step_flops(bert_config, params, sequences=run.batch_size,
                          seq_len=run.data.max_seq_length,
                          predictions=run.batch_size * expected_predictions(run))

@@ -143,3 +143,38 @@ def test_checkpoints_that_would_miss_an_eval_point_are_refused_before_pretrainin
   assert ablation.plan(config, str(tmp_path))
   for variant in ablation_configs.VARIANTS:  # every shipped variant passes
     assert ablation.plan(ablation_configs.get_config(variant), str(tmp_path))
+
+
+def test_dry_run_lists_the_plans_flops_without_touching_the_corpus(tmp_path, monkeypatch):
+  """--dry_run's FLOPs are the plan's (expected predictions, one FLOP function) beside the
+  all-slots upper bound. Fails if it reports other FLOPs than FLOP mode matches, if the
+  bound were below the estimate, or if it built a tokenizer or read a corpus (a fresh
+  cache stays empty)."""
+  cache = tmp_path / "cache"
+  monkeypatch.setenv("BERT_JAX_CACHE", str(cache))
+  config = ablation_configs.get_config("smoke")
+  config.budget.mode = "flops"
+  config.budget.flops = 3e11
+  workdir = str(tmp_path / "w")
+  runs = ablation.plan(config, workdir)
+  matched = ablation.budget_steps(config, workdir)
+  table = ablation.dry_run(config, runs)
+  for run in runs:
+    line = next(l for l in table.splitlines() if l.startswith(f"| {run.name} |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    m = matched[run.setting]
+    assert cells[1] == f"{m['steps']:,}"
+    expected = ablation_plan.expected_predictions(run.config)
+    assert cells[2].startswith(f"{expected:g} of ")
+    assert float(cells[3]) == round(m["flops_per_step"] / 1e9, 1)
+    assert float(cells[4]) >= float(cells[3])  # every slot used: never less
+  assert not cache.exists() and not (tmp_path / "w").exists()
+
+
+def test_flop_mode_refuses_a_second_phase(tmp_path):
+  """Fails if a two-phase grid were FLOP-matched on the one-length estimate."""
+  config = ablation_configs.get_config("smoke")
+  config.budget.mode = "flops"
+  config.pretrain.phase2.start_fraction = 0.9
+  with pytest.raises(ablation.AblationError, match="single-phase"):
+    ablation.plan(config, str(tmp_path))
