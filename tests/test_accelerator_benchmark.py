@@ -51,6 +51,7 @@ def _args(**kw):
 
 
 def test_quick_plan_is_the_two_target_shapes_on_the_fast_recipe():
+  """Fails if --quick's rows lose a target shape, its fast recipe or the configs' scan."""
   rows = accelerator.plan(_args(quick=True))
   assert [(r["size"], r["seq_len"], r["batch_per_device"]) for r in rows] == [
       ("base", 128, 256), ("base", 128, 512), ("large", 512, 32), ("large", 512, 64)]
@@ -59,6 +60,7 @@ def test_quick_plan_is_the_two_target_shapes_on_the_fast_recipe():
 
 
 def test_plan_sweeps_attention_then_remat_then_batch():
+  """Fails if the sweep's order changes or an unknown --remat/--attention is accepted."""
   rows = accelerator.plan(_args(attention="auto,paper", remat="none,full", batch="4,8"))
   assert [(r["attention"], r["remat"], r["batch_per_device"]) for r in rows] == [
       ("auto", "none", 4), ("auto", "none", 8), ("auto", "full", 4), ("auto", "full", 8),
@@ -70,6 +72,7 @@ def test_plan_sweeps_attention_then_remat_then_batch():
 
 
 def test_paper_rows_drop_attention_probabilities_and_fast_rows_do_not():
+  """Fails if a paper row ran a fused kernel (no attention dropout) or a fast row kept it."""
   paper = accelerator.bert_config("tiny", "paper", "none", "float32", False)
   fast = accelerator.bert_config("tiny", "auto", "full", "float32", True)
   assert (paper.attention_impl, paper.attention_probs_dropout_prob) == ("einsum", 0.1)

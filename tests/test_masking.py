@@ -145,6 +145,7 @@ def _per_word(values, words):
 
 @pytest.mark.parametrize("ratio", [0.05, 0.15, 0.4, 0.6, 0.8])
 def test_fixed_strategy_predicts_exactly_round_ratio_per_sequence(ratio):
+  """Fails if any sequence predicts other than max(1, round(ratio x its maskable tokens))."""
   out = _run(masking.bert_masking(ratio=ratio))
   num_maskable = DATA[1].sum(1)
   expected = np.array([max(1, round(ratio * int(n))) for n in num_maskable])

@@ -197,8 +197,9 @@ def test_optimizer_matches_a_numpy_transcription_of_its_update_rule(case):
 
 
 def test_no_bias_correction_first_step_is_not_sign_of_the_gradient():
-  """google-research's Adam (no bias correction) takes a first step sqrt(1-b2)/(1-b1) ~ 0.32
-  times bias-corrected Adam's (~sign(g)); fails if the two transforms were the same."""
+  """google-research's Adam (no bias correction) takes a first step (1-b1)/sqrt(1-b2) ~ 3.16
+  times bias-corrected Adam's (~sign(g)), i.e. bias-corrected / uncorrected ~ 0.32; fails if
+  the two transforms were the same."""
   params = _params()
   grads = jax.tree.map(lambda p: jnp.full(p.shape, 0.3, jnp.float32), params)
   no_bc = optim.scale_by_adam_no_bias_correction(0.9, 0.999, 1e-6)
