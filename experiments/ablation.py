@@ -29,6 +29,7 @@ Exit codes as bert_jax.main: 0 done, 143 preempted (SIGTERM; re-run to resume),
 
 import copy
 import dataclasses
+import hashlib
 import json
 import re
 import shlex
@@ -162,21 +163,59 @@ def pretrain_config(config: ml_collections.ConfigDict, setting: str, seed: int,
   return run
 
 
-def budget_steps(config: ml_collections.ConfigDict, workdir: str) -> dict[str, dict[str, Any]]:
-  """FLOP mode: {setting: steps, FLOPs per step, FLOPs} spending config.budget.flops; else {}."""
+def budget_steps(config: ml_collections.ConfigDict, workdir: str,
+                 measure: bool = False) -> dict[str, dict[str, Any]]:
+  """FLOP mode: {setting: steps, FLOPs per step, FLOPs} spending config.budget.flops; else {}.
+
+  `measure`: on the predictions each setting's input stream makes (its corpus must
+  exist: the prepare stage); else on the full-sequence estimate (ablation_plan).
+  """
   if config.budget.mode != "flops":
     return {}
   runs = {s: pretrain_config(config, s, 0, workdir) for s in config.settings}
   try:
+    if measure:
+      return ablation_plan.matched_steps_measured(runs, config.report.baseline,
+                                                  config.budget.flops,
+                                                  config.budget.measure_batches)
     return ablation_plan.matched_steps(runs, config.report.baseline, config.budget.flops)
   except ValueError as e:
     raise AblationError(str(e)) from None
 
 
-def plan(config: ml_collections.ConfigDict, workdir: str) -> list[Run]:
-  """Every run of the grid, seed-major (all settings of seed 0 first)."""
+def _pretrain_fingerprint(config: ml_collections.ConfigDict) -> str:
+  """What a FLOP plan was measured on: the base pretraining config and the count's length."""
+  text = json.dumps([config.pretrain.to_dict(), config.budget.measure_batches], sort_keys=True,
+                    default=str)
+  return hashlib.md5(text.encode()).hexdigest()
+
+
+def recorded_budget(config: ml_collections.ConfigDict, workdir: str) -> dict[str, dict[str, Any]]:
+  """The measured FLOP plan the prepare stage recorded in plan.json for this very grid; {}
+  when there is none (no plan yet, step mode, or a plan of other settings or budget)."""
+  path = paths.join(workdir, PLAN_FILE)
+  if config.budget.mode != "flops" or not paths.exists(path):
+    return {}
+  written = json.loads(paths.read_text(path))
+  budget = written.get("budget", {})  # plans before FLOP budgets have none
+  settings = budget.get("settings", {})
+  same = (budget.get("flops_config") == config.budget.flops
+          and budget.get("pretrain") == _pretrain_fingerprint(config)
+          and written.get("settings") == {n: s.to_dict() for n, s in config.settings.items()}
+          and all(m.get("measured") for m in settings.values()))
+  return settings if same and set(settings) == set(config.settings) else {}
+
+
+def plan(config: ml_collections.ConfigDict, workdir: str,
+         matched: dict[str, dict[str, Any]] | None = None) -> list[Run]:
+  """Every run of the grid, seed-major (all settings of seed 0 first).
+
+  FLOP mode's steps: `matched` when given, else the measured plan recorded in the
+  workdir's plan.json, else the estimate (before the prepare stage, --dry_run).
+  """
   check_config(config)
-  matched = budget_steps(config, workdir)
+  if matched is None:
+    matched = recorded_budget(config, workdir) or budget_steps(config, workdir)
   runs = []
   for seed in config.pretrain_seeds:
     for setting in config.settings:
@@ -250,8 +289,10 @@ def random_init_dirs(config: ml_collections.ConfigDict) -> dict[str, str]:
           if config.random_init else {})
 
 
-def write_plan(config: ml_collections.ConfigDict, workdir: str, runs: list[Run]) -> None:
-  """DIR/plan.json: what the report needs besides the workdirs (rewritten for the current grid)."""
+def write_plan(config: ml_collections.ConfigDict, workdir: str, runs: list[Run],
+               matched: dict[str, dict[str, Any]]) -> None:
+  """DIR/plan.json: what the report needs besides the workdirs (rewritten for the current
+  grid), and FLOP mode's `matched` steps, which later stages plan with."""
   content = {
       "variant": config.variant,
       "settings": {name: s.to_dict() for name, s in config.settings.items()},
@@ -263,8 +304,8 @@ def write_plan(config: ml_collections.ConfigDict, workdir: str, runs: list[Run])
       "report": config.report.to_dict(),
       "baseline": config.report.baseline,
       "random_init": random_init_dirs(config),
-      "budget": {"mode": config.budget.mode,
-                 "settings": budget_steps(config, workdir)},
+      "budget": {"mode": config.budget.mode, "flops_config": config.budget.flops,
+                 "pretrain": _pretrain_fingerprint(config), "settings": matched},
   }
   paths.write_atomic(paths.join(workdir, PLAN_FILE), json.dumps(content, indent=2) + "\n")
 
@@ -282,8 +323,14 @@ def read_plan(workdir: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: str, runs: list[Run]) -> None:
-  """Writes the corpus (when the config makes one) and plan.json."""
+def prepare(config: ml_collections.ConfigDict, workdir: str, runs: list[Run]) -> list[Run]:
+  """Writes the corpus (when the config makes one) and plan.json; returns the runs.
+
+  FLOP mode plans here, on the corpus now written: each setting's steps from the
+  predictions its own stream makes (budget_steps(measure=True)); the runs returned
+  and recorded are re-planned on them. A plan already recorded for this grid is kept,
+  so a re-run (after a kill) trains the very steps its workdirs were made for.
+  """
   paths.makedirs(workdir)
   if config.prepare_corpus == "zh_sentiment":
     counts = chinese_data.write_corpus(paths.join(workdir, "corpus.txt"))
@@ -292,7 +339,17 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, runs: list[Run]) ->
   elif config.prepare_corpus:
     raise AblationError(f"config.prepare_corpus={config.prepare_corpus!r}: expected "
                         "'zh_sentiment' or ''")
-  write_plan(config, workdir, runs)
+  matched = {}
+  if config.budget.mode == "flops":
+    matched = recorded_budget(config, workdir)
+    if not matched:
+      matched = budget_steps(config, workdir, measure=True)
+      logging.info("FLOP plan on measured predictions: %s", ", ".join(
+          f"{name} {m['steps']} steps ({m['predictions_per_step']:.1f} predictions a step)"
+          for name, m in matched.items()))
+    runs = plan(config, workdir, matched)
+  write_plan(config, workdir, runs, matched)
+  return runs
 
 
 def pretraining_done(run: Run, workdir: str) -> bool:
@@ -432,9 +489,10 @@ def dry_run(config: ml_collections.ConfigDict, runs: list[Run]) -> str:
   """The runs with model FLOPs and expected times here and on the config's target devices.
 
   FLOPs are bert_jax.cost.step_flops at the predictions a full sequence is expected
-  to make (ablation_plan.expected_predictions: what FLOP mode matches), beside the
-  upper bound with every prediction slot P used; the report later counts the
-  predictions the runs made (shorter sequences make fewer). Nothing here builds a
+  to make (ablation_plan.expected_predictions), beside the upper bound with every
+  prediction slot P used. Both are estimates: the prepare stage plans FLOP mode on
+  the predictions each stream makes (shorter sequences make fewer), and the report
+  counts the predictions the runs made. Nothing here builds a
   tokenizer or reads the corpus: the vocabulary size is the vocab file's or the
   configured one.
   """
@@ -497,7 +555,7 @@ def run_ablation(config: ml_collections.ConfigDict | None, workdir: str,
         raise AblationError(f"--stage={stage} needs --config")
       runs = plan(config, workdir)
     if stage in ("all", "prepare"):
-      prepare(config, workdir, runs)
+      runs = prepare(config, workdir, runs)
     if stage in ("all", "pretrain"):
       if not pretrain(runs, workdir):
         return preemption.PREEMPTED_EXIT_CODE

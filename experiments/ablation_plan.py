@@ -7,15 +7,28 @@ pretrain.total_steps), so every run spends the budget to within one of its own
 steps, and stretches the warm-up with it (the learning-rate schedule keeps its
 shape over the run's own steps).
 
-The per-step estimate is bert_jax.cost.step_flops with the predictions a full
-sequence is expected to make at the setting's mean ratio over its schedule
-(min(P, round(mean ratio x (max_seq_length - 3))): [CLS] and two [SEP] are never
-masked); the report then counts the FLOPs actually executed from batch_log.
+Two per-step figures, both bert_jax.cost.step_flops:
+
+- measured (what the prepare stage plans with, once the corpus exists): the mean MLM
+  predictions per step counted on the setting's own input stream (the trainer's
+  PretrainingInput, its masking schedule over the run's steps), so short sequences,
+  which make fewer predictions, are charged as they run. The steps and the stream
+  depend on each other (a schedule runs over the run's steps), so the plan is
+  repeated on its own steps until they no longer change; the stream counted is the
+  run's own (seed 0's; on one host, its very batches) up to config.budget
+  .measure_batches steps, a sample of the run's schedule beyond.
+- estimated (--dry_run, --print_commands, and a plan made before the corpus exists):
+  the predictions a full sequence is expected to make at the setting's mean ratio
+  over its schedule (min(P, round(mean ratio x (max_seq_length - 3))): [CLS] and two
+  [SEP] are never masked), an upper bound where sequences are shorter.
+
+The report counts the FLOPs each run executed from its batch_log.
 """
 
 import copy
 from typing import Any
 
+from absl import logging
 import ml_collections
 import numpy as np
 
@@ -55,6 +68,58 @@ def step_flops_estimate(run: ml_collections.ConfigDict) -> float:
                          predictions=run.batch_size * expected_predictions(run))
 
 
+def measured_predictions(run: ml_collections.ConfigDict, max_batches: int) -> float:
+  """Mean MLM predictions per step of `run`, counted on its own input stream.
+
+  The trainer's input (data_pipeline.pretraining.PretrainingInput, one host holding
+  the whole global batch), its masking schedule over min(total_steps, max_batches)
+  steps: for a run of at most `max_batches` steps the very batches it will train on.
+  """
+  from data_pipeline import pretraining  # pylint: disable=g-import-not-at-top  # TF only when measuring
+  steps = min(run.total_steps, max_batches)
+  source = pretraining.PretrainingInput(run.data, batch_size=run.batch_size,
+                                        schedule_steps=steps)
+  try:
+    total = sum(float(np.sum(next(source)["masked_lm_weights"])) for _ in range(steps))
+  finally:
+    source.close()
+  return total / steps
+
+
+def step_flops_measured(run: ml_collections.ConfigDict, max_batches: int) -> tuple[float, float]:
+  """(model FLOPs of one step of `run`, predictions per step) on its measured predictions."""
+  from bert_jax import cost  # pylint: disable=g-import-not-at-top  # jax only when planning FLOPs
+  predictions = measured_predictions(run, max_batches)
+  bert_config, params = cost.abstract_model(run, vocab_size(run.data, run.model))
+  return cost.step_flops(bert_config, params, sequences=run.batch_size,
+                         seq_len=run.data.max_seq_length, predictions=predictions), predictions
+
+
+def _matched(per: dict[str, float], budget: float) -> dict[str, dict[str, Any]]:
+  out = {}
+  for name, flops in per.items():
+    # Floor, with a hair of slack so that the baseline's own budget (its per-step FLOPs x
+    # its steps) gives back its steps despite float rounding.
+    steps = int(budget / flops * (1 + 1e-12))
+    if steps < 1:
+      raise ValueError(f"config.budget.flops={budget:.3g} is less than one step of setting "
+                       f"{name} ({flops:.3g} FLOPs)")
+    out[name] = {"steps": steps, "flops_per_step": flops, "flops": steps * flops,
+                 "budget": budget}
+  return out
+
+
+def _budget(per: dict[str, float], runs: dict[str, ml_collections.ConfigDict], baseline: str,
+            budget: float) -> float:
+  if budget:
+    return budget
+  if baseline not in runs:
+    raise ValueError(f"config.budget.flops=0 takes the baseline {baseline!r}'s FLOPs, but "
+                     f"it is not a setting ({sorted(runs)}); set config.report.baseline or "
+                     "config.budget.flops")
+  return per[baseline] * runs[baseline].total_steps
+
+
 def matched_steps(runs: dict[str, ml_collections.ConfigDict], baseline: str,
                   budget: float, per_step=step_flops_estimate) -> dict[str, dict[str, Any]]:
   """{setting: {"steps", "flops_per_step", "flops"}} spending `budget` (0: baseline's run).
@@ -63,20 +128,37 @@ def matched_steps(runs: dict[str, ml_collections.ConfigDict], baseline: str,
   budget - flops < flops_per_step: the budget is spent within one step.
   """
   per = {name: float(per_step(run)) for name, run in runs.items()}
-  if not budget:
-    if baseline not in runs:
-      raise ValueError(f"config.budget.flops=0 takes the baseline {baseline!r}'s FLOPs, but "
-                       f"it is not a setting ({sorted(runs)}); set config.report.baseline or "
-                       "config.budget.flops")
-    budget = per[baseline] * runs[baseline].total_steps
-  out = {}
-  for name, flops in per.items():
-    steps = int(budget // flops)
-    if steps < 1:
-      raise ValueError(f"config.budget.flops={budget:.3g} is less than one step of setting "
-                       f"{name} ({flops:.3g} FLOPs)")
-    out[name] = {"steps": steps, "flops_per_step": flops, "flops": steps * flops,
-                 "budget": budget}
+  return _matched(per, _budget(per, runs, baseline, budget))
+
+
+def matched_steps_measured(runs: dict[str, ml_collections.ConfigDict], baseline: str,
+                           budget: float, max_batches: int,
+                           max_rounds: int = 4) -> dict[str, dict[str, Any]]:
+  """matched_steps on each setting's measured predictions (module docstring).
+
+  Each setting is measured on its run stretched to the steps it is planned, and
+  re-planned until no step count changes (at most `max_rounds`: counts still moving
+  after that are left as the last round gave them, and the log says so). With a zero
+  budget the baseline's measured run is the budget. Entries gain
+  "predictions_per_step" and "measured": True.
+  """
+  planned = {name: run.total_steps for name, run in runs.items()}
+  measured: dict[tuple[str, int], tuple[float, float]] = {}  # (setting, steps) -> figures
+  for _ in range(max_rounds):
+    for name, run in runs.items():
+      if (name, planned[name]) not in measured:
+        measured[name, planned[name]] = step_flops_measured(
+            run if planned[name] == run.total_steps else stretch(run, planned[name]),
+            max_batches)
+    per = {name: measured[name, planned[name]][0] for name in runs}
+    out = _matched(per, _budget(per, runs, baseline, budget))
+    for name in out:
+      out[name].update(predictions_per_step=measured[name, planned[name]][1], measured=True)
+    steps = {name: out[name]["steps"] for name in out}
+    if steps == planned:  # every setting measured at the very steps it is given
+      return out
+    planned = steps
+  logging.warning("FLOP plan: step counts still moving after %d rounds: %s", max_rounds, planned)
   return out
 
 

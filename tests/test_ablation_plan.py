@@ -33,7 +33,7 @@ def test_flop_mode_gives_each_setting_the_steps_that_spend_the_budget(tmp_path):
   for r in runs:  # warm-up stretched with the run
     assert r.config.optimizer.warmup_steps == max(
         1, round(base.optimizer.warmup_steps * r.config.total_steps / base.total_steps))
-  ablation.write_plan(config, str(tmp_path), runs)
+  ablation.write_plan(config, str(tmp_path), runs, matched)
   written = json.loads((tmp_path / "plan.json").read_text())
   assert written["budget"]["mode"] == "flops"
   assert written["budget"]["settings"]["r15"]["steps"] == steps["r15"]
@@ -146,8 +146,8 @@ def test_checkpoints_that_would_miss_an_eval_point_are_refused_before_pretrainin
 
 
 def test_dry_run_lists_the_plans_flops_without_touching_the_corpus(tmp_path, monkeypatch):
-  """--dry_run's FLOPs are the plan's (expected predictions, one FLOP function) beside the
-  all-slots upper bound. Fails if it reports other FLOPs than FLOP mode matches, if the
+  """--dry_run's FLOPs are the estimated plan's (expected predictions, one FLOP function)
+  beside the all-slots upper bound. Fails if it reports other FLOPs than FLOP mode matches, if the
   bound were below the estimate, or if it built a tokenizer or read a corpus (a fresh
   cache stays empty)."""
   cache = tmp_path / "cache"
@@ -178,3 +178,58 @@ def test_flop_mode_refuses_a_second_phase(tmp_path):
   config.pretrain.phase2.start_fraction = 0.9
   with pytest.raises(ablation.AblationError, match="single-phase"):
     ablation.plan(config, str(tmp_path))
+
+
+def _executed_flops(run_config) -> float:
+  """Model FLOPs of `run_config` as its trainer will execute them on one host: every batch
+  of its input stream counted (the trainer's batch_log counts the same weights)."""
+  import numpy as np
+  from bert_jax import cost
+  from data_pipeline import pretraining
+  source = pretraining.PretrainingInput(run_config.data, batch_size=run_config.batch_size,
+                                        schedule_steps=run_config.total_steps)
+  try:
+    predictions = sum(float(np.sum(next(source)["masked_lm_weights"]))
+                      for _ in range(run_config.total_steps))
+  finally:
+    source.close()
+  bert_config, params = cost.abstract_model(
+      run_config, ablation_plan.vocab_size(run_config.data, run_config.model))
+  return cost.step_flops(bert_config, params,
+                         sequences=run_config.batch_size * run_config.total_steps,
+                         seq_len=run_config.data.max_seq_length, predictions=predictions)
+
+
+def test_prepare_plans_flop_mode_on_the_predictions_the_streams_make(pretrain_test_config,
+                                                                     tmp_path):
+  """The prepare stage's FLOP plan, executed, spends the baseline's budget within one step
+  of each setting. Fails if the plan kept the full-sequence estimate (the test corpus's
+  short sequences make it miss by more than a step), if a setting were measured on other
+  steps than it is given, or if later stages planned other steps than the recorded ones."""
+  config = ablation_configs.get_config("smoke")
+  config.prepare_corpus = ""
+  config.pretrain = pretrain_test_config(**{"total_steps": 200,
+                                            "data.masking.max_predictions_per_seq": 0})
+  config.budget.mode = "flops"
+  workdir = str(tmp_path / "w")
+  estimated = ablation.plan(config, workdir)
+  runs = ablation.prepare(config, workdir, estimated)
+  recorded = json.loads((tmp_path / "w" / "plan.json").read_text())["budget"]["settings"]
+  assert all(m["measured"] for m in recorded.values())
+  seed0 = {r.setting: r for r in runs if r.seed == 0}
+  budget = _executed_flops(seed0["r15"].config)  # budget 0: the baseline's run
+  for setting, run in seed0.items():
+    assert run.config.total_steps == recorded[setting]["steps"]
+    spent, per_step = _executed_flops(run.config), recorded[setting]["flops_per_step"]
+    assert spent <= budget * (1 + 1e-9) and budget - spent < per_step * (1 + 1e-6), setting
+  # The estimate would not have met that: at least one setting misses by over a step.
+  misses = []
+  for run in (r for r in estimated if r.seed == 0 and r.setting != "r15"):
+    spent = _executed_flops(run.config)
+    misses.append(abs(budget - spent) / recorded[run.setting]["flops_per_step"])
+  assert max(misses) > 1, misses
+  # Later stages (a re-run after a kill, --stage=pretrain) plan the recorded steps.
+  again = ablation.plan(config, workdir)
+  assert [r.config.total_steps for r in again] == [r.config.total_steps for r in runs]
+  config.budget.flops = 1e12  # another budget: the record is not this grid's
+  assert ablation.recorded_budget(config, workdir) == {}

@@ -65,8 +65,9 @@ What each variant costs on 2 CPU cores (and how that was measured): docs/ablatio
 "Sizing the variants".
 
 Compute matching: --config.budget.mode=flops gives every setting the steps that
-spend the baseline's FLOPs (or --config.budget.flops) on its own per-step FLOPs
-(experiments/ablation_plan.py); the default, "steps", matches runs by steps and,
+spend the baseline's FLOPs (or --config.budget.flops) on its own per-step FLOPs,
+counted at the prepare stage on the predictions its own input stream makes
+(experiments/ablation_plan.py; recorded in plan.json); the default, "steps", matches runs by steps and,
 with budget.finetune_at_equal_flops, also fine-tunes every run that is not the
 cheapest from its checkpoint at the cheapest run's total FLOPs (a checkpoint is
 kept at every evaluation point for it): one more sweep per such run and task,
@@ -193,6 +194,9 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   # that spend budget.flops on its own per-step model FLOPs (experiments/ablation_plan.py).
   config.budget.mode = "flops" if proof else "steps"
   config.budget.flops = 0.0  # FLOP mode's budget; 0: the baseline's FLOPs in pretrain.total_steps
+  # FLOP mode plans on the predictions each setting's own stream makes, counted at the
+  # prepare stage over its first measure_batches steps (all of them in a shorter run).
+  config.budget.measure_batches = 1000
   # Step mode: also fine-tune every run from its checkpoint at the smallest run's model
   # FLOPs (DIR/equal_flops.json, finetune/<run>/<task>_equal_flops; report's equal-FLOPs table).
   config.budget.finetune_at_equal_flops = True
