@@ -44,7 +44,6 @@ from ml_collections import config_flags
 
 from bert_jax import batch_log
 from bert_jax import checkpoint
-from bert_jax import metrics_io
 from bert_jax import preemption
 from bert_jax import workdir as workdir_lib
 from data_pipeline import specs
@@ -183,29 +182,6 @@ def budget_steps(config: ml_collections.ConfigDict, workdir: str,
     raise AblationError(str(e)) from None
 
 
-def _pretrain_fingerprint(config: ml_collections.ConfigDict) -> str:
-  """What a FLOP plan was measured on: the base pretraining config and the count's length."""
-  text = json.dumps([config.pretrain.to_dict(), config.budget.measure_batches], sort_keys=True,
-                    default=str)
-  return hashlib.md5(text.encode()).hexdigest()
-
-
-def recorded_budget(config: ml_collections.ConfigDict, workdir: str) -> dict[str, dict[str, Any]]:
-  """The measured FLOP plan the prepare stage recorded in plan.json for this very grid; {}
-  when there is none (no plan yet, step mode, or a plan of other settings or budget)."""
-  path = paths.join(workdir, PLAN_FILE)
-  if config.budget.mode != "flops" or not paths.exists(path):
-    return {}
-  written = json.loads(paths.read_text(path))
-  budget = written.get("budget", {})  # plans before FLOP budgets have none
-  settings = budget.get("settings", {})
-  same = (budget.get("flops_config") == config.budget.flops
-          and budget.get("pretrain") == _pretrain_fingerprint(config)
-          and written.get("settings") == {n: s.to_dict() for n, s in config.settings.items()}
-          and all(m.get("measured") for m in settings.values()))
-  return settings if same and set(settings) == set(config.settings) else {}
-
-
 def plan(config: ml_collections.ConfigDict, workdir: str,
          matched: dict[str, dict[str, Any]] | None = None) -> list[Run]:
   """Every run of the grid, seed-major (all settings of seed 0 first).
@@ -215,7 +191,7 @@ def plan(config: ml_collections.ConfigDict, workdir: str,
   """
   check_config(config)
   if matched is None:
-    matched = recorded_budget(config, workdir) or budget_steps(config, workdir)
+    matched = ablation_plan.recorded(config, paths.join(workdir, PLAN_FILE)) or budget_steps(config, workdir)
   runs = []
   for seed in config.pretrain_seeds:
     for setting in config.settings:
@@ -305,7 +281,7 @@ def write_plan(config: ml_collections.ConfigDict, workdir: str, runs: list[Run],
       "baseline": config.report.baseline,
       "random_init": random_init_dirs(config),
       "budget": {"mode": config.budget.mode, "flops_config": config.budget.flops,
-                 "pretrain": _pretrain_fingerprint(config), "settings": matched},
+                 "pretrain": ablation_plan.fingerprint(config), "settings": matched},
   }
   paths.write_atomic(paths.join(workdir, PLAN_FILE), json.dumps(content, indent=2) + "\n")
 
@@ -341,7 +317,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, runs: list[Run]) ->
                         "'zh_sentiment' or ''")
   matched = {}
   if config.budget.mode == "flops":
-    matched = recorded_budget(config, workdir)
+    matched = ablation_plan.recorded(config, paths.join(workdir, PLAN_FILE))
     if not matched:
       matched = budget_steps(config, workdir, measure=True)
       logging.info("FLOP plan on measured predictions: %s", ", ".join(
@@ -485,59 +461,6 @@ def commands(config: ml_collections.ConfigDict, workdir: str, runs: list[Run],
   return lines
 
 
-def dry_run(config: ml_collections.ConfigDict, runs: list[Run]) -> str:
-  """The runs with model FLOPs and expected times here and on the config's target devices.
-
-  FLOPs are bert_jax.cost.step_flops at the predictions a full sequence is expected
-  to make (ablation_plan.expected_predictions), beside the upper bound with every
-  prediction slot P used. Both are estimates: the prepare stage plans FLOP mode on
-  the predictions each stream makes (shorter sequences make fewer), and the report
-  counts the predictions the runs made. Nothing here builds a
-  tokenizer or reads the corpus: the vocabulary size is the vocab file's or the
-  configured one.
-  """
-  from bert_jax import pretrain as pretrain_lib  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  kind, count = jax.devices()[0].device_kind, jax.device_count()
-  here_tflops = metrics_io.PEAK_TFLOPS.get(kind)
-  if here_tflops:
-    here_rate, here = here_tflops * 1e12 * count * config.report.mfu, \
-        f"{count} x {kind} at MFU {config.report.mfu:.0%}"
-  else:
-    here_rate = config.report.fallback_gflops * 1e9
-    here = f"{count} x {kind} at {config.report.fallback_gflops:g} model GFLOP/s " \
-           "(config.report.fallback_gflops)"
-  targets = []
-  for target in config.report.targets:
-    target_kind, n = target.rsplit(":", 1)
-    targets.append((f"{n} x {target_kind}",
-                    metrics_io.PEAK_TFLOPS[target_kind] * 1e12 * int(n) * config.report.mfu))
-  header = ["run", "steps", "predictions / seq (expected, of P)", "GFLOP/step",
-            "GFLOP/step (all P slots)", "total PFLOP", f"here ({here})"] + \
-      [f"{name} at MFU {config.report.mfu:.0%}" for name, _ in targets]
-  rows, total = [], 0.0
-  for run in runs:
-    vocab_size = ablation_plan.vocab_size(run.config.data, run.config.model)
-    bert_config = pretrain_lib.build_bert_config(run.config, vocab_size)
-    (_, upper, slots), = ablation_report.phase_flops(run.config, bert_config)  # one phase
-    per_step = ablation_plan.step_flops_estimate(run.config)
-    flops = per_step * run.config.total_steps
-    total += flops
-    rows.append([run.name, f"{run.config.total_steps:,}",
-                 f"{ablation_plan.expected_predictions(run.config):g} of {slots}",
-                 f"{per_step / 1e9:.1f}", f"{upper / 1e9:.1f}", f"{flops / 1e15:.3f}",
-                 ablation_report.duration(flops / here_rate)]
-                + [ablation_report.duration(flops / rate) for _, rate in targets])
-  rows.append(["all", "", "", "", "", f"{total / 1e15:.3f}",
-               ablation_report.duration(total / here_rate)]
-              + [ablation_report.duration(total / rate) for _, rate in targets])
-  tasks = sum(len(c.learning_rates or [0]) * len(c.seeds) for c in config.downstream.values())
-  return (ablation_report.markdown_table(header, rows)
-          + f"\n\n{len(runs)} pretraining runs; then {tasks} fine-tuning runs per pretraining run "
-          + ("and for random init " if config.random_init else "")
-          + f"({(len(runs) + int(config.random_init)) * tasks} in all), not counted above.")
-
-
 # --------------------------------------------------------------------------
 # Entry.
 # --------------------------------------------------------------------------
@@ -612,7 +535,7 @@ def main(argv):
              if a.split("=")[0] == "--config" or a.startswith("--config.")]
       print("\n".join(commands(config, workdir, runs, own)))
     if fv.dry_run:
-      print(dry_run(config, runs))
+      print(ablation_plan.dry_run(config, runs))
     return
   sys.exit(run_ablation(config, workdir, fv.stage))
 

@@ -1,7 +1,8 @@
-"""Compute matching for the ablation: the step count each setting gets under a model-FLOP budget.
+"""The ablation's plan: the step count each setting gets under a model-FLOP budget, the plan
+recorded in plan.json, and --dry_run's table of the runs, their FLOPs and times.
 
 config.budget.mode "steps" keeps every run at pretrain.total_steps (the default).
-"flops" gives each setting the largest step count whose estimated model FLOPs
+"flops" gives each setting the largest step count whose model FLOPs
 stay within config.budget.flops (0: what the baseline setting spends in
 pretrain.total_steps), so every run spends the budget to within one of its own
 steps, and stretches the warm-up with it (the learning-rate schedule keeps its
@@ -26,6 +27,8 @@ The report counts the FLOPs each run executed from its batch_log.
 """
 
 import copy
+import hashlib
+import json
 from typing import Any
 
 from absl import logging
@@ -205,3 +208,82 @@ def equal_flops_checkpoints(cumulative: dict[str, list[float]], kept: dict[str, 
     step = max(fits)
     out[name] = {"step": step, "flops": flops[step], "budget": budget}
   return out
+
+
+def fingerprint(config: ml_collections.ConfigDict) -> str:
+  """What a FLOP plan was measured on: the base pretraining config and the count's length."""
+  text = json.dumps([config.pretrain.to_dict(), config.budget.measure_batches], sort_keys=True,
+                    default=str)
+  return hashlib.md5(text.encode()).hexdigest()
+
+
+def recorded(config: ml_collections.ConfigDict, path: str) -> dict[str, dict[str, Any]]:
+  """The measured FLOP plan the prepare stage recorded in plan.json (`path`) for this very
+  grid; {} when there is none (no plan yet, step mode, or a plan of other settings,
+  budget or base pretraining config)."""
+  if config.budget.mode != "flops" or not paths.exists(path):
+    return {}
+  written = json.loads(paths.read_text(path))
+  budget = written.get("budget", {})  # plans before FLOP budgets have none
+  settings = budget.get("settings", {})
+  same = (budget.get("flops_config") == config.budget.flops
+          and budget.get("pretrain") == fingerprint(config)
+          and written.get("settings") == {n: s.to_dict() for n, s in config.settings.items()}
+          and all(m.get("measured") for m in settings.values()))
+  return settings if same and set(settings) == set(config.settings) else {}
+
+
+def dry_run(config: ml_collections.ConfigDict, runs: list) -> str:
+  """The runs with model FLOPs and expected times here and on the config's target devices.
+
+  FLOPs are bert_jax.cost.step_flops at the predictions a full sequence is expected
+  to make (expected_predictions), beside the upper bound with every
+  prediction slot P used. Both are estimates: the prepare stage plans FLOP mode on
+  the predictions each stream makes (shorter sequences make fewer), and the report
+  counts the predictions the runs made. Nothing here builds a
+  tokenizer or reads the corpus: the vocabulary size is the vocab file's or the
+  configured one.
+  """
+  # jax, the trainer and the report only when the table is asked for.
+  from bert_jax import metrics_io  # pylint: disable=g-import-not-at-top
+  from bert_jax import pretrain as pretrain_lib  # pylint: disable=g-import-not-at-top
+  from experiments import ablation_report  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  kind, count = jax.devices()[0].device_kind, jax.device_count()
+  here_tflops = metrics_io.PEAK_TFLOPS.get(kind)
+  if here_tflops:
+    here_rate, here = here_tflops * 1e12 * count * config.report.mfu, \
+        f"{count} x {kind} at MFU {config.report.mfu:.0%}"
+  else:
+    here_rate = config.report.fallback_gflops * 1e9
+    here = f"{count} x {kind} at {config.report.fallback_gflops:g} model GFLOP/s " \
+           "(config.report.fallback_gflops)"
+  targets = []
+  for target in config.report.targets:
+    target_kind, n = target.rsplit(":", 1)
+    targets.append((f"{n} x {target_kind}",
+                    metrics_io.PEAK_TFLOPS[target_kind] * 1e12 * int(n) * config.report.mfu))
+  header = ["run", "steps", "predictions / seq (expected, of P)", "GFLOP/step",
+            "GFLOP/step (all P slots)", "total PFLOP", f"here ({here})"] + \
+      [f"{name} at MFU {config.report.mfu:.0%}" for name, _ in targets]
+  rows, total = [], 0.0
+  for run in runs:
+    bert_config = pretrain_lib.build_bert_config(run.config,
+                                                 vocab_size(run.config.data, run.config.model))
+    (_, upper, slots), = ablation_report.phase_flops(run.config, bert_config)  # one phase
+    per_step = step_flops_estimate(run.config)
+    flops = per_step * run.config.total_steps
+    total += flops
+    rows.append([run.name, f"{run.config.total_steps:,}",
+                 f"{expected_predictions(run.config):g} of {slots}",
+                 f"{per_step / 1e9:.1f}", f"{upper / 1e9:.1f}", f"{flops / 1e15:.3f}",
+                 ablation_report.duration(flops / here_rate)]
+                + [ablation_report.duration(flops / rate) for _, rate in targets])
+  rows.append(["all", "", "", "", "", f"{total / 1e15:.3f}",
+               ablation_report.duration(total / here_rate)]
+              + [ablation_report.duration(total / rate) for _, rate in targets])
+  tasks = sum(len(c.learning_rates or [0]) * len(c.seeds) for c in config.downstream.values())
+  return (ablation_report.markdown_table(header, rows)
+          + f"\n\n{len(runs)} pretraining runs; then {tasks} fine-tuning runs per pretraining run "
+          + ("and for random init " if config.random_init else "")
+          + f"({(len(runs) + int(config.random_init)) * tasks} in all), not counted above.")

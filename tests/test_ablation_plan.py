@@ -158,7 +158,7 @@ def test_dry_run_lists_the_plans_flops_without_touching_the_corpus(tmp_path, mon
   workdir = str(tmp_path / "w")
   runs = ablation.plan(config, workdir)
   matched = ablation.budget_steps(config, workdir)
-  table = ablation.dry_run(config, runs)
+  table = ablation_plan.dry_run(config, runs)
   for run in runs:
     line = next(l for l in table.splitlines() if l.startswith(f"| {run.name} |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
@@ -232,4 +232,4 @@ def test_prepare_plans_flop_mode_on_the_predictions_the_streams_make(pretrain_te
   again = ablation.plan(config, workdir)
   assert [r.config.total_steps for r in again] == [r.config.total_steps for r in runs]
   config.budget.flops = 1e12  # another budget: the record is not this grid's
-  assert ablation.recorded_budget(config, workdir) == {}
+  assert ablation_plan.recorded(config, str(tmp_path / "w" / "plan.json")) == {}
