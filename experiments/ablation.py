@@ -29,7 +29,6 @@ Exit codes as bert_jax.main: 0 done, 143 preempted (SIGTERM; re-run to resume),
 
 import copy
 import dataclasses
-import hashlib
 import json
 import re
 import shlex
@@ -191,7 +190,8 @@ def plan(config: ml_collections.ConfigDict, workdir: str,
   """
   check_config(config)
   if matched is None:
-    matched = ablation_plan.recorded(config, paths.join(workdir, PLAN_FILE)) or budget_steps(config, workdir)
+    matched = (ablation_plan.recorded(config, paths.join(workdir, PLAN_FILE))
+               or budget_steps(config, workdir))
   runs = []
   for seed in config.pretrain_seeds:
     for setting in config.settings:
@@ -528,6 +528,13 @@ def main(argv):
     if config is None:
       raise app.UsageError("--print_commands and --dry_run need --config")
     runs = plan(config, workdir)
+    if (fv.print_commands and config.budget.mode == "flops"
+        and not ablation_plan.recorded(config, paths.join(workdir, PLAN_FILE))):
+      # The printed runs carry their step counts, which FLOP mode measures at prepare.
+      raise app.UsageError(
+          "--print_commands in FLOP mode (config.budget.mode='flops') needs the plan the "
+          f"prepare stage measures: run it first (--stage=prepare --workdir={workdir}), then "
+          "--print_commands with the same flags and --workdir")
     if fv.print_commands:
       # The --config flags exactly as given, so the printed stages plan the same grid.
       args = sys.argv[1:]

@@ -6,6 +6,10 @@ variant has fewer than three pretraining seeds, or if random init is not planned
 """
 
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -233,3 +237,18 @@ def test_prepare_plans_flop_mode_on_the_predictions_the_streams_make(pretrain_te
   assert [r.config.total_steps for r in again] == [r.config.total_steps for r in runs]
   config.budget.flops = 1e12  # another budget: the record is not this grid's
   assert ablation_plan.recorded(config, str(tmp_path / "w" / "plan.json")) == {}
+
+
+def test_print_commands_in_flop_mode_waits_for_the_measured_plan(tmp_path):
+  """Fails if FLOP mode printed per-run commands before the prepare stage measured their
+  steps (they would carry the estimate's step counts), or refused with a traceback."""
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.ablation",
+       "--config=experiments/configs/ablation.py:zh_proof", f"--workdir={tmp_path / 'w'}",
+       "--print_commands"], cwd=repo, capture_output=True, text=True, timeout=300,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert result.returncode == 1, result.stderr[-2000:]
+  assert "needs the plan the prepare stage measures" in result.stderr
+  assert "Traceback" not in result.stderr and "python -m bert_jax.main" not in result.stdout
+  assert not (tmp_path / "w").exists()
