@@ -49,14 +49,20 @@ def _log(tmp_path, name, i) -> str:
   return (tmp_path / f"{name}_{i}.log").read_text()[-3000:]
 
 
+# Long enough that a stop requested after step 4 is agreed on well before the end: the
+# hosts agree on a step through the coordination service, which on loaded CI cores took
+# 8 steps once (of milliseconds each), reaching the last step of a 12-step run.
+STEPS = 40
+
+
 @pytest.fixture(scope="module")
 def multihost_config(pretrain_test_config):
-  return lambda: pretrain_test_config(total_steps=12, **{"checkpoint.every_steps": 3})
+  return lambda: pretrain_test_config(total_steps=STEPS, **{"checkpoint.every_steps": 3})
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(multihost_config, pretrain_subprocess, tmp_path_factory):
-  """An uninterrupted 2-process run of 12 steps on the real pipeline."""
+  """An uninterrupted 2-process run of STEPS steps on the real pipeline."""
   tmp_path = tmp_path_factory.mktemp("multihost_reference")
   processes = _start_pair(pretrain_subprocess, multihost_config(), tmp_path / "run", "ref")
   for i, p in enumerate(processes):
@@ -86,18 +92,18 @@ def test_both_processes_killed_then_restarted_end_bit_identical(
     p.send_signal(signal.SIGKILL)
   for p in processes:
     p.wait()
-  assert not (run / "checkpoints" / "12").exists(), "finished before the kill"
+  assert not (run / "checkpoints" / str(STEPS)).exists(), "finished before the kill"
   processes = _start_pair(pretrain_subprocess, multihost_config(), run, "resumed")
   for i, p in enumerate(processes):
     assert p.wait(timeout=600) == 0, _log(tmp_path, "resumed", i)
-  saved = json.loads((run / "checkpoints" / "12" / "data_state" / "metadata").read_text())
+  saved = json.loads((run / "checkpoints" / str(STEPS) / "data_state" / "metadata").read_text())
   assert saved["process_count"] == 2
   assert saved["processes"][0] != saved["processes"][1]  # each host has its own position
   _assert_same_run(run, uninterrupted)
 
   # Resuming with another number of processes is refused, naming what to do.
   config = multihost_config()
-  config.total_steps = 15
+  config.total_steps = STEPS + 3
   single = pretrain_subprocess(config, run, name="single")
   assert single.wait(timeout=600) == 1
   assert re.search(r"the checkpoint was written by 2 processes and this run has 1: .* Resume "
@@ -126,7 +132,7 @@ def _stop_one_host_and_resume(uninterrupted, multihost_config, pretrain_subproce
              for i in range(2)]
   assert all(stopped) and stopped[0].group(1) == stopped[1].group(1)
   step = int(stopped[0].group(1))
-  assert 4 <= step < 12 and (run / "checkpoints" / str(step)).exists()
+  assert 4 <= step < STEPS and (run / "checkpoints" / str(step)).exists()
   processes = _start_pair(pretrain_subprocess, multihost_config(), run, "relaunched")
   for i, p in enumerate(processes):
     assert p.wait(timeout=600) == 0, _log(tmp_path, "relaunched", i)
