@@ -204,6 +204,7 @@ def _executed_flops(run_config) -> float:
                          seq_len=run_config.data.max_seq_length, predictions=predictions)
 
 
+@pytest.mark.slow
 def test_prepare_plans_flop_mode_on_the_predictions_the_streams_make(pretrain_test_config,
                                                                      tmp_path):
   """The prepare stage's FLOP plan, executed, spends the baseline's budget within one step
@@ -239,6 +240,7 @@ def test_prepare_plans_flop_mode_on_the_predictions_the_streams_make(pretrain_te
   assert ablation_plan.recorded(config, str(tmp_path / "w" / "plan.json")) == {}
 
 
+@pytest.mark.slow
 def test_print_commands_in_flop_mode_waits_for_the_measured_plan(tmp_path):
   """Fails if FLOP mode printed per-run commands before the prepare stage measured their
   steps (they would carry the estimate's step counts), or refused with a traceback."""
