@@ -62,13 +62,19 @@ def expected_predictions(run: ml_collections.ConfigDict) -> float:
   return float(min(slots, max(1, round(float(np.mean(ratios)) * maskable))))
 
 
-def step_flops_estimate(run: ml_collections.ConfigDict) -> float:
-  """Model FLOPs of one step of `run` before it has run (bert_jax.cost.step_flops)."""
+def _step_flops(run: ml_collections.ConfigDict):
+  """predictions per step -> model FLOPs of one step of `run` (bert_jax.cost.step_flops on
+  its abstract model, built once)."""
   from bert_jax import cost  # pylint: disable=g-import-not-at-top  # jax only when planning FLOPs
   bert_config, params = cost.abstract_model(run, vocab_size(run.data, run.model))
-  return cost.step_flops(bert_config, params, sequences=run.batch_size,
-                         seq_len=run.data.max_seq_length,
-                         predictions=run.batch_size * expected_predictions(run))
+  return lambda predictions: cost.step_flops(bert_config, params, sequences=run.batch_size,
+                                             seq_len=run.data.max_seq_length,
+                                             predictions=predictions)
+
+
+def step_flops_estimate(run: ml_collections.ConfigDict) -> float:
+  """Model FLOPs of one step of `run` before it has run (bert_jax.cost.step_flops)."""
+  return _step_flops(run)(run.batch_size * expected_predictions(run))
 
 
 def measured_predictions(run: ml_collections.ConfigDict, max_batches: int) -> float:
@@ -91,11 +97,8 @@ def measured_predictions(run: ml_collections.ConfigDict, max_batches: int) -> fl
 
 def step_flops_measured(run: ml_collections.ConfigDict, max_batches: int) -> tuple[float, float]:
   """(model FLOPs of one step of `run`, predictions per step) on its measured predictions."""
-  from bert_jax import cost  # pylint: disable=g-import-not-at-top  # jax only when planning FLOPs
   predictions = measured_predictions(run, max_batches)
-  bert_config, params = cost.abstract_model(run, vocab_size(run.data, run.model))
-  return cost.step_flops(bert_config, params, sequences=run.batch_size,
-                         seq_len=run.data.max_seq_length, predictions=predictions), predictions
+  return _step_flops(run)(predictions), predictions
 
 
 def _matched(per: dict[str, float], budget: float) -> dict[str, dict[str, Any]]:
@@ -139,13 +142,14 @@ def matched_steps_measured(runs: dict[str, ml_collections.ConfigDict], baseline:
                            max_rounds: int = 4) -> dict[str, dict[str, Any]]:
   """matched_steps on each setting's measured predictions (module docstring).
 
-  Each setting is measured on its run stretched to the steps it is planned, and
+  Each setting is measured on its run stretched to the steps it is planned (first the
+  estimate's plan, which with a zero budget keeps the baseline at its own steps), and
   re-planned until no step count changes (at most `max_rounds`: counts still moving
   after that are left as the last round gave them, and the log says so). With a zero
   budget the baseline's measured run is the budget. Entries gain
   "predictions_per_step" and "measured": True.
   """
-  planned = {name: run.total_steps for name, run in runs.items()}
+  planned = {name: m["steps"] for name, m in matched_steps(runs, baseline, budget).items()}
   measured: dict[tuple[str, int], tuple[float, float]] = {}  # (setting, steps) -> figures
   for _ in range(max_rounds):
     for name, run in runs.items():
@@ -244,9 +248,8 @@ def dry_run(config: ml_collections.ConfigDict, runs: list) -> str:
   tokenizer or reads the corpus: the vocabulary size is the vocab file's or the
   configured one.
   """
-  # jax, the trainer and the report only when the table is asked for.
+  # jax and the report only when the table is asked for.
   from bert_jax import metrics_io  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretrain as pretrain_lib  # pylint: disable=g-import-not-at-top
   from experiments import ablation_report  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   kind, count = jax.devices()[0].device_kind, jax.device_count()
@@ -268,10 +271,9 @@ def dry_run(config: ml_collections.ConfigDict, runs: list) -> str:
       [f"{name} at MFU {config.report.mfu:.0%}" for name, _ in targets]
   rows, total = [], 0.0
   for run in runs:
-    bert_config = pretrain_lib.build_bert_config(run.config,
-                                                 vocab_size(run.config.data, run.config.model))
-    (_, upper, slots), = ablation_report.phase_flops(run.config, bert_config)  # one phase
-    per_step = step_flops_estimate(run.config)
+    flops_at, slots = _step_flops(run.config), specs.max_predictions(run.config.data)
+    per_step = flops_at(run.config.batch_size * expected_predictions(run.config))
+    upper = flops_at(run.config.batch_size * slots)
     flops = per_step * run.config.total_steps
     total += flops
     rows.append([run.name, f"{run.config.total_steps:,}",
