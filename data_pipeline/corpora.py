@@ -64,8 +64,8 @@ import re
 import sys
 from typing import Iterator
 
-from host import paths
 from data_pipeline import word_segmentation
+from host import paths
 
 # Sentence ends: Latin .!? followed by whitespace, or CJK 。！？ (no space needed in
 # CJK text); closing quotes/brackets right after the end mark stay with the
@@ -135,23 +135,45 @@ def _paragraph_sentences(text: str) -> list[str]:
   return sentences
 
 
+def heldout_hash(document: list[str]) -> int:
+  """The stable 64-bit value (MD5 of the text) that puts a document in the held-out split."""
+  text = "\n".join(document).replace(word_segmentation.WORD_MARK, "")  # marks are not text
+  return int.from_bytes(hashlib.md5(text.encode("utf-8")).digest()[:8], "little")
+
+
 def is_heldout(document: list[str], modulus: int) -> bool:
   """Whether a document belongs to the held-out evaluation split (stable MD5 of its text)."""
-  text = "\n".join(document).replace(word_segmentation.WORD_MARK, "")  # marks are not text
-  digest = hashlib.md5(text.encode("utf-8")).digest()
-  return int.from_bytes(digest[:8], "little") % modulus == 0
+  return heldout_hash(document) % modulus == 0
 
 
-def _lines(path: str, max_line_bytes: int, stats: CorpusStats) -> Iterator[str]:
+def document_pieces(document: list[str], max_sentences: int, stats: CorpusStats) -> list:
+  """The documents a source document gives: none when empty, else pieces of at most
+  `max_sentences` sentences (both counted in `stats`)."""
+  if not document:
+    stats.empty_documents += 1
+    return []
+  pieces = [document[s:s + max_sentences] for s in range(0, len(document), max_sentences)]
+  stats.split_documents += len(pieces) - 1
+  return pieces
+
+
+def _lines(path: str, max_line_bytes: int, stats: CorpusStats,
+           byte_range: tuple[int, int] | None = None) -> Iterator[str]:
   """Decoded lines of a file; undecodable and over-long lines are skipped and counted.
 
   ``readline(limit)`` keeps memory bounded by ``max_line_bytes`` however long a
-  line is. Compressed files (_DECOMPRESSORS) are read decompressed.
+  line is. Compressed files (_DECOMPRESSORS) are read decompressed. ``byte_range``
+  (start, end), both at line starts (token_store's shards of a large plain file):
+  only the lines that start in it, read exactly as a whole-file pass reads them.
   """
-  opener = _DECOMPRESSORS.get(os.path.splitext(path)[1].lower())
+  opener = None if byte_range else _DECOMPRESSORS.get(os.path.splitext(path)[1].lower())
+  start, end = byte_range or (0, None)
   with paths.open_binary(path) as raw_file, (
       opener(raw_file) if opener else contextlib.nullcontext(raw_file)) as f:
-    while True:
+    if start:
+      f.seek(start)
+    position = start  # counted, not f.tell(): one system call per line would cost more
+    while end is None or position < end:
       try:
         raw = f.readline(max_line_bytes + 1)
       except (OSError, EOFError, lzma.LZMAError) as e:  # a truncated or corrupt archive
@@ -159,16 +181,23 @@ def _lines(path: str, max_line_bytes: int, stats: CorpusStats) -> Iterator[str]:
                          "it from the corpus glob") from e
       if not raw:
         return
+      position += len(raw)
       stats.lines += 1
       if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
         stats.overlong_lines += 1
         while raw and not raw.endswith(b"\n"):  # discard the rest of the line
           raw = f.readline(1 << 20)
+          position += len(raw)
         continue
       try:
         yield raw.decode("utf-8").rstrip("\r\n")
       except UnicodeDecodeError:
         stats.undecodable_lines += 1
+
+
+def is_compressed(path: str) -> bool:
+  """Whether a corpus file is read decompressed (it can then only be read whole)."""
+  return os.path.splitext(path)[1].lower() in _DECOMPRESSORS
 
 
 # Suffix -> opener of a binary file object: read transparently, like plain text.
@@ -177,7 +206,7 @@ _DECOMPRESSORS = {".gz": lambda f: gzip.GzipFile(fileobj=f, mode="rb"),
                   ".xz": lambda f: lzma.LZMAFile(f, mode="rb")}
 
 
-def _check_decodable(path: str, lines: int, undecodable: int, max_fraction: float) -> None:
+def check_decodable(path: str, lines: int, undecodable: int, max_fraction: float) -> None:
   """Refuses a file whose share of undecodable lines is over `max_fraction`; warns (naming
   the file) when it has any."""
   if not undecodable:
@@ -192,10 +221,10 @@ def _check_decodable(path: str, lines: int, undecodable: int, max_fraction: floa
                   lines)
 
 
-def _bert_format_documents(path, max_line_bytes, stats) -> Iterator[list[str]]:
+def _bert_format_documents(path, max_line_bytes, stats, byte_range=None) -> Iterator[list[str]]:
   """Documents of one BERT-format file (blank line between documents)."""
   document = []
-  for line in _lines(path, max_line_bytes, stats):
+  for line in _lines(path, max_line_bytes, stats, byte_range):
     line = line.strip()
     if line:
       document.append(line)
@@ -208,25 +237,47 @@ def _bert_format_documents(path, max_line_bytes, stats) -> Iterator[list[str]]:
     yield document
 
 
-def _raw_documents(path, max_line_bytes, stats) -> Iterator[list[str]]:
+def _raw_documents(path, max_line_bytes, stats, byte_range=None) -> Iterator[list[str]]:
   """Documents of a raw text file: each line one document."""
-  for line in _lines(path, max_line_bytes, stats):
+  for line in _lines(path, max_line_bytes, stats, byte_range):
     yield split_sentences(line)
 
 
-def _jsonl_documents(path, max_line_bytes, stats, text_field) -> Iterator[list[str]]:
+def _jsonl_documents(path, max_line_bytes, stats, text_field,
+                     byte_range=None) -> Iterator[list[str]]:
   """Documents of a JSONL file: field ``text_field`` of every object."""
-  for number, line in enumerate(_lines(path, max_line_bytes, stats), 1):
+  for number, line in enumerate(_lines(path, max_line_bytes, stats, byte_range), 1):
     if not line.strip():
       continue
     try:
       text = json.loads(line)[text_field]
     except (ValueError, KeyError, TypeError) as e:
-      raise ValueError(f"{path}:{number}: not a JSON object with a string field "
-                       f"{text_field!r} ({e!r})") from e
+      raise ValueError(f"{path}:{_line_number(path, number, byte_range)}: not a JSON object "
+                       f"with a string field {text_field!r} ({e!r})") from e
     if not isinstance(text, str):
-      raise ValueError(f"{path}:{number}: field {text_field!r} is not a string")
+      raise ValueError(f"{path}:{_line_number(path, number, byte_range)}: field "
+                       f"{text_field!r} is not a string")
     yield _paragraph_sentences(text)
+
+
+def _line_number(path: str, number: int, byte_range: tuple[int, int] | None) -> int:
+  """The file's own number of a range's `number`-th line (counted only for a refusal)."""
+  if not byte_range or not byte_range[0]:
+    return number
+  with paths.open_binary(path) as f:
+    return number + f.read(byte_range[0]).count(b"\n")
+
+
+def file_documents(kind: str, path: str, *, max_line_bytes: int, stats: CorpusStats,
+                   text_field: str = "text",
+                   byte_range: tuple[int, int] | None = None) -> Iterator[list[str]]:
+  """Raw documents of one corpus file of a kind of _source_pattern ("bert", "raw", "jsonl"),
+  or of the lines starting in its `byte_range` (token_store's shards)."""
+  if kind == "bert":
+    return _bert_format_documents(path, max_line_bytes, stats, byte_range)
+  if kind == "raw":
+    return _raw_documents(path, max_line_bytes, stats, byte_range)
+  return _jsonl_documents(path, max_line_bytes, stats, text_field, byte_range)
 
 
 def _tfds_documents(name, data_dir, split, text_field, process_index,
@@ -258,6 +309,16 @@ def _source_pattern(corpus: str, embedded_cache_dir: str) -> tuple[str, str]:
     kind, pattern = corpus.split(":", 1)
     return kind, pattern
   return "bert", corpus
+
+
+def corpus_files(corpus: str, embedded_cache_dir: str = "") -> tuple[str, list[str]]:
+  """(kind, sorted files) of a file corpus spec (kinds of _source_pattern); refuses a glob
+  that matches no file."""
+  kind, pattern = _source_pattern(corpus, embedded_cache_dir)
+  files = _files(pattern)
+  if not files:
+    raise ValueError(f"corpus glob {pattern!r} (config.data.corpus) matches no file")
+  return kind, files
 
 
 def fingerprint(corpus: str, *, embedded_cache_dir: str = "", tfds_data_dir: str = "") -> dict:
@@ -309,13 +370,7 @@ def read_documents(corpus: str, *, split: str = "train", process_index: int = 0,
   for document in _source_documents(
       corpus, process_index, process_count, tfds_data_dir, tfds_split, text_field,
       max_line_bytes, embedded_cache_dir, stats, max_undecodable_fraction):
-    if not document:
-      stats.empty_documents += 1
-      continue
-    for start in range(0, len(document), max_sentences_per_document):
-      piece = document[start:start + max_sentences_per_document]
-      if start:
-        stats.split_documents += 1
+    for piece in document_pieces(document, max_sentences_per_document, stats):
       if split != "all" and is_heldout(piece, heldout_modulus) != (split == "eval"):
         stats.heldout_documents += split == "train"
         continue
@@ -343,10 +398,7 @@ def _source_documents(corpus, process_index, process_count, tfds_data_dir,
     yield from _tfds_documents(corpus[5:], tfds_data_dir, tfds_split, text_field,
                                process_index, process_count)
     return
-  kind, pattern = _source_pattern(corpus, embedded_cache_dir)
-  files = _files(pattern)
-  if not files:
-    raise ValueError(f"corpus glob {pattern!r} (config.data.corpus) matches no file")
+  kind, files = corpus_files(corpus, embedded_cache_dir)
   by_file = len(files) >= process_count
   if by_file:
     files = files[process_index::process_count]
@@ -356,19 +408,15 @@ def _source_documents(corpus, process_index, process_count, tfds_data_dir,
     if paths.size(path) == 0:
       stats.empty_files += 1
       continue
-    if kind == "bert":
-      documents = _bert_format_documents(path, max_line_bytes, stats)
-    elif kind == "raw":
-      documents = _raw_documents(path, max_line_bytes, stats)
-    else:
-      documents = _jsonl_documents(path, max_line_bytes, stats, text_field)
+    documents = file_documents(kind, path, max_line_bytes=max_line_bytes, stats=stats,
+                               text_field=text_field)
     lines, undecodable = stats.lines, stats.undecodable_lines
     for document in documents:
       if by_file or index % process_count == process_index:
         yield document
       index += 1
-    _check_decodable(path, stats.lines - lines, stats.undecodable_lines - undecodable,
-                     max_undecodable_fraction)
+    check_decodable(path, stats.lines - lines, stats.undecodable_lines - undecodable,
+                    max_undecodable_fraction)
 
 
 # --------------------------------------------------------------------------
