@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import convert
-from bert_jax import model as model_lib
 from bert_jax.finetune import packing
+from bert_jax.model import encoder as model_lib
 from data_pipeline import tokenizers
 from host import paths
 from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it

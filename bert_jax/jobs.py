@@ -26,13 +26,13 @@ import traceback
 
 from absl import logging
 
-from bert_jax import checkpoint
 from bert_jax import errors
-from bert_jax import job_state
-from bert_jax import preemption
-from bert_jax import pretrain as pretrain_lib
-from bert_jax import workdir
 from bert_jax.finetune import trainer as finetune_trainer
+from bert_jax.pretrain import trainer as pretrain_lib
+from bert_jax.run import checkpoint
+from bert_jax.run import job_state
+from bert_jax.run import preemption
+from bert_jax.run import workdir
 
 LOCK_HELD_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): the workdir is another live run's
 TRAINERS = {"pretrain": pretrain_lib.train_and_evaluate, "finetune": finetune_trainer.finetune}

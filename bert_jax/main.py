@@ -1,6 +1,6 @@
 r"""Entry point: `python -m bert_jax.main --config=experiments/configs/pretrain.py:tiny --workdir=DIR`.
 
-config.family picks the trainer: "pretrain" (bert_jax.pretrain) or "finetune"
+config.family picks the trainer: "pretrain" (bert_jax.pretrain.trainer) or "finetune"
 (bert_jax.finetune.trainer, e.g. --config=experiments/configs/finetune.py:sst2).
 All logic lives there and in bert_jax.jobs (which also documents the exit
 codes: 0 finished, 143 preempted after saving, 1 refused or a storage error);

@@ -17,7 +17,7 @@ Everything a refusal needs is read in `prepare`, so a corpus that cannot train
 is refused there, before the workdir is touched.
 
 Phases: phase 2 (longer sequences, from a given step) swaps in its own data
-config; `phase2=(first step, data config)` says so (bert_jax.phases decides
+config; `phase2=(first step, data config)` says so (bert_jax.pretrain.phases decides
 both). The stream of phase 2 starts at its own position 0, mid-schedule.
 """
 

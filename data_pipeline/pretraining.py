@@ -27,7 +27,7 @@ so the ratio is a pure function of the position like everything else.
 What a step read, independently of its masks: each batch's unmasked ids,
 segment ids and NSP labels are hashed before masking (``batch_fingerprint``);
 ``PretrainingInput.last_fingerprint`` is that of the batch last returned. The
-trainer logs it per step, and experiments/ablation.py refuses to compare runs
+trainer logs it per step, and experiments/ablation/ refuses to compare runs
 whose fingerprints differ.
 
 Order and randomness: epoch e visits this process's documents in the order

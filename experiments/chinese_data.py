@@ -1,7 +1,7 @@
 """The real Chinese data of the research loop, without flags (shared by two entry points).
 
 experiments/chinese_sentiment.py (pretrained vs random start) and
-experiments/ablation.py (masking-ratio ablation, variant zh_tiny) pretrain on
+experiments/ablation/ (masking-ratio ablation, variant zh_tiny) pretrain on
 the same corpus with the same vocabulary and fine-tune the same sentiment task
 the same way; both import these functions. They live apart from
 chinese_sentiment.py because that module defines absl flags (--workdir, ...)

@@ -34,7 +34,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from bert_jax import pretrain as pretrain_lib
+from bert_jax.pretrain import trainer as pretrain_lib
 from experiments import chinese_data
 from experiments.configs import chinese as chinese_configs
 

@@ -23,7 +23,7 @@ Semantics users rely on:
   * read_versioned / create_if_absent / replace_if / remove_if: compare-and-swap
     on a small file (GCS generation preconditions; an fcntl-guarded content
     compare locally), so of several hosts racing to change it exactly one does
-    (the workdir lock, bert_jax.workdir_lock).
+    (the workdir lock, bert_jax.run.lock).
 """
 
 import contextlib

@@ -3,7 +3,7 @@
 The fake install makes it each worker's venv python, so the launcher's start
 script (`setsid nohup $HOME/bert_jax_venv/bin/python -m bert_jax.main ...`) runs
 it. Worker 0 (process 0) writes WORKDIR/job_state.json with the real
-bert_jax.job_state.Tracker; FAKE_JOB says how it ends (done, fail, preempt_first,
+bert_jax.run.job_state.Tracker; FAKE_JOB says how it ends (done, fail, preempt_first,
 preempt_always, suspend_first, blip); FAKE_JOB_HOLD keeps it running until the
 test writes the fake directory's `release` file. Every start is logged to
 starts.jsonl there.
@@ -41,7 +41,7 @@ def main() -> int:
   tracker = None
   if worker == 0:  # process 0 (the others skip the import: it costs a second of CPU each)
     sys.path.insert(0, os.environ["FAKE_REPO"])
-    from bert_jax import job_state
+    from bert_jax.run import job_state
     assert job_state.identity() == (job_id, attempt)
     job_state.HEARTBEAT_S = 0.2
     tracker = job_state.Tracker(local, False, job_id, attempt)

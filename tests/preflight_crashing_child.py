@@ -1,11 +1,11 @@
 """A preflight compile child that crashes for real for one setting: for tests only.
 
-tests/test_preflight_isolation.py points bert_jax.preflight_isolation.CHILD_COMMAND at
+tests/test_preflight_isolation.py points bert_jax.preflight.isolation.CHILD_COMMAND at
 this file and sets PREFLIGHT_TEST_CRASH_ON to a JSON object of config fields
 ({"model.remat_policy": "none"}). Asked to compile a config whose fields all have
 those values, this child kills itself with SIGSEGV as compile_phase starts, as
 libtpu 0.0.42.1 killed the preflight compiling BERT-Large at fsdp + dots_saveable
-for v6e-8; any other config is compiled by the real bert_jax.preflight_child.
+for v6e-8; any other config is compiled by the real bert_jax.preflight.child.
 """
 
 import functools
@@ -14,8 +14,8 @@ import os
 import signal
 import sys
 
-from bert_jax import preflight
-from bert_jax import preflight_child
+from bert_jax.preflight import child as preflight_child
+from bert_jax.preflight import compile as preflight_compile
 
 
 def _crashing(compile_phase):
@@ -32,5 +32,5 @@ def _crashing(compile_phase):
 
 
 if __name__ == "__main__":
-  preflight.compile_phase = _crashing(preflight.compile_phase)
+  preflight_compile.compile_phase = _crashing(preflight_compile.compile_phase)
   sys.exit(preflight_child.main(sys.argv))

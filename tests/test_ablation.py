@@ -1,4 +1,4 @@
-"""Tests of the masking ablation: experiments/ablation.py, ablation_report.py, configs/ablation.py.
+"""Tests of the masking ablation: experiments/ablation/ (stages, report), configs/ablation.py.
 
 The grid is the `smoke` variant (2 settings: ratio 0.15 and a cosine schedule
 0.40 -> 0.15, 1 seed) moved onto the tiny generated corpus of
@@ -22,10 +22,10 @@ from absl import flags
 import numpy as np
 import pytest
 
-from bert_jax import pretrain as pretrain_lib
+from bert_jax.pretrain import trainer as pretrain_lib
 from data_pipeline import specs
-from experiments import ablation
-from experiments import ablation_report
+from experiments.ablation import report as ablation_report
+from experiments.ablation import stages as ablation
 from experiments.configs import ablation as ablation_configs
 from experiments.configs import finetune as finetune_configs
 
@@ -35,7 +35,7 @@ _RUNNER = """
 import json, sys
 from absl import logging
 import ml_collections
-from experiments import ablation
+from experiments.ablation import stages as ablation
 logging.set_verbosity(logging.INFO)
 config = ml_collections.ConfigDict(json.loads(open(sys.argv[1]).read()))
 sys.exit(ablation.run_ablation(config, sys.argv[2]))

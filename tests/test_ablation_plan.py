@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from experiments import ablation
-from experiments import ablation_plan
+from experiments.ablation import plan as ablation_plan
+from experiments.ablation import stages as ablation
 from experiments.configs import ablation as ablation_configs
 
 
@@ -188,7 +188,7 @@ def _executed_flops(run_config) -> float:
   """Model FLOPs of `run_config` as its trainer will execute them on one host: every batch
   of its input stream counted (the trainer's batch_log counts the same weights)."""
   import numpy as np
-  from bert_jax import cost
+  from bert_jax.pretrain import cost
   from data_pipeline import pretraining
   source = pretraining.PretrainingInput(run_config.data, batch_size=run_config.batch_size,
                                         schedule_steps=run_config.total_steps)

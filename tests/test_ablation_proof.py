@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from bert_jax import batch_log
-from experiments import ablation
-from experiments import ablation_proof
+from bert_jax.run import batch_log
+from experiments.ablation import proof as ablation_proof
+from experiments.ablation import stages as ablation
 
 
 def _write_run(root, name, *, steps=4, logged=None, total=None, finished=True, files=None,

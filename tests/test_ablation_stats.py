@@ -7,7 +7,7 @@ not named as the floor, or if a learning rate at its grid's edge goes unmentione
 
 import pytest
 
-from experiments import ablation_stats
+from experiments.ablation import stats as ablation_stats
 
 
 def _rows(r40_minus_r15, ri=None, *, seeds=(0, 1, 2)):
@@ -96,7 +96,7 @@ def _report_row(setting, seed, acc, *, finished=True, flops_per_step=1e9, steps=
 
 
 def test_report_names_unfinished_runs_and_compares_at_equal_steps_and_flops():
-  from experiments import ablation_report  # pylint: disable=g-import-not-at-top
+  from experiments.ablation import report as ablation_report  # pylint: disable=g-import-not-at-top
   rows = [_report_row("r15", s, 0.14 + 0.001 * s) for s in (0, 1, 2)]
   rows += [_report_row("r40", s, 0.15 + 0.001 * s, flops_per_step=2e9) for s in (0, 1, 2)]
   # Unfinished, and far better: it must not enter the comparison.
@@ -118,7 +118,7 @@ def test_downstream_figures_are_test_at_the_dev_picked_learning_rate(tmp_path):
   the report reads dev, the main metric the rate was picked on), its lr the dev pick, and
   report.md says so; a summary without test keeps dev and the caveat."""
   import json  # pylint: disable=g-import-not-at-top
-  from experiments import ablation_report  # pylint: disable=g-import-not-at-top
+  from experiments.ablation import report as ablation_report  # pylint: disable=g-import-not-at-top
   summary = {"main_metric": "dev/accuracy", "reported_metric": "test/accuracy",
              "learning_rate": 0.001,
              "per_seed": {"0": {"dev/accuracy": 0.9, "test/accuracy": 0.61},
@@ -145,7 +145,7 @@ def test_report_has_downstream_at_equal_flops_in_step_mode():
   """Rows carrying the equal-FLOPs sweep (step mode): a table with each run's step,
   FLOPs and downstream there; none without (fails if the section is missing, or
   reads the final checkpoint's figures)."""
-  from experiments import ablation_report  # pylint: disable=g-import-not-at-top
+  from experiments.ablation import report as ablation_report  # pylint: disable=g-import-not-at-top
   rows = [_report_row("r15", 0, 0.14), _report_row("r40", 0, 0.15, flops_per_step=2e9)]
   for r, step, flops, values, final in ((rows[0], 4, 4e9, [0.70, 0.72], [0.70, 0.72]),
                                          (rows[1], 2, 4e9, [0.60, 0.62], [0.90, 0.91])):
@@ -166,7 +166,7 @@ def test_report_states_what_the_data_support_at_equal_flops_too():
   """Step mode: at equal steps r40 beats r15 downstream on every seed, but at equal FLOPs
   (its earlier checkpoint) it is worse on every seed; the report must say both, each
   under its own heading (fails if the equal-FLOPs section reads the final figures)."""
-  from experiments import ablation_report  # pylint: disable=g-import-not-at-top
+  from experiments.ablation import report as ablation_report  # pylint: disable=g-import-not-at-top
   rows = []
   for seed in (0, 1, 2):
     for setting, final, matched, step in (("r15", 0.70, 0.70, 4), ("r40", 0.90, 0.60, 2)):

@@ -36,7 +36,7 @@ def test_benchmarks_import_neither_tensorflow_nor_transformers():
   """Both benchmarks in one fresh interpreter (one start, one JAX import): fails if either
   of them, or the attention module they run, loads any of _FORBIDDEN."""
   code = ("import sys; import experiments.benchmarks.accelerator; "
-          f"import experiments.benchmarks.train_step; import bert_jax.attention; {_CHECK_MODULES}")
+          f"import experiments.benchmarks.train_step; import bert_jax.model.attention; {_CHECK_MODULES}")
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(),
                         capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stdout + done.stderr

@@ -204,3 +204,110 @@ def test_layers_floor_then_data_pipeline_then_bert_jax():
         wrong.append(f"{module} imports {name}, not one of {sorted(DATA_PIPELINE_ENTRIES)}")
   assert (ROOT / FLOOR / "paths.py").is_file() and (ROOT / FLOOR / "tf_cpu.py").is_file()
   assert wrong == []
+
+
+# The package rules (docs/architecture.md, "The package rules"; each package's docstring).
+HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "tensorflow", "tensorflow_text",
+         "tensorflow_datasets", "libtpu")
+
+
+def _package_modules(package: str) -> list[str]:
+  """The modules of one package (a directory such as "bert_jax/run"), __init__.py included."""
+  return sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / package).rglob("*.py"))
+
+
+def _names(path: str, module_level_only: bool) -> set[str]:
+  """Every module a file imports (third-party too), as dotted names; `from a import b` is a.b
+  when that is one of the project's modules, else a. `module_level_only`: the imports that
+  run when the file is imported (not those inside a function)."""
+  tree = ast.parse((ROOT / path).read_text())
+  nodes, todo = [], list(tree.body)
+  while todo:
+    node = todo.pop()
+    if module_level_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      continue
+    nodes.append(node)
+    todo.extend(ast.iter_child_nodes(node))
+  names = set()
+  for node in nodes:
+    if isinstance(node, ast.Import):
+      names.update(a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      for alias in node.names:
+        sub = f"{node.module}.{alias.name}"
+        names.add(sub if _file_of(sub) else node.module)
+  return names
+
+
+def _file_of(module: str) -> str | None:
+  """The project file a dotted module name is (a package: its __init__.py), or None."""
+  base = ROOT / module.replace(".", "/")
+  for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+    if candidate.is_file():
+      return candidate.relative_to(ROOT).as_posix()
+  return None
+
+
+def _loaded_by(modules: set[str]) -> set[str]:
+  """Every module that importing `modules` loads: each one's packages, and transitively the
+  module-level imports of the project's modules among them."""
+  loaded, todo = set(), list(modules)
+  while todo:
+    name = todo.pop()
+    parts = name.split(".")
+    for k in range(1, len(parts) + 1):  # a.b.c loads a, a.b and a.b.c
+      prefix = ".".join(parts[:k])
+      if prefix in loaded:
+        continue
+      loaded.add(prefix)
+      if (path := _file_of(prefix)) is not None:
+        todo.extend(_names(path, module_level_only=True))
+  return loaded
+
+
+def test_model_imports_nothing_of_the_project_outside_the_model():
+  """Fails when a module of bert_jax/model/ imports (anywhere in it) a project module that is
+  not in bert_jax/model/: the network must build with nothing else of the project loaded."""
+  wrong = [f"{m} imports {n}" for m in _package_modules("bert_jax/model")
+           for n in sorted(_imported(m)) if not n.startswith("bert_jax.model")]
+  assert wrong == []
+
+
+def test_run_imports_neither_trainer():
+  """Fails when a module of bert_jax/run/ imports (anywhere in it) bert_jax.pretrain or
+  bert_jax.finetune: the run's record on disk is the same for both trainers."""
+  wrong = [f"{m} imports {n}" for m in _package_modules("bert_jax/run")
+           for n in sorted(_imported(m))
+           if n.startswith(("bert_jax.pretrain", "bert_jax.finetune"))]
+  assert wrong == []
+  assert _only_docstring(ROOT / "bert_jax/run/__init__.py")  # the launcher imports run.job_state
+
+
+def test_launch_never_imports_jax():
+  """Fails when anything bert_jax/launch/ imports, inside its functions too, loads JAX, flax,
+  optax, orbax, TensorFlow or libtpu when imported, at any depth of the project's modules,
+  or when it imports bert_jax.preflight at all (the preflight runs as a child process)."""
+  imported = set()
+  for module in _package_modules("bert_jax/launch"):
+    imported |= _names(module, module_level_only=False)
+  loaded = _loaded_by(imported | {m[:-len(".py")].replace("/", ".")
+                                  for m in _package_modules("bert_jax/launch")})
+  assert "bert_jax.run.job_state" in loaded  # the walk found the lazy import of the record
+  assert sorted(n for n in loaded if n.split(".")[0] in HEAVY) == []
+  assert sorted(n for n in loaded if n.startswith("bert_jax.preflight")) == []
+
+
+def test_launch_and_the_job_record_load_no_jax_in_a_fresh_process():
+  """The same rule, run: a fresh interpreter imports every launch module and the job record
+  (and so whatever third-party packages they pull in). Fails if JAX or another heavy
+  package is then loaded."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  modules = [m[:-len(".py")].replace("/", ".").removesuffix(".__init__")
+             for m in _package_modules("bert_jax/launch")] + ["bert_jax.run.job_state"]
+  code = ("import importlib, sys\n"
+          f"for m in {modules!r}: importlib.import_module(m)\n"
+          f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))")
+  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=True)
+  assert result.stdout.strip() == "[]", result.stdout

@@ -1,4 +1,4 @@
-"""Tests of bert_jax/attention.py: every implementation that runs on CPU against the
+"""Tests of bert_jax/model/attention.py: every implementation that runs on CPU against the
 paper's einsum path, the padding forms the kernels take, the choice `auto` makes on
 each device, and the refusals.
 
@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import attention
-from bert_jax import sharding
-from bert_jax.heads import BertForPreTraining
-from bert_jax.model import BertConfig
+from bert_jax.model import attention
+from bert_jax.model.encoder import BertConfig
+from bert_jax.model.heads import BertForPreTraining
+from bert_jax.training import sharding
 from experiments.configs import optim_and_mesh
 
 

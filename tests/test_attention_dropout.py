@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from bert_jax import errors
-from bert_jax import model as model_lib
-from bert_jax import workdir
+from bert_jax.model import encoder as model_lib
+from bert_jax.run import workdir
 
 RATE = 0.5  # half the probabilities dropped: two independent [8, 8] masks agree with p 2^-64
 BATCH, LENGTH, HEADS = 3, 8, 2

@@ -1,4 +1,4 @@
-"""Tests for bert_jax.checkpoint: retention policy, import hook, kill -9 exact resume."""
+"""Tests for bert_jax.run.checkpoint: retention policy, import hook, kill -9 exact resume."""
 
 import json
 import pathlib
@@ -17,8 +17,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import checkpoint
-from bert_jax import heads
+from bert_jax.model import heads
+from bert_jax.run import checkpoint
 
 
 def step_losses(workdir) -> dict[int, float]:
@@ -106,7 +106,7 @@ def test_init_checkpoint_then_resume_takes_precedence(pretrain_reference_run, pr
   The init checkpoint is another run's workdir, read through bert_jax.convert
   (which calls load_params_from_workdir); HF and TF checkpoints take the same path.
   """
-  from bert_jax import pretrain as pretrain_lib
+  from bert_jax.pretrain import trainer as pretrain_lib
   config = pretrain_test_config(**{"init_checkpoint": str(pretrain_reference_run),
                                    "total_steps": 1, "checkpoint.every_steps": 1})
   pretrain_lib.train_and_evaluate(config, str(tmp_path))

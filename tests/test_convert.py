@@ -25,9 +25,9 @@ import safetensors.numpy
 import transformers
 
 from bert_jax import convert
-from bert_jax import heads
-from bert_jax import model as model_lib
 from bert_jax.convert import hf as convert_hf
+from bert_jax.model import encoder as model_lib
+from bert_jax.model import heads
 
 ATOL = 1e-5
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -452,10 +452,10 @@ def test_albert_switches_round_trip_own_format_only(tmp_path):
 
 
 def test_training_workdir_imports_through_checkpoint_module(hf_dir, tmp_path, reference, batch):
-  """A workdir written by bert_jax.checkpoint (scanned layers, as a TPU run saves them)."""
+  """A workdir written by bert_jax.run.checkpoint (scanned layers, as a TPU run saves them)."""
   import ml_collections
-  from bert_jax import checkpoint
-  from bert_jax import workdir
+  from bert_jax.run import checkpoint
+  from bert_jax.run import workdir
   config, params, vocab = convert.load_pretrained(hf_dir)
   scanned = config.replace(scan_layers=True)
   manager = checkpoint.make_manager(str(tmp_path), types.SimpleNamespace(

@@ -1,4 +1,4 @@
-"""Tests for bert_jax.cost: device sets, and the model FLOPs of a step (cost.step_flops,
+"""Tests for bert_jax.pretrain.cost: device sets, and the model FLOPs of a step (cost.step_flops,
 the one definition the trainer's MFU, the benchmarks, --dry_run and the ablation use)
 against an independent count: the matmuls of the traced forward + backward pass
 (jax.make_jaxpr of jax.grad).
@@ -23,10 +23,10 @@ from jax.extend import core as jax_core
 import numpy as np
 import pytest
 
-from bert_jax import cost
-from bert_jax import metrics_io
-from bert_jax.heads import BertForPreTraining
-from bert_jax.model import BertConfig
+from bert_jax.model.encoder import BertConfig
+from bert_jax.model.heads import BertForPreTraining
+from bert_jax.pretrain import cost
+from bert_jax.run import metrics_io
 from experiments.configs import pretrain
 
 

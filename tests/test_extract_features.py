@@ -16,7 +16,7 @@ import pytest
 
 from bert_jax import convert
 from bert_jax import extract_features
-from bert_jax import model as model_lib
+from bert_jax.model import encoder as model_lib
 
 LINES = [
     "This is an example sentence",

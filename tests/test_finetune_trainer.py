@@ -20,13 +20,13 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpoint
 from bert_jax import convert
-from bert_jax import sharding
-from bert_jax import train_state as state_lib
 from bert_jax.finetune import squad
 from bert_jax.finetune import steps
 from bert_jax.finetune import trainer
+from bert_jax.run import checkpoint
+from bert_jax.training import sharding
+from bert_jax.training import state as state_lib
 from experiments.configs import finetune as finetune_configs
 
 

@@ -17,11 +17,11 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import batch_log
-from bert_jax import checkpoint
-from bert_jax import metrics_io
-from bert_jax import workdir
 from bert_jax.finetune import trainer as finetune_trainer
+from bert_jax.run import batch_log
+from bert_jax.run import checkpoint
+from bert_jax.run import metrics_io
+from bert_jax.run import workdir
 from host import paths
 from test_finetune_trainer import toy_config  # the tiny fine-tuning config of the trainer tests
 from test_finetune_trainer import toy_files  # pylint: disable=unused-import  # a fixture

@@ -1,4 +1,4 @@
-"""Tests of bert_jax/heads.py: parity with transformers' Flax BERT (encoder, pooler, MLM, NSP,
+"""Tests of bert_jax/model/heads.py: parity with transformers' Flax BERT (encoder, pooler, MLM, NSP,
 task heads) on a small random config, MLM gathering, and the task models' outputs.
 
 The reference oracle is transformers 4.x's FlaxBert* classes. Random weights are drawn
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import transformers
 
-from bert_jax import heads
-from bert_jax.model import BertConfig, BertModel
+from bert_jax.model.encoder import BertConfig, BertModel
+from bert_jax.model import heads
 
 H, A, L, V, I = 32, 4, 2, 99, 37
 D = H // A

@@ -7,8 +7,8 @@ import functools
 
 import pytest
 
-from bert_jax import cost
 from bert_jax import errors
+from bert_jax.pretrain import cost
 from experiments.benchmarks import pipeline
 from experiments.configs import pretrain
 
@@ -34,7 +34,7 @@ def test_bert_base_on_a_v4_32_at_40_percent_mfu_needs_about_6k_sequences_per_hos
   """An independent estimate, from the BERT-Base shapes alone: 12 layers of 4 H^2 + 8 H^2
   weights (85M), 6 FLOPs per weight and token, 12 L H T for attention scores, 6 E V per
   masked slot (20 of 128); 16 v4 chips of 275 TFLOP/s on 4 hosts. Fails if the FLOPs
-  (bert_jax.cost), the chip count, the peak or the hosts of the slice are wrong."""
+  (bert_jax.pretrain.cost), the chip count, the peak or the hosts of the slice are wrong."""
   h, layers, t, vocab, slots = 768, 12, 128, 30522, 20
   per_sequence = (6 * layers * 12 * h * h * t + 12 * layers * h * t * t
                   + 6 * slots * h * vocab)

@@ -63,7 +63,7 @@ APIS = [
     ("multihost_utils.reached_preemption_sync_point", "jax", "0.4.16",
      "jax/experimental/multihost_utils.py"),
     ("multihost_utils.process_allgather", "jax", "0.4.16", "jax/experimental/multihost_utils.py"),
-    # optax: the floor 0.2.5 is the optax.tree namespace (bert_jax.optim's Adam moments).
+    # optax: the floor 0.2.5 is the optax.tree namespace (bert_jax.training.optim's Adam moments).
     ("optax.tree.update_moment", "optax", "0.2.5",
      "optax/tree/__init__.py at v0.2.5 (optax 0.2.4 has no optax.tree)"),
     ("optax.tree.update_moment_per_elem_norm", "optax", "0.2.5", "optax/tree/__init__.py at v0.2.5"),
@@ -188,13 +188,13 @@ def test_keywords_the_code_passes_exist(spelling, keyword):
 
 
 def test_flax_honours_constraints_under_set_mesh():
-  """bert_jax.sharding.activate puts the mesh in scope with jax.set_mesh; flax before 0.11.2
+  """bert_jax.training.sharding.activate puts the mesh in scope with jax.set_mesh; flax before 0.11.2
   looks only at the legacy `with mesh:` environment and silently drops every activation
   constraint (GSPMD then guesses layouts). Fails if the constraint is not in the program."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax import sharding  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import sharding  # pylint: disable=g-import-not-at-top
   mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
   with sharding.activate(mesh, [("batch", "data")]):
     text = jax.jit(lambda x: nn.with_logical_constraint(x * 2, ("batch", None))).lower(

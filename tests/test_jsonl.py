@@ -1,4 +1,4 @@
-"""bert_jax.jsonl.parse_rows, the one reading of metrics.jsonl and batch_log*.jsonl.
+"""bert_jax.run.jsonl.parse_rows, the one reading of metrics.jsonl and batch_log*.jsonl.
 
 A kill mid-write leaves a torn last line (no newline after it): dropped by
 every reader and by both writers' resume. A malformed complete line is damage:
@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from bert_jax import batch_log
 from bert_jax import errors
-from bert_jax import jsonl
-from bert_jax import metrics_io
+from bert_jax.run import batch_log
+from bert_jax.run import jsonl
+from bert_jax.run import metrics_io
 
 
 def _rows(steps, **extra):

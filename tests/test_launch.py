@@ -92,7 +92,7 @@ def _collapse_watch(commands: list[list[str]]) -> list[list[str]]:
 
 
 def test_workers_per_accelerator_type_and_the_v5e_alias():
-  from bert_jax import launch_plan
+  from bert_jax.launch import plan as launch_plan
   expected = {"v2-8": 1, "v2-32": 4, "v3-8": 1, "v3-128": 16, "v4-8": 1, "v4-32": 4,
               "v4-4096": 512, "v5litepod-1": 1, "v5litepod-8": 1, "v5litepod-16": 4,
               "v5e-256": 64, "v5p-8": 1, "v5p-128": 16, "v6e-4": 1, "v6e-8": 1, "v6e-16": 4,
@@ -144,7 +144,7 @@ def test_dry_run_prints_the_written_out_sequence_and_runs_nothing(gcloud):
   # What was uploaded is an installable tree, without the local build litter.
   upload = pathlib.Path(gcloud.upload)
   assert (upload / "setup.cfg").read_text() == (REPO / "setup.cfg").read_text()
-  assert (upload / "bert_jax" / "launch.py").is_file()
+  assert (upload / "bert_jax" / "launch" / "__main__.py").is_file()
   assert not list(upload.rglob("__pycache__")) and not (upload / "tests").exists()
   # Each worker printed its Python, JAX and devices during the install.
   assert "[launch] install: worker-3 python 3.11.0 jax 0.7.2 [TpuDevice(id=3)]" in real.stdout
@@ -344,34 +344,33 @@ def test_a_passed_preflight_is_remembered_and_a_refusal_is_not(tmp_path, monkeyp
   """Fails if the launcher compiles again a preflight that passed with the same config, flags,
   slice and source (a re-run to attach would wait minutes), reuses a pass for other flags,
   or remembers a refusal."""
-  from bert_jax import launch
-  from bert_jax import preflight
-  from bert_jax.launch_state import LaunchError
+  from bert_jax.launch import launcher
+  from bert_jax.launch.state import LaunchError
   compiled = []
 
-  def check_launch(config, overrides, accelerator_type):
+  def run_preflight(config, overrides, accelerator_type):
     compiled.append(overrides)
     if "--config.batch_size=9999" in overrides:
-      raise preflight.PreflightError("preflight: phase 1 needs 99 GiB")
+      raise LaunchError("preflight", "phase 1 needs 99 GiB")
     return "preflight base on v4-32: fits"
 
-  monkeypatch.setattr(preflight, "check_launch", check_launch)
+  monkeypatch.setattr(launcher, "run_preflight", run_preflight)
   config, logdir = "experiments/configs/pretrain.py:base", str(tmp_path)
   monkeypatch.chdir(REPO)
   for overrides in (["--config.total_steps=7"], ["--config.total_steps=7"], []):
-    launch._preflight(config, overrides, "v4-32", logdir, str(REPO))  # pylint: disable=protected-access
+    launcher.preflight(config, overrides, "v4-32", logdir, str(REPO))
   assert compiled == [["--config.total_steps=7"], []]
   for _ in range(2):
     with pytest.raises(LaunchError, match="phase 1 needs 99 GiB"):
-      launch._preflight(config, ["--config.batch_size=9999"], "v4-32", logdir, str(REPO))  # pylint: disable=protected-access
+      launcher.preflight(config, ["--config.batch_size=9999"], "v4-32", logdir, str(REPO))
   assert len(compiled) == 4
-  key = launch.preflight_key(config, [], "v4-32", str(REPO))
+  key = launcher.preflight_key(config, [], "v4-32", str(REPO))
   assert (tmp_path / "preflight_passed" / f"{key}.txt").read_text() == (
       "preflight base on v4-32: fits\n")
-  assert key != launch.preflight_key(config, [], "v4-8", str(REPO))
+  assert key != launcher.preflight_key(config, [], "v4-8", str(REPO))
 
 
-@pytest.mark.slow  # imports JAX, TensorFlow (the trainer's checks) and libtpu: ~20 s of CPU
+@pytest.mark.slow  # the preflight child imports JAX, TensorFlow and libtpu: ~20 s of CPU
 def test_a_refused_config_makes_no_gcloud_call(gcloud):
   """The real launcher and preflight, on a config the trainer refuses (a global batch of 3 over
   a v4-8's 4 chips), which preflight refuses before compiling anything (seconds).
@@ -392,10 +391,10 @@ def test_a_re_run_does_not_compile_a_remembered_preflight_again(gcloud):
   """With the preflight on and its pass remembered (as after a first launch), the launcher
   prints the remembered pass, compiles nothing and goes on exactly as without preflight.
   Fails if a re-run (to attach, say) would wait for a compile it already passed."""
-  from bert_jax import launch
+  from bert_jax.launch import launcher
   overrides = ["--config.total_steps=7", "--config.data.corpus=gs://bucket/text/*.txt"]
-  key = launch.preflight_key("experiments/configs/pretrain.py:base", overrides, "v4-32",
-                             str(REPO))
+  key = launcher.preflight_key("experiments/configs/pretrain.py:base", overrides, "v4-32",
+                               str(REPO))
   passed = gcloud.logdir / "preflight_passed" / f"{key}.txt"
   passed.parent.mkdir(parents=True)
   passed.write_text("fits\n")
@@ -408,7 +407,7 @@ def test_a_re_run_does_not_compile_a_remembered_preflight_again(gcloud):
 
 def test_the_start_script_never_starts_a_second_job(tmp_path):
   """Run on a "worker" twice while the first job lives: the second run adopts it."""
-  from bert_jax import launch_plan
+  from bert_jax.launch import plan as launch_plan
   (tmp_path / "bert_jax").mkdir()
   (tmp_path / "bert_jax_venv" / "bin").mkdir(parents=True)
   job = tmp_path / "bert_jax_venv" / "bin" / "python"
@@ -435,7 +434,7 @@ def test_the_start_script_never_starts_a_second_job(tmp_path):
 def test_the_install_makes_and_uses_a_python_3_11_environment(tmp_path):
   """The environment part of the worker's install, run here; and every python the job uses
   is that environment's (never the image's python3 3.10)."""
-  from bert_jax import launch_plan
+  from bert_jax.launch import plan as launch_plan
   script = launch_plan.install_script()
   assert "python3.11 -m venv --clear $HOME/bert_jax_venv" in script
   assert "apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3.11 python3.11-venv" in script
@@ -493,13 +492,13 @@ def test_flag_errors_are_one_clear_line(gcloud):
   assert not gcloud.log.exists()
 
 
-# --- the job's record (bert_jax.job_state) ---
+# --- the job's record (bert_jax.run.job_state) ---
 
 
 def test_job_state_records_running_then_the_final_state(tmp_path, monkeypatch):
   """Fails if a tracked job wrote nothing, wrote without a launcher, or a refused second start
   overwrote a live attempt's record."""
-  from bert_jax import job_state
+  from bert_jax.run import job_state
   from bert_jax import jobs
   assert jobs.run.__wrapped__  # bert_jax.jobs.run is the tracked function
   config = type("C", (), {"distributed": type("D", (), {"enabled": False})()})()
@@ -540,7 +539,7 @@ def test_job_state_records_running_then_the_final_state(tmp_path, monkeypatch):
 
 
 def test_the_judge_needs_a_lasting_loss():
-  from bert_jax import launch_state
+  from bert_jax.launch import state as launch_state
   judge = launch_state.Judge(window_s=10, stale_after_s=100, start_timeout_s=50)
   judge.watch(3, started=0.0)
   running = {"state": "running", "attempt": 3, "time": 0.0}

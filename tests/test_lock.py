@@ -1,4 +1,4 @@
-"""The workdir lock under contention (bert_jax.workdir_lock), on a local disk and on GCS.
+"""The workdir lock under contention (bert_jax.run.lock), on a local disk and on GCS.
 
 What would make these fail: a takeover that is read -> delete -> create (two
 contenders that both judged the old lock stale each delete the other's fresh
@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from bert_jax import checkpoint
 from bert_jax import jobs
-from bert_jax import train_loop
-from bert_jax import workdir_lock
+from bert_jax.run import checkpoint
+from bert_jax.run import lock as workdir_lock
+from bert_jax.training import loop as train_loop
 from experiments.configs import pretrain
 from host import paths
 

@@ -1,9 +1,9 @@
-"""Tests of bert_jax/losses.py against cross-entropy and accuracy computed by hand in NumPy."""
+"""Tests of bert_jax/pretrain/losses.py against cross-entropy and accuracy computed by hand in NumPy."""
 
 import numpy as np
 import pytest
 
-from bert_jax import losses
+from bert_jax.pretrain import losses
 
 
 def _np_log_softmax(x):

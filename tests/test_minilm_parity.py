@@ -10,7 +10,7 @@ import pytest
 import transformers
 
 from bert_jax import convert
-from bert_jax import model as model_lib
+from bert_jax.model import encoder as model_lib
 
 SENTENCES = [
     "This is an example sentence",

@@ -1,4 +1,4 @@
-"""Tests of bert_jax/model.py: config, parameter counts and layouts, masking, dropout, dtypes.
+"""Tests of bert_jax/model/encoder.py: config, parameter counts and layouts, masking, dropout, dtypes.
 
 Parity with the reference implementation (transformers' Flax BERT) is in tests/test_heads.py.
 """
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import transformers
 
-from bert_jax import model as model_lib
-from bert_jax.heads import BertForPreTraining
-from bert_jax.model import BertConfig, BertModel
+from bert_jax.model import encoder as model_lib
+from bert_jax.model.encoder import BertConfig, BertModel
+from bert_jax.model.heads import BertForPreTraining
 
 # Small enough for 2 shared CPU cores; odd sizes catch transposed shapes.
 TINY = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,

@@ -19,8 +19,8 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpoint
-from bert_jax import preemption
+from bert_jax.run import checkpoint
+from bert_jax.run import preemption
 
 
 def _free_port() -> int:

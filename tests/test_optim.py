@@ -1,4 +1,4 @@
-"""Tests for bert_jax.optim: decay mask, schedules, google-research Adam, AdamW, LAMB.
+"""Tests for bert_jax.training.optim: decay mask, schedules, google-research Adam, AdamW, LAMB.
 
 Every optimizer is checked against a NumPy transcription of its published update rule
 (_numpy_reference), with a decay mask written by hand: never against optax's own chain.
@@ -13,9 +13,9 @@ import flax.linen as nn
 import optax
 import pytest
 
-from bert_jax import optim
-from bert_jax.heads import BertForPreTraining
-from bert_jax.model import BertConfig
+from bert_jax.model.encoder import BertConfig
+from bert_jax.model.heads import BertForPreTraining
+from bert_jax.training import optim
 from experiments.configs import pretrain
 
 

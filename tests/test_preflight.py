@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from bert_jax import preflight
-from bert_jax import preflight_knobs
-from bert_jax import preflight_targets
+from bert_jax.preflight import check as preflight_check
+from bert_jax.preflight import compile as preflight_compile
+from bert_jax.preflight import knobs as preflight_knobs
+from bert_jax.preflight import targets as preflight_targets
 import fake_gcloud
 from fake_gcloud import FakeGcloud
 
@@ -60,7 +61,7 @@ def test_libtpu_topology_has_the_slice_devices():
 def test_knob_candidates_come_cheapest_first():
   """Fails if the search would try remat before fsdp, full remat before a lighter policy, or
   accumulation before remat, or offer an accumulation the batch cannot be split into."""
-  config = preflight.load_config(TINY, SMALL)
+  config = preflight_check.load_config(TINY, SMALL)
   order = preflight_knobs.candidates(config, 4)
   assert order[0] == {"mesh.data": 1, "mesh.fsdp": -1}
   assert [c.get("model.remat_policy") for c in order[1:5]] == list(preflight_knobs.REMAT_LADDER)
@@ -123,7 +124,7 @@ def test_libtpu_out_of_memory_names_its_memory_space():
 
 # libtpu 0.0.42.1's refusal of BERT-Base's phase 2 (512 tokens, global batch 256, data
 # parallel) on a v4-32, its first lines verbatim: compiled here (2026-12-01, 79 minutes on
-# the loaded 2 cores) by bert_jax.preflight.measure(load_config(
+# the loaded 2 cores) by bert_jax.preflight.compile.measure(load_config(
 # "experiments/configs/pretrain.py:base"), target("v4-32"), ..., only_phases=[2]). A fusion's
 # scoped VMEM, 512 KiB over; preflight printed it as ">= 1.25 GiB of 0.02 GiB" of HBM.
 BASE_512_ON_V4_32 = """\
@@ -149,9 +150,9 @@ def test_a_refusal_of_another_memory_space_is_not_reported_as_hbm():
       "vmem", False, 16.5 * 2**20, 16 * 2**20)
   assert real.line.endswith("Used 16.50M of 16.00M vmem. Exceeded vmem capacity by 512.0K.")
   oom = preflight_targets.OutOfMemory("vmem", 1.25 * 2**30, 16 * 2**20, "RESOURCE_EXHAUSTED: ...")
-  m = preflight.Measurement(2, 512, 77, argument_bytes=1.2 * 2**30, temp_bytes=0.0,
-                            total_bytes=1.2 * 2**30, available_bytes=32 * 2**30,
-                            refused=oom.line, oom=oom)
+  m = preflight_compile.Measurement(2, 512, 77, argument_bytes=1.2 * 2**30, temp_bytes=0.0,
+                                    total_bytes=1.2 * 2**30, available_bytes=32 * 2**30,
+                                    refused=oom.line, oom=oom)
   assert not m.fits and m.other_space
   assert m.line().startswith(
       "phase 2 (512 tokens, 77 predictions): args 1.20 GiB of HBM per device; refused by "
@@ -161,10 +162,10 @@ def test_a_refusal_of_another_memory_space_is_not_reported_as_hbm():
                        "1.25 GiB needed of 16.0 MiB")
   last = preflight_knobs.Attempt({"model.remat_policy": "full"}, [m], complete=False)
   assert not preflight_knobs._cannot_fit({"grad_accum_steps": 2}, [last])  # pylint: disable=protected-access
-  hbm = preflight.Measurement(2, 512, 77, argument_bytes=1.2 * 2**30, temp_bytes=64 * 2**30,
-                              total_bytes=65.2 * 2**30, available_bytes=30.75 * 2**30,
-                              refused="...", oom=preflight_targets.OutOfMemory(
-                                  "hbm", 64 * 2**30, 30.75 * 2**30, "..."))
+  hbm = preflight_compile.Measurement(2, 512, 77, argument_bytes=1.2 * 2**30, temp_bytes=64 * 2**30,
+                                      total_bytes=65.2 * 2**30, available_bytes=30.75 * 2**30,
+                                      refused="...", oom=preflight_targets.OutOfMemory(
+                                          "hbm", 64 * 2**30, 30.75 * 2**30, "..."))
   assert not hbm.other_space and ">= 65.20 GiB of 30.75 GiB per device" in hbm.line()
   last = preflight_knobs.Attempt({"model.remat_policy": "full"}, [hbm], complete=False)
   assert preflight_knobs._cannot_fit({"grad_accum_steps": 2}, [last])  # pylint: disable=protected-access
@@ -173,15 +174,15 @@ def test_a_refusal_of_another_memory_space_is_not_reported_as_hbm():
 @pytest.mark.slow
 def test_tiny_model_compiles_for_v4_8_with_hbm_and_flops():
   """Fails if the step does not compile for the TPU topology, if a per-device figure is
-  missing or zero, or if XLA's FLOPs are far from bert_jax.cost's count of the same step.
+  missing or zero, or if XLA's FLOPs are far from bert_jax.pretrain.cost's count of the same step.
 
-  Why 1.0-1.6: bert_jax.cost counts matmul FLOPs only (2 per multiply-add, backward twice the
+  Why 1.0-1.6: bert_jax.pretrain.cost counts matmul FLOPs only (2 per multiply-add, backward twice the
   forward); XLA also counts the element-wise work (GELU, softmax, LayerNorm, dropout, Adam),
   which at H=128 is a visible share, so XLA's figure is larger but of the same size. A FLOP
   count per device that forgot the mesh (4x) or the backward pass (1/3) falls outside.
   """
-  config = preflight.load_config(TINY, SMALL)
-  report = preflight.run(config, "v4-8", name=TINY)
+  config = preflight_check.load_config(TINY, SMALL)
+  report = preflight_check.run(config, "v4-8", name=TINY)
   assert not report.refusal, report.summary
   (m,) = report.measurements  # tiny has one phase (64 tokens)
   # libtpu reports 0 bytes of HBM temporaries for this small step (observed at 8 and 64
@@ -200,15 +201,14 @@ def test_tiny_model_compiles_for_v4_8_with_hbm_and_flops():
 def test_oversized_batch_is_refused_in_one_line_naming_the_knob():
   """Fails if a step that cannot fit a chip passes, if the refusal is not one line naming the
   phase, the GiB needed and available, or if it names no knob setting (with its figure)."""
-  with pytest.raises(preflight.PreflightError) as error:
-    preflight.check_launch(TINY, HUGE, "v4-8")
-  line = str(error.value)
+  report = preflight_check.run(preflight_check.load_config(TINY, HUGE), "v4-8", name=TINY)
+  line = report.refusal
   assert "\n" not in line
   assert line.startswith("preflight: phase 1 (64 tokens) of experiments/configs/pretrain.py:tiny "
                          "needs >= "), line
   assert "GiB of HBM per chip on v4-8, which has 30.75 GiB" in line  # libtpu's usable HBM
   assert "no knob tried fits (fsdp, remat policy, gradient accumulation)" in line
-  summary = error.value.summary
+  summary = report.summary
   # Each knob compiled, cheapest first, with the figure it gave.
   tried = [l.strip() for l in summary.splitlines() if l.startswith("    --config.")]
   assert [t.split(":")[0] for t in tried] == [
@@ -233,7 +233,7 @@ def test_launcher_refuses_an_oversized_batch_before_any_gcloud_call(tmp_path):
       timeout=600)
   assert result.returncode == 1, result.stderr[-2000:]
   last = result.stderr.strip().splitlines()[-1]
-  assert last.startswith("error: launch failed at step 'preflight': preflight: phase 1 "
-                         "(64 tokens)"), result.stderr[-2000:]
+  assert last.startswith("error: launch failed at step 'preflight': phase 1 (64 tokens)"), (
+      result.stderr[-2000:])
   assert fake.commands() == [] and not fake.log.exists()
   assert not (fake.logdir / "preflight_passed").exists()  # a refusal is not remembered

@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from bert_jax import preflight
-from bert_jax import preflight_isolation
+from bert_jax.preflight import __main__ as preflight_cli
+from bert_jax.preflight import check as preflight_check
+from bert_jax.preflight import isolation as preflight_isolation
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = "experiments/configs/pretrain.py:tiny"
@@ -47,8 +48,8 @@ def test_a_crashing_setting_is_skipped_and_the_search_goes_on(crash_on):
   instead of going on to the next, or if the verdict does not name the fix that fits.
   """
   crash_on({"model.remat_policy": "none"})
-  config = preflight.load_config(TINY, ["--config.batch_size=8"])
-  report = preflight.run(config, "v4-8", name=TINY)
+  config = preflight_check.load_config(TINY, ["--config.batch_size=8"])
+  report = preflight_check.run(config, "v4-8", name=TINY)
   (as_configured,) = report.measurements
   assert as_configured.crash == "signal 11, SIGSEGV" and not as_configured.fits
   assert "libtpu crashed compiling it (signal 11, SIGSEGV): fit unknown" in report.summary
@@ -59,7 +60,7 @@ def test_a_crashing_setting_is_skipped_and_the_search_goes_on(crash_on):
   assert len(tried) == 2  # stopped at the first that fits
   assert report.fix is not None and report.fix.flags == FSDP_DOTS
   assert report.refusal.startswith(
-      f"preflight: libtpu {preflight.libtpu_version()} crashed (signal 11, SIGSEGV) compiling "
+      f"preflight: libtpu {preflight_check.libtpu_version()} crashed (signal 11, SIGSEGV) compiling "
       f"phase 1 (64 tokens) of {TINY} for v4-8, so whether it fits is unknown; cheapest fix "
       f"that fits: {FSDP_DOTS} ("), report.refusal
 
@@ -72,9 +73,9 @@ def test_a_crash_on_the_only_attempt_is_a_one_line_refusal(crash_on, capsys):
   line saying libtpu crashed on which phase and that there is no knob left to try.
   """
   crash_on({})  # every config
-  code = preflight.main([f"--config={TINY}", "--topology=v4-8", "--config.batch_size=4",
-                         "--config.mesh.data=1", "--config.mesh.fsdp=-1",
-                         "--config.model.remat_policy=full"])
+  code = preflight_cli.main([f"--config={TINY}", "--topology=v4-8", "--config.batch_size=4",
+                            "--config.mesh.data=1", "--config.mesh.fsdp=-1",
+                            "--config.model.remat_policy=full"])
   out, err = capsys.readouterr()
   assert code == 1
   assert "Traceback" not in out + err

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from bert_jax import phases
+from bert_jax.pretrain import phases
 from data_pipeline import prepare
 from data_pipeline import pretraining
 from data_pipeline import tokenized_corpus

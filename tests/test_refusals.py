@@ -22,13 +22,13 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpoint
 from bert_jax import errors
 from bert_jax import jobs
-from bert_jax import preemption
-from bert_jax import pretrain as pretrain_lib
-from bert_jax import train_loop
-from bert_jax import workdir as workdir_lib
+from bert_jax.pretrain import trainer as pretrain_lib
+from bert_jax.run import checkpoint
+from bert_jax.run import preemption
+from bert_jax.run import workdir as workdir_lib
+from bert_jax.training import loop as train_loop
 from data_pipeline import corpora
 from data_pipeline import tokenized_corpus
 from experiments.configs import finetune as finetune_configs
@@ -255,7 +255,7 @@ def test_orbax_lines_show_only_when_verbose(monkeypatch):
     return std_logging.LogRecord("absl", level, path, 1, "Failed to run 4 Handler Commit "
                                  "operations", None, None)
   orbax = "/venv/site-packages/orbax/checkpoint/_src/checkpointers/async_checkpointer.py"
-  ours = str(ROOT / "bert_jax/checkpoint.py")
+  ours = str(ROOT / "bert_jax/run/checkpoint.py")
   monkeypatch.delenv(errors.VERBOSE_ENV, raising=False)
   assert not jobs._quiet_orbax(record(orbax, std_logging.ERROR))
   assert not jobs._quiet_orbax(record(orbax, std_logging.INFO))
@@ -346,7 +346,8 @@ def test_ctrl_c_saves_and_the_rerun_is_bit_identical(pretrain_reference_run, pre
 _SLOW_SAVE_RUNNER = """
 import sys, time
 sys.path[:0] = [sys.argv.pop(1), sys.argv.pop(1)]
-from bert_jax import checkpoint, train_loop
+from bert_jax.run import checkpoint
+from bert_jax.training import loop as train_loop
 stopped = []
 preempted = train_loop.preempted
 train_loop.preempted = lambda step: (preempted(step), stopped.append(step))

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import model as model_lib
-from bert_jax.heads import BertForPreTraining
-from bert_jax.model import BertConfig
+from bert_jax.model import encoder as model_lib
+from bert_jax.model.encoder import BertConfig
+from bert_jax.model.heads import BertForPreTraining
 from experiments.benchmarks import accelerator
 
 CFG = BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,

@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import checkpoint
+from bert_jax.run import checkpoint
 
 
 def _manager(workdir):

@@ -12,13 +12,13 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import checkpoint
-from bert_jax import heads
-from bert_jax import model as model_lib
-from bert_jax import optim
-from bert_jax import pretrain_step
-from bert_jax import sharding
-from bert_jax import train_state as state_lib
+from bert_jax.model import encoder as model_lib
+from bert_jax.model import heads
+from bert_jax.pretrain import steps as pretrain_step
+from bert_jax.run import checkpoint
+from bert_jax.training import optim
+from bert_jax.training import sharding
+from bert_jax.training import state as state_lib
 from experiments.configs import optim_and_mesh
 
 STEPS = 4

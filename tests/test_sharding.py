@@ -1,4 +1,4 @@
-"""Tests for bert_jax.sharding and the trainer on several meshes and processes.
+"""Tests for bert_jax.training.sharding and the trainer on several meshes and processes.
 
 The 8 CPU devices come from tests/conftest.py (XLA_FLAGS set before jax is imported).
 """
@@ -18,16 +18,16 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
 
-from bert_jax import checkpoint
-from bert_jax import heads
-from bert_jax import losses
-from bert_jax import model as model_lib
-from bert_jax import optim
-from bert_jax import pretrain as pretrain_lib
-from bert_jax import pretrain_step
-from bert_jax import sharding
-from bert_jax import train_state as state_lib
 from bert_jax.convert import layout as convert_layout
+from bert_jax.model import encoder as model_lib
+from bert_jax.model import heads
+from bert_jax.pretrain import losses
+from bert_jax.pretrain import steps as pretrain_step
+from bert_jax.pretrain import trainer as pretrain_lib
+from bert_jax.run import checkpoint
+from bert_jax.training import optim
+from bert_jax.training import sharding
+from bert_jax.training import state as state_lib
 from experiments.benchmarks import sharding as bench
 from experiments.configs import pretrain
 

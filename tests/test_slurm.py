@@ -182,7 +182,7 @@ def test_a_run_started_without_require_accelerator_resumes_under_the_template():
   """A workdir made by a CPU run (require_accelerator False, or a record from before the
   field existed) must resume under the SLURM template, which turns it on: fails if the
   workdir's record check counts the field as a change to the run."""
-  from bert_jax import workdir  # pylint: disable=g-import-not-at-top
+  from bert_jax.run import workdir  # pylint: disable=g-import-not-at-top
 
   def record(**config):
     return {"config": {"total_steps": 10, "model_size": "base", **config}, "bert_config": {},

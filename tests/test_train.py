@@ -1,4 +1,4 @@
-"""Tests for bert_jax.pretrain: gradient accumulation, faults, refusals, SIGTERM."""
+"""Tests for bert_jax.pretrain.trainer: gradient accumulation, faults, refusals, SIGTERM."""
 
 import functools
 import json
@@ -17,13 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import checkpoint
-from bert_jax import heads
-from bert_jax import model as model_lib
-from bert_jax import optim
-from bert_jax import phases
-from bert_jax import pretrain as pretrain_lib
-from bert_jax import pretrain_step
+from bert_jax.model import encoder as model_lib
+from bert_jax.model import heads
+from bert_jax.pretrain import phases
+from bert_jax.pretrain import steps as pretrain_step
+from bert_jax.pretrain import trainer as pretrain_lib
+from bert_jax.run import checkpoint
+from bert_jax.training import optim
 from data_pipeline import specs
 from experiments.configs import pretrain
 

@@ -1,4 +1,4 @@
-"""bert_jax/train_loop.py: the bookkeeping both trainers share between steps."""
+"""bert_jax/training/loop.py: the bookkeeping both trainers share between steps."""
 
 import contextlib
 import json
@@ -9,8 +9,8 @@ import types
 import numpy as np
 import pytest
 
-from bert_jax import preemption
-from bert_jax import train_loop
+from bert_jax.run import preemption
+from bert_jax.training import loop as train_loop
 
 
 def _m(loss, finite=True, grad_norm=1.0):

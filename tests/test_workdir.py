@@ -1,4 +1,4 @@
-"""Tests for bert_jax.workdir: the one-writer lock and the record every run is checked against."""
+"""Tests for bert_jax.run.workdir: the one-writer lock and the record every run is checked against."""
 
 import json
 import os
@@ -10,9 +10,9 @@ import time
 import ml_collections
 import pytest
 
-from bert_jax import model as model_lib
-from bert_jax import workdir
-from bert_jax import workdir_lock
+from bert_jax.model import encoder as model_lib
+from bert_jax.run import lock as workdir_lock
+from bert_jax.run import workdir
 
 
 def _config(**overrides):

@@ -12,13 +12,13 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpoint
 from bert_jax import jobs
-from bert_jax import model as model_lib
-from bert_jax import preemption
-from bert_jax import pretrain as pretrain_lib
-from bert_jax import sharding
-from bert_jax import workdir
+from bert_jax.model import encoder as model_lib
+from bert_jax.pretrain import trainer as pretrain_lib
+from bert_jax.run import checkpoint
+from bert_jax.run import preemption
+from bert_jax.run import workdir
+from bert_jax.training import sharding
 from experiments.configs import pretrain
 
 

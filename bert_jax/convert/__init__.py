@@ -4,7 +4,7 @@ Import (`load_pretrained`) recognises, in this order:
   * our own export (`params/` orbax checkpoint + `bert_config.json` + `vocab.txt`);
   * a Hugging Face directory (`config.json` + `model.safetensors`);
   * a training workdir (has `checkpoints/`; or that directory, or one step in it): handed
-    to bert_jax.checkpoint.load_params_from_workdir;
+    to bert_jax.run.checkpoint.load_params_from_workdir;
   * an original google-research/bert TF checkpoint (a directory holding `bert_config.json`
     and `model.ckpt-*`, or the checkpoint prefix itself).
 Every tensor the model needs must be there with the right shape and every tensor there

@@ -19,7 +19,7 @@ from absl import logging
 import ml_dtypes
 import numpy as np
 
-from bert_jax import model as model_lib
+from bert_jax.model import encoder as model_lib
 from host import paths
 import bert_jax.convert.layout as convert_layout  # (not via the package: its __init__ imports this)
 

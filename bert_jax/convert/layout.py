@@ -94,7 +94,7 @@ def layout(config, fmt: str) -> list[Entry]:
   """Every tensor of BertForPreTraining(config) (encoder, pooler, both heads) in format `fmt`.
 
   Args:
-    config: a bert_jax.model.BertConfig.
+    config: a bert_jax.model.encoder.BertConfig.
     fmt: "hf" (PyTorch names without the "bert." prefix), "tf" (google-research/bert
       variable names) or "own" (our tree, "/"-joined, encoder entries without "bert/").
 

@@ -9,7 +9,7 @@ unused or wrongly shaped tensor in one message.
 from absl import logging
 import numpy as np
 
-from bert_jax import checkpoint
+from bert_jax.run import checkpoint
 from host import paths
 # Siblings by module path, not via the package: its __init__ imports this module.
 import bert_jax.convert.hf as convert_hf
@@ -36,7 +36,7 @@ def _is_workdir(path: paths.Path) -> bool:
 
 
 def _read_workdir(path: paths.Path):
-  # bert_jax.checkpoint knows the CheckpointManager layout under workdir/checkpoints/; the
+  # bert_jax.run.checkpoint knows the CheckpointManager layout under workdir/checkpoints/; the
   # vocabulary sits in the workdir itself.
   config, params = checkpoint.load_params_from_workdir(str(path))
   tensors, display = convert_own.own_tensors(params)

@@ -1,7 +1,7 @@
 """bert_jax's own checkpoint format: `params/` (orbax) + `bert_config.json` + `vocab.txt`.
 
 Read (is_own_dir, read_own_dir; a training workdir's params come out of
-bert_jax.checkpoint in the same tree, so own_tensors serves both) and written
+bert_jax.run.checkpoint in the same tree, so own_tensors serves both) and written
 (export_own). The tree is stored plain and per-layer, so any BertConfig's
 export loads into any layout.
 """
@@ -13,7 +13,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from bert_jax import model as model_lib
+from bert_jax.model import encoder as model_lib
 from host import paths
 # Siblings by module path, not via the package: its __init__ imports this module.
 import bert_jax.convert.hf as convert_hf

@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from bert_jax import model as model_lib
+from bert_jax.model import encoder as model_lib
 from host import paths
 import bert_jax.convert.hf as convert_hf  # (not via the package: its __init__ imports this)
 

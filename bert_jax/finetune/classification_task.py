@@ -18,11 +18,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import heads
 from bert_jax.finetune import glue
 from bert_jax.finetune import packing
 from bert_jax.finetune import splits
 from bert_jax.finetune import task_kind
+from bert_jax.model import heads
 
 
 def classification_spec(task_config: ml_collections.ConfigDict) -> glue.TaskSpec:

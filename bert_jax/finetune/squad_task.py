@@ -12,11 +12,11 @@ predictions.json, nbest_predictions.json and (v2.0) null_odds.json.
 
 import jax.numpy as jnp
 
-from bert_jax import heads
 from bert_jax.finetune import metrics as metrics_lib
 from bert_jax.finetune import splits
 from bert_jax.finetune import squad
 from bert_jax.finetune import task_kind
+from bert_jax.model import heads
 
 _NO_QUESTIONS = {"train": "no questions, or none whose answer matches its offsets",
                  "dev": "no questions"}

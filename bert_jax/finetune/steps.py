@@ -22,12 +22,12 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import optim
-from bert_jax import sharding
-from bert_jax import train_state as state_lib
-from bert_jax import workdir as workdir_lib
 from bert_jax.finetune import buckets as buckets_lib
 from bert_jax.finetune import task_kind
+from bert_jax.run import workdir as workdir_lib
+from bert_jax.training import optim
+from bert_jax.training import sharding
+from bert_jax.training import state as state_lib
 from host import paths
 
 TrainState = state_lib.TrainState

@@ -9,7 +9,7 @@ Task, and the trainer asks the Task for everything else.
 
 What a kind holds, one method or attribute each:
 
-  head_name, model()      which task model of bert_jax.heads, and its head's parameter name
+  head_name, model()      which task model of bert_jax.model.heads, and its head's parameter name
   read()                  its reader(s): every split, checked (an empty split names its file)
   featurize()             examples -> padded numpy arrays, one row per example or window
   loss(), loss_weight()   the summed loss of a batch and the weight it is averaged over
@@ -37,10 +37,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import model as model_lib
+from bert_jax.model import encoder as model_lib
 from host import paths
 
-# The model's inputs, in the order every task model of bert_jax.heads takes them.
+# The model's inputs, in the order every task model of bert_jax.model.heads takes them.
 INPUTS = ("input_ids", "input_mask", "segment_ids")
 
 
@@ -147,7 +147,7 @@ class TaskKind:
 
   def model(self, bert_config: model_lib.BertConfig,
             labels: Sequence[str] | None) -> nn.Module:
-    """The task model (a bert_jax.heads module) whose head is `head_name`."""
+    """The task model (a bert_jax.model.heads module) whose head is `head_name`."""
     raise NotImplementedError(f"task kind {self.name!r} has no model")
 
   def featurize(self, task: Task, split: str, examples: list) -> Split:

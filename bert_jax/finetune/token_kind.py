@@ -14,10 +14,10 @@ from typing import Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import heads
 from bert_jax.finetune import records
 from bert_jax.finetune import task_kind
 from bert_jax.finetune import token_features
+from bert_jax.model import heads
 
 
 class TokenKind(task_kind.TaskKind):

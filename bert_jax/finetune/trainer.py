@@ -12,8 +12,8 @@ the summary reports test at it (summarize).
 checkpoint and tokenizer, task data, model and optimizer, shardings, step,
 restore, eval, loop. Mesh set-up, parameter/optimizer sharding, gradient
 accumulation, the update and where a run starts (resume > init_checkpoint >
-random) are bert_jax.train_state's, shared with pretraining; checkpoints are
-bert_jax.checkpoint's; metrics.jsonl and TensorBoard are bert_jax.metrics_io's.
+random) are bert_jax.training.state's, shared with pretraining; checkpoints are
+bert_jax.run.checkpoint's; metrics.jsonl and TensorBoard are bert_jax.run.metrics_io's.
 Everything about the task -- its head, reader, features, loss and the weight
 it is averaged over, kept outputs, metrics and prediction files -- comes from
 its kind (task_kind.TaskKind, found by config.task.kind in registry.py): no
@@ -51,20 +51,20 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import checkpoint
 from bert_jax import errors
-from bert_jax import model as model_lib
-from bert_jax import optim
-from bert_jax import sharding
-from bert_jax import train_loop
-from bert_jax import train_state as state_lib
-from bert_jax import workdir as workdir_lib
 from bert_jax.finetune import buckets as buckets_lib
 from bert_jax.finetune import registry
 from bert_jax.finetune import splits
 from bert_jax.finetune import steps
 from bert_jax.finetune import task_kind
 from bert_jax.finetune import tokenization
+from bert_jax.model import encoder as model_lib
+from bert_jax.run import checkpoint
+from bert_jax.run import workdir as workdir_lib
+from bert_jax.training import loop as train_loop
+from bert_jax.training import optim
+from bert_jax.training import sharding
+from bert_jax.training import state as state_lib
 from host import paths
 
 TrainState = state_lib.TrainState

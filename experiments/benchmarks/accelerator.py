@@ -4,10 +4,10 @@ r"""The real pretraining step on this machine's accelerators: seq/s, MFU, memory
   python -m experiments.benchmarks.accelerator --size=large --seq_len=512 --budget_s=1800
   python -m experiments.benchmarks.accelerator --size=tiny --budget_s=60   # CPU smoke run
 
-Each row compiles and times bert_jax.pretrain_step.train_step exactly as the
+Each row compiles and times bert_jax.pretrain.steps.train_step exactly as the
 trainer runs it (BertForPreTraining with the gathered MLM head, the AdamW chain of
-bert_jax.optim, parameters and batch placed by bert_jax.train_state over every
-device, donation: bert_jax.preflight.lower_train_step, the one copy the TPU
+bert_jax.training.optim, parameters and batch placed by bert_jax.training.state over every
+device, donation: bert_jax.preflight.compile.lower_train_step, the one copy the TPU
 preflight and experiments/benchmarks/sharding.py lower too, from
 experiments/configs/pretrain.py:base with the row's network) on synthetic batches
 of the real shapes: --seq_len tokens, ceil(0.15 * seq_len) masked positions (20 at
@@ -19,10 +19,10 @@ would not fit is not started):
                      (cuDNN on NVIDIA GPUs, splash on TPUs, XLA elsewhere)
              paper   the paper recipe: attention dropout 0.1 through the einsum path
              einsum|xla|cudnn|splash   that kernel, attention dropout 0
-  remat      a key of bert_jax.model.REMAT_POLICIES
+  remat      a key of bert_jax.model.encoder.REMAT_POLICIES
 
 Reported per row: step time, seq/s and tokens/s, model TFLOP/s (the formula of
-bert_jax.metrics_io; recomputation is not credited), MFU against the device's
+bert_jax.run.metrics_io; recomputation is not credited), MFU against the device's
 peak (metrics_io.PEAK_TFLOPS) and against the bf16 matmul rate measured here at
 the start, the compiled program's memory (arguments + temporaries) and the
 device's peak memory so far (where the backend reports it), the activations the
@@ -64,13 +64,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import cost
-from bert_jax import heads
-from bert_jax import metrics_io
-from bert_jax import model as model_lib
-from bert_jax import preflight
-from bert_jax import sharding
-from bert_jax import train_state as state_lib
+from bert_jax.model import encoder as model_lib
+from bert_jax.model import heads
+from bert_jax.preflight import compile as preflight_compile
+from bert_jax.pretrain import cost
+from bert_jax.run import metrics_io
+from bert_jax.training import sharding
+from bert_jax.training import state as state_lib
 from experiments.configs import pretrain
 
 ATTENTION = ("auto", "paper", "einsum", "xla", "cudnn", "splash")
@@ -179,7 +179,7 @@ def _kept_gib(cfg: model_lib.BertConfig, per_device: int, seq_len: int, predicti
   """Activations kept for the backward pass of one device's share of the batch, GiB.
 
   The network alone (no optimizer, no shardings, nothing lowered): its parameter
-  shapes from bert_jax.cost.abstract_params, so --kept_only stays a matter of seconds.
+  shapes from bert_jax.pretrain.cost.abstract_params, so --kept_only stays a matter of seconds.
   """
   model = heads.BertForPreTraining(cfg)
   host = synthetic_batch(per_device, seq_len, predictions)
@@ -222,7 +222,7 @@ def bert_config(size: str, attention: str, remat: str, dtype: str, scan: bool
 
 
 def step_config(global_batch: int, rng_impl: str) -> ml_collections.ConfigDict:
-  """What bert_jax.preflight.lower_train_step reads for a row: experiments/configs/pretrain.py
+  """What bert_jax.preflight.compile.lower_train_step reads for a row: experiments/configs/pretrain.py
   (base) as the trainer gets it (optimizer, NSP head, logical axis rules, a data-parallel
   mesh over every device, no accumulation, no non-finite skipping), with the row's batch."""
   config = pretrain.get_config("base")
@@ -247,7 +247,7 @@ def run_row(row: dict, args, peak: float | None, measured: float) -> dict:
   mesh, _ = state_lib.setup_mesh(config)
   start = time.perf_counter()
   # The trainer's model, optimizer, shardings and jit, on abstract arrays (the one copy).
-  step = preflight.lower_train_step(config, cfg, mesh, seq_len, predictions)
+  step = preflight_compile.lower_train_step(config, cfg, mesh, seq_len, predictions)
   compiled = step.lowered.compile()
   row["compile_s"] = time.perf_counter() - start
   layout = step.layout
@@ -282,7 +282,7 @@ def run_row(row: dict, args, peak: float | None, measured: float) -> dict:
 
 def _resolved(cfg: model_lib.BertConfig, seq_len: int) -> str:
   """The kernel training runs through (or the reason it cannot)."""
-  from bert_jax import attention  # pylint: disable=g-import-not-at-top
+  from bert_jax.model import attention  # pylint: disable=g-import-not-at-top
   try:
     return attention.resolve(cfg.attention_impl, dtype=cfg.compute_dtype, head_size=cfg.head_size,
                              dropout_rate=cfg.attention_probs_dropout_prob, training=True,
@@ -368,7 +368,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> list[dict]:
   """Runs the sweep; returns the rows (also written to --output and printed)."""
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--size", default="base", help="row of bert_jax.model.SIZES")
+  p.add_argument("--size", default="base", help="row of bert_jax.model.encoder.SIZES")
   p.add_argument("--seq_len", type=int, default=128)
   p.add_argument("--attention", default="", help=f"comma list of {ATTENTION} (default by device)")
   p.add_argument("--remat", default="", help="comma list of remat policies (default by device)")

@@ -84,7 +84,7 @@ this length, not equivalence.
 
 def main(argv):
   del argv
-  from bert_jax import pretrain as pretrain_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretrain import trainer as pretrain_lib  # pylint: disable=g-import-not-at-top
   seeds = [int(s) for s in FLAGS.seeds]
   started = time.monotonic()
   accuracy = {"paper": [], "fast": []}

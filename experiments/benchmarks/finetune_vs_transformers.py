@@ -390,8 +390,8 @@ def step_sides(args) -> tuple[dict, dict]:
   fixed batch of `length` and blocks on the result; ours is the trainer's own jitted steps
   (steps.build, state_lib.start from the same MiniLM weights), the reference the sweep's."""
   import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
-  from bert_jax import sharding  # pylint: disable=g-import-not-at-top
-  from bert_jax import train_state as state_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import sharding  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
   from bert_jax.finetune import buckets  # pylint: disable=g-import-not-at-top
   from bert_jax.finetune import steps  # pylint: disable=g-import-not-at-top
   from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top

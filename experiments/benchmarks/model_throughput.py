@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import losses
-from bert_jax.heads import BertForPreTraining
-from bert_jax.model import BertConfig
+from bert_jax.model.encoder import BertConfig
+from bert_jax.model.heads import BertForPreTraining
+from bert_jax.pretrain import losses
 
 
 def _batch(cfg: BertConfig, batch: int, seq_len: int, predictions: int, seed: int = 0) -> dict:

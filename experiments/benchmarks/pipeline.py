@@ -6,7 +6,7 @@ and the pipeline against the usual Python/HF path.
 
 The input rate a slice needs. On a TPU VM slice one process per host feeds that
 host's chips, with per-host batches of config.batch_size / hosts (hosts =
-bert_jax.launch_plan.num_workers(--slice), or --hosts). For each phase of the
+bert_jax.launch.plan.num_workers(--slice), or --hosts). For each phase of the
 config (lengths 128 and 512 in the paper recipe) this measures that pipeline
 (PretrainingInput at the per-host batch, this host's share of the corpus) on this
 machine's cores, and prints the sequences/s each host must deliver for the
@@ -14,9 +14,9 @@ slice's chips to run at the assumed MFU:
 
   needed per host = mfu x peak FLOP/s per chip x chips / model FLOPs per sequence / hosts
 
-with chips and peak from bert_jax.cost.device_set and bert_jax.metrics_io.PEAK_TFLOPS
-and the model FLOPs per sequence from bert_jax.cost.step_flops (every prediction
-slot counted, as bert_jax.cost's estimate does). The cores per host that rate
+with chips and peak from bert_jax.pretrain.cost.device_set and bert_jax.run.metrics_io.PEAK_TFLOPS
+and the model FLOPs per sequence from bert_jax.pretrain.cost.step_flops (every prediction
+slot counted, as bert_jax.pretrain.cost's estimate does). The cores per host that rate
 implies is needed / (measured rate per core here), assuming the pipeline's rate
 grows with cores: its masking map runs on tf.data's thread pool, but pair building
 is one Python generator (data_pipeline/pretraining.py), so it is also timed alone
@@ -58,11 +58,11 @@ from absl import flags
 import ml_collections
 import numpy as np
 
-from bert_jax import cost
 from bert_jax import errors
-from bert_jax import launch_plan
-from bert_jax import metrics_io
-from bert_jax import phases as phases_lib
+from bert_jax.launch import plan as launch_plan
+from bert_jax.pretrain import cost
+from bert_jax.pretrain import phases as phases_lib
+from bert_jax.run import metrics_io
 from data_pipeline import corpora
 from data_pipeline import pretraining
 from data_pipeline import tokenized_corpus
@@ -81,7 +81,7 @@ def _define_flags() -> None:
   flags.DEFINE_string("slice", "v4-32", "Cloud TPU accelerator type the run would use "
                       "(or NxGPU with --hosts), for the rate it needs")
   flags.DEFINE_integer("hosts", 0, "hosts (one process each) of the slice; 0 -> "
-                       "bert_jax.launch_plan.num_workers(--slice)")
+                       "bert_jax.launch.plan.num_workers(--slice)")
   flags.DEFINE_float("mfu", 0.4, "assumed model FLOPs utilisation of the slice")
   flags.DEFINE_float("seconds", 20.0, "timed seconds per steady-state measurement")
   flags.DEFINE_string("corpus", "embedded", "corpus to measure on (a config.data.corpus value)")

@@ -18,7 +18,8 @@ import time
 
 import jax
 
-from bert_jax import preflight
+from bert_jax.preflight import check as preflight_check
+from bert_jax.preflight import compile as preflight_compile
 
 HEADER = ("| model | recipe | slice | phase 1 (128 tok) GiB/chip | phase 2 (512 tok) GiB/chip "
           "| as configured | cheapest knob that fits (worst phase after) |\n"
@@ -27,22 +28,23 @@ MODELS = {"base": ("BERT-Base", "paper"), "base_fast": ("BERT-Base", "fast"),
           "large": ("BERT-Large", "paper"), "large_fast": ("BERT-Large", "fast")}
 
 
-def _gib(m: preflight.Measurement) -> str:
-  if m.crash:  # the compiling child died: no figure (bert_jax.preflight_isolation)
+def _gib(m: preflight_compile.Measurement) -> str:
+  if m.crash:  # the compiling child died: no figure (bert_jax.preflight.isolation)
     return f"libtpu crashed ({m.crash})"
-  return f"{'>=' if m.refused else ''}{m.total_bytes / preflight.GIB:.1f}"
+  return f"{'>=' if m.refused else ''}{m.total_bytes / preflight_compile.GIB:.1f}"
 
 
 def row(variant: str, accelerator_type: str, search: bool = True,
         overrides: tuple[str, ...] = ()) -> tuple[str, float]:
   """One markdown row for `variant` on `accelerator_type`, and the seconds it took."""
   started = time.time()
-  config = preflight.load_config(f"experiments/configs/pretrain.py:{variant}", overrides)
-  report = preflight.run(config, accelerator_type, name=variant, search=search,
-                         progress=lambda line: print(f"  {variant} on {accelerator_type}: "
-                                                     f"{line}", file=sys.stderr, flush=True))
+  config = preflight_check.load_config(f"experiments/configs/pretrain.py:{variant}", overrides)
+  report = preflight_check.run(config, accelerator_type, name=variant, search=search,
+                               progress=lambda line: print(
+                                   f"  {variant} on {accelerator_type}: {line}",
+                                   file=sys.stderr, flush=True))
   by_phase = {m.phase: m for m in report.measurements}
-  hbm = report.measurements[0].available_bytes / preflight.GIB if report.measurements else 0
+  hbm = report.measurements[0].available_bytes / preflight_compile.GIB if report.measurements else 0
   cells = [_gib(by_phase[p]) if p in by_phase else "-" for p in (1, 2)]
   if not report.refusal:
     verdict, fix = f"fits ({hbm:g} GiB)", "-"
@@ -76,7 +78,7 @@ def main(argv=None) -> None:
       rows.append(line)
       print(f"{line}  <!-- {seconds:.0f} s -->", flush=True)
   print(f"\n{datetime.date.today().isoformat()}, jax {jax.__version__}, "
-        f"libtpu {preflight.libtpu_version()}; `python -m experiments.benchmarks.preflight_table "
+        f"libtpu {preflight_check.libtpu_version()}; `python -m experiments.benchmarks.preflight_table "
         f"--variants={args.variants} --slices={args.slices}"
         f"{' --no_search' if args.no_search else ''}{''.join(' ' + o for o in overrides)}`\n")
   print(HEADER)

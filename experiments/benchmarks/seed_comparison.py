@@ -4,7 +4,7 @@ finetune_vs_transformers (sentence classification from MiniLM) and
 tagging_vs_transformers (People's Daily POS) train the same data with the
 same recipe in our trainer and in a plain optax loop around a transformers
 model, over several seeds. The reference's optimizer is written here, not
-taken from bert_jax.optim, so the reference shares no code with the side it
+taken from bert_jax.training.optim, so the reference shares no code with the side it
 checks; the report judges a difference of medians against the seed spread.
 """
 

@@ -6,10 +6,10 @@ Usage (the figures below: BERT-mini, global batch 64 x 128, bfloat16, 8 simulate
       --mesh=1,8,1 --mesh=1,4,2 --mesh=2,2,2 --mesh=8,1,1
 
 Nothing runs: for each (data, fsdp, tensor) mesh the script lowers and compiles
-bert_jax.pretrain.train_step exactly as the trainer jits it (the optimizer of
-bert_jax.optim, the parameter/optimizer/batch shardings of
-bert_jax.train_state.make_layout, the logical axis rules of experiments/configs, under
-bert_jax.sharding.activate: bert_jax.preflight.lower_train_step, the one copy, which
+bert_jax.pretrain.trainer.train_step exactly as the trainer jits it (the optimizer of
+bert_jax.training.optim, the parameter/optimizer/batch shardings of
+bert_jax.training.state.make_layout, the logical axis rules of experiments/configs, under
+bert_jax.training.sharding.activate: bert_jax.preflight.compile.lower_train_step, the one copy, which
 the TPU preflight compiles too), then reads
 
   args / temp   compiled.memory_analysis(): argument and temporary bytes per device;
@@ -35,7 +35,7 @@ dropped; embedding rows looked up straight into the batch layout):
   2,2,2         33.2  255.8  140.3     89.6     46.1      0.0     4.0     0.6   0     4      0
   8,1,1        129.0  255.4   72.4     72.4      0.0      0.0     0.0     0.0   0     0      0
 
-After (bert_jax.sharding.activate puts mesh and rules in scope; embedding rows go through
+After (bert_jax.training.sharding.activate puts mesh and rules in scope; embedding rows go through
 the "table_embed" layout; vocabulary padded to 30,592 by the base config's vocab_multiple):
 
   mesh (d,f,t)  args   temp   coll  all-red all-gath red-scat all2all permute BTH remat constr
@@ -52,7 +52,7 @@ mesh where data and fsdp both split the batch (e.g. (2,4,1)). CPU collectives
 have no reduce-scatter: gradient reductions show as all-reduces.
 
 The script sets XLA_FLAGS for 8 host devices (and JAX_PLATFORMS=cpu) before
-jax is imported unless they are set. It imports bert_jax.pretrain, which imports
+jax is imported unless they are set. It imports bert_jax.pretrain.trainer, which imports
 TensorFlow through the data pipeline; transformers is never imported.
 """
 
@@ -78,10 +78,10 @@ from typing import Any
 
 import jax
 
-from bert_jax import model as model_lib
-from bert_jax import preflight
-from bert_jax import sharding
-from bert_jax.preflight import collective_stats
+from bert_jax.model import encoder as model_lib
+from bert_jax.preflight import compile as preflight_compile
+from bert_jax.preflight.compile import collective_stats
+from bert_jax.training import sharding
 from experiments.configs import pretrain
 
 def parse_meshes(values: list[str]) -> list[tuple[int, int, int]]:
@@ -141,16 +141,16 @@ def bench_config(mesh_sizes: tuple[int, int, int], *, size: str, batch: int, seq
 
 
 def lower_train_step(config) -> tuple[Any, model_lib.BertConfig]:
-  """(jax.stages.Lowered, BertConfig): bert_jax.pretrain.train_step lowered as the trainer jits it.
+  """(jax.stages.Lowered, BertConfig): bert_jax.pretrain.trainer.train_step lowered as the trainer jits it.
 
-  bert_jax.preflight.lower_train_step (the one copy, which the TPU preflight
+  bert_jax.preflight.compile.lower_train_step (the one copy, which the TPU preflight
   compiles too) over the first devices of this process; nothing is allocated.
   """
   bert_config = model_lib.BertConfig.from_size(config.model_size, **config.model.to_dict())
   num_devices = math.prod(config.mesh[a] for a in sharding.MESH_AXES)
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:num_devices])
-  step = preflight.lower_train_step(config, bert_config, mesh, config.data.max_seq_length,
-                                    config.data.masking.max_predictions_per_seq)
+  step = preflight_compile.lower_train_step(config, bert_config, mesh, config.data.max_seq_length,
+                                            config.data.masking.max_predictions_per_seq)
   return step.lowered, bert_config
 
 

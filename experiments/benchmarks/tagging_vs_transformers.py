@@ -84,14 +84,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bert_jax import heads
-from bert_jax import model as model_lib
 from bert_jax.convert import hf as convert_hf
 from bert_jax.convert import layout as convert_layout
 from bert_jax.finetune import tagging_task
 from bert_jax.finetune import token_features
 from bert_jax.finetune import tokenization
 from bert_jax.finetune import trainer
+from bert_jax.model import encoder as model_lib
+from bert_jax.model import heads
 from experiments.benchmarks import seed_comparison
 from experiments.configs import chinese as chinese_configs
 from experiments.configs import finetune as finetune_configs
@@ -314,7 +314,7 @@ def report(args, results: dict[str, dict[int, dict]]) -> dict:
 def main():
   parser = seed_comparison.flags(__doc__, examples=("sentences", 5000, 1000), max_seq_length=64,
                                  epochs=3, learning_rate=1e-3)
-  parser.add_argument("--model_size", default="tiny", help="row of bert_jax.model.SIZES")
+  parser.add_argument("--model_size", default="tiny", help="row of bert_jax.model.encoder.SIZES")
   parser.add_argument("--doc_stride", type=int, default=32)
   args = parser.parse_args()
   args.seeds = [int(s) for s in args.seeds.split(",")]

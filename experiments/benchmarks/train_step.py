@@ -6,8 +6,8 @@ Usage (the issue's figures: tiny and base at sequence length 128, this machine):
 
 Rows per size (--rows), the same BertConfig, batch, dtype and optimizer:
 
-  ours       bert_jax.pretrain_step.train_step (BertForPreTraining, MLM head on the
-             masked positions only, AdamW chain of bert_jax.optim), jitted with
+  ours       bert_jax.pretrain.steps.train_step (BertForPreTraining, MLM head on the
+             masked positions only, AdamW chain of bert_jax.training.optim), jitted with
              donation; the paper recipe (attention dropout 0.1 on the einsum path,
              threefry dropout bits): like for like with the reference.
   ours_rbg   the same with config.rng_impl "rbg" (XLA's RngBitGenerator for the masks).
@@ -21,7 +21,7 @@ Rows per size (--rows), the same BertConfig, batch, dtype and optimizer:
 Imports no TensorFlow, and transformers only for the reference row.
 
 A step is the whole update: forward, backward, clipping, AdamW, parameter write.
-MFU uses the model-FLOPs formula of bert_jax.metrics_io (6 N_dense per token +
+MFU uses the model-FLOPs formula of bert_jax.run.metrics_io (6 N_dense per token +
 12 L H T attention + 6 E V per prediction) for BOTH rows, i.e. useful work only;
 the reference's full-vocabulary logits on unmasked positions are not credited.
 On a CPU the peak is unknown: pass --peak_tflops (total over devices) for MFU.
@@ -45,14 +45,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bert_jax import cost
-from bert_jax import heads
-from bert_jax import losses
-from bert_jax import metrics_io
-from bert_jax import model as model_lib
-from bert_jax import optim
-from bert_jax import pretrain_step
-from bert_jax import train_state as state_lib
+from bert_jax.model import encoder as model_lib
+from bert_jax.model import heads
+from bert_jax.pretrain import cost
+from bert_jax.pretrain import losses
+from bert_jax.pretrain import steps as pretrain_step
+from bert_jax.run import metrics_io
+from bert_jax.training import optim
+from bert_jax.training import state as state_lib
 from experiments.configs import pretrain
 
 
@@ -74,7 +74,7 @@ def make_batch(bert_config, batch: int, seq_len: int, predictions: int) -> dict:
 
 
 def ours(bert_config, tx, batch, rng_impl: str = "threefry"):
-  """(step function, state) for bert_jax.pretrain_step.train_step."""
+  """(step function, state) for bert_jax.pretrain.steps.train_step."""
   module = heads.BertForPreTraining(bert_config)
   key = state_lib.dropout_key(jax.random.PRNGKey(1), rng_impl)
   params = nn.unbox(jax.jit(lambda: module.init(
@@ -147,7 +147,7 @@ def time_interleaved(rows: dict, batch: dict, steps: int) -> tuple[dict, dict]:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--sizes", default="tiny,base", help="rows of bert_jax.model.SIZES")
+  parser.add_argument("--sizes", default="tiny,base", help="rows of bert_jax.model.encoder.SIZES")
   parser.add_argument("--seq_len", type=int, default=128)
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--predictions", type=int, default=20, help="masked positions per sequence")

@@ -67,7 +67,7 @@ What each variant costs on 2 CPU cores (and how that was measured): docs/ablatio
 Compute matching: --config.budget.mode=flops gives every setting the steps that
 spend the baseline's FLOPs (or --config.budget.flops) on its own per-step FLOPs,
 counted at the prepare stage on the predictions its own input stream makes
-(experiments/ablation_plan.py; recorded in plan.json); the default, "steps", matches runs by steps and,
+(experiments/ablation/plan.py; recorded in plan.json); the default, "steps", matches runs by steps and,
 with budget.finetune_at_equal_flops, also fine-tunes every run that is not the
 cheapest from its checkpoint at the cheapest run's total FLOPs (a checkpoint is
 kept at every evaluation point for it): one more sweep per such run and task,
@@ -191,7 +191,7 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   # --- what is held fixed across settings ---
   config.budget = ml_collections.ConfigDict()
   # "steps": every run trains pretrain.total_steps; "flops": each setting trains the steps
-  # that spend budget.flops on its own per-step model FLOPs (experiments/ablation_plan.py).
+  # that spend budget.flops on its own per-step model FLOPs (experiments/ablation/plan.py).
   config.budget.mode = "flops" if proof else "steps"
   config.budget.flops = 0.0  # FLOP mode's budget; 0: the baseline's FLOPs in pretrain.total_steps
   # FLOP mode plans on the predictions each setting's own stream makes, counted at the
@@ -221,7 +221,7 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   # --- report ---
   config.report = ml_collections.ConfigDict()
   config.report.mfu = 0.4  # assumed model-FLOPs utilisation for --dry_run on accelerators
-  # Model GFLOP/s --dry_run assumes where bert_jax.metrics_io.PEAK_TFLOPS has no entry (CPUs):
+  # Model GFLOP/s --dry_run assumes where bert_jax.run.metrics_io.PEAK_TFLOPS has no entry (CPUs):
   # tiny on this project's 2 idle cores, 2.1 steps/s x 22.3 GFLOP per step at ratio 0.15.
   config.report.fallback_gflops = 45.0
   # "<device kind in PEAK_TFLOPS>:<devices>" estimated by --dry_run (a v4-8 slice is 4 chips).

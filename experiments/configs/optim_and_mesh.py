@@ -1,8 +1,8 @@
 """Config blocks every experiment family shares (one definition of each default).
 
-optimizer_config()   optax AdamW / LAMB fields read by bert_jax.optim
+optimizer_config()   optax AdamW / LAMB fields read by bert_jax.training.optim
 add_sharding(config) device mesh, logical-axis rules and multi-host fields read by
-                     bert_jax.sharding and bert_jax.train_state
+                     bert_jax.training.sharding and bert_jax.training.state
 """
 
 import ml_collections

@@ -56,7 +56,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   config.variant = arg + ("_fast" if fast else "")  # recorded so a workdir says what it is
 
   # --- model ---
-  config.model_size = "base"  # row of bert_jax.model.SIZES giving (L, H, A)
+  config.model_size = "base"  # row of bert_jax.model.encoder.SIZES giving (L, H, A)
   config.model = ml_collections.ConfigDict()  # BertConfig fields overriding the size row
   config.model.vocab_size = 0  # 0 -> the size of the vocabulary the pipeline tokenizes with
   # Word table and MLM logits padded to a multiple of this (30,522 -> 30,592): splits
@@ -70,12 +70,12 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # True: one [T, T] attention-dropout mask shared by every example and head (transformers'
   # Flax BERT); False: one per example, head, query and key (the paper's, google-research/bert).
   config.model.attention_dropout_shared = False
-  # Attention kernel (bert_jax/attention.py): auto takes the paper's einsum path wherever
+  # Attention kernel (bert_jax/model/attention.py): auto takes the paper's einsum path wherever
   # attention probabilities are dropped in training, else cuDNN flash attention on NVIDIA
   # GPUs (bf16), Pallas splash on TPUs, XLA elsewhere; einsum|xla|cudnn|splash force one.
   # Runtime only: every kernel computes the same attention (tests/test_attention.py).
   config.model.attention_impl = "auto"
-  # What each layer keeps for the backward pass (bert_jax.model.REMAT_POLICIES): "none"
+  # What each layer keeps for the backward pass (bert_jax.model.encoder.REMAT_POLICIES): "none"
   # keeps everything (fastest); "full" only layer inputs (least memory, ~1 extra forward,
   # i.e. ~+33% step FLOPs); "dots_saveable" / "dots_with_no_batch_dims_saveable" keep
   # matmul outputs (all / the dense projections only); "save_qkv_out_proj" keeps q, k, v
@@ -125,7 +125,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   config.eval_every_steps = 10_000  # periodic held-out evaluation (also at the end)
   config.eval_batch_size = 64  # global eval batch
   config.log_every_steps = 100  # progress line, TensorBoard and metrics.jsonl
-  config.peak_tflops_per_device = 0.0  # for MFU; 0 -> look the device kind up in bert_jax.metrics_io
+  config.peak_tflops_per_device = 0.0  # for MFU; 0 -> look the device kind up in bert_jax.run.metrics_io
 
   if arg == "tiny":
     config.model_size = "tiny"

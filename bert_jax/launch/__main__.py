@@ -1,0 +1,194 @@
+r"""Runs bert_jax.main on a Cloud TPU VM slice, detached: create, install, start, watch, delete.
+
+  python -m bert_jax.launch --name=bert-base --project=my-project --zone=us-central2-b \
+    --accelerator_type=v4-32 --spot --config=experiments/configs/pretrain.py:base \
+    --workdir=gs://my-bucket/bert-base --config.total_steps=100000
+
+`--action=run` (the default):
+  0. before any gcloud call, check the configuration compiles and fits the
+     slice (bert_jax.preflight, unless --skip_preflight): a config that cannot
+     run is refused before anything is read, created or paid for. A pass is
+     remembered in LOGDIR/preflight_passed/ under a key of the config, its
+     overrides, the accelerator type, the source tree and the jax/libtpu
+     versions, so re-running the same command to attach does not compile again;
+  1. look at the workdir's job record (WORKDIR/job_state.json, written by the
+     job: bert_jax.run.job_state) and the queued resource: if this launch's job is
+     running there (the slice ACTIVE, the record 'running' with a heartbeat
+     younger than --stale_after_s), ATTACH to it (steps 5-6) and start nothing;
+     if the record says 'done', only delete the slice;
+  2. otherwise create the slice as a queued resource (reused if ACTIVE;
+     `v5e-N` is sent as `v5litepod-N`; --autocheckpoint uses gcloud's alpha
+     track for --autocheckpoint-enabled);
+  3. upload this source tree to every worker and install it into a Python 3.11
+     virtual environment (~/bert_jax_venv; Ubuntu 22.04's python3.11 package),
+     printing each worker's Python, JAX version and devices;
+  4. start `bert_jax.main --config=... --workdir=gs://... --config.distributed.enabled=True
+     <every --config.X flag given here>` on every worker under `setsid nohup`, its
+     output in ~/bert_jax_job.log there, with BERT_JAX_JOB_ID (tpu:PROJECT/ZONE/NAME,
+     the same for every relaunch) and BERT_JAX_JOB_ATTEMPT (the start's Unix time,
+     growing) in its environment. A worker whose previous job still runs keeps it
+     (the launcher adopts it): one job at a time;
+  5. watch: every --poll_s read the queued resource's state and the job record
+     (each read retried with backoff), streaming worker 0's log meanwhile. A job
+     that looks lost (slice not ACTIVE, record 'preempted', heartbeat stale, or no
+     record after --start_timeout_s) is judged lost only when that lasts
+     --preemption_window_s (and two reads): then restart it on the same slice if
+     that is ACTIVE, else delete and re-create the slice, reinstall and start
+     again; at most --max_relaunches times. Each start resumes from the workdir;
+  6. delete the slice when the record says 'done' (not with --keep).
+The launcher only starts, watches and restarts: losing contact (ssh exit 255, a
+sleeping laptop, gcloud failing, the launcher killed or stopped with Ctrl-C)
+never deletes anything. It exits saying how to re-attach: run the same command.
+A failed job (record 'failed') stops the launcher with the log's last lines and
+leaves the slice for inspection (`--action=logs`, then `--action=delete`).
+
+`--action=status` prints the queued resource's state and the job record,
+`--action=logs --worker=N` prints and follows worker N's job log,
+`--action=delete` deletes the slice, `--dry_run` prints the gcloud commands of
+the action and runs nothing. A failure stops with one line naming the step and
+the tail of gcloud's stderr. Pieces: the driver in bert_jax/launch/launcher.py,
+the commands in plan.py, state reads and the judgement in state.py, starting
+and watching in attach.py; the preflight is `python -m bert_jax.preflight`, run
+as a child process (the launcher imports no JAX).
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+
+from bert_jax.launch import launcher as launcher_lib
+from bert_jax.launch import plan as launch_plan
+from bert_jax.launch import state as launch_state
+from bert_jax.launch.state import LaunchError, LostContact
+
+_ACTION = flags.DEFINE_enum("action", "run", ["run", "status", "logs", "delete"],
+                            "What to do with the slice.")
+_NAME = flags.DEFINE_string("name", None, "Queued resource and TPU node name.")
+_PROJECT = flags.DEFINE_string("project", None, "Google Cloud project.")
+_ZONE = flags.DEFINE_string("zone", None, "Zone of the slice, e.g. us-central2-b.")
+_ACCELERATOR_TYPE = flags.DEFINE_string("accelerator_type", None,
+                                        "e.g. v4-32, v5litepod-16 (v5e-16 is accepted), v6e-64.")
+_RUNTIME_VERSION = flags.DEFINE_string("runtime_version", "",
+                                       "TPU VM image; '' -> the generation's default.")
+_NUM_WORKERS = flags.DEFINE_integer("num_workers", 0,
+                                    "VMs in the slice; 0 -> from the accelerator type.")
+_SPOT = flags.DEFINE_bool("spot", False, "Ask for spot capacity (cheaper, preemptible).")
+_AUTOCHECKPOINT = flags.DEFINE_bool(
+    "autocheckpoint", False, "Create with --autocheckpoint-enabled (gcloud alpha track): the "
+    "job is signalled to save before a maintenance event.")
+_CONFIG = flags.DEFINE_string("config", None, "bert_jax.main's --config, e.g. "
+                              "experiments/configs/pretrain.py:base (a path in this source tree).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "bert_jax.main's --workdir: a gs:// directory "
+                               "(every worker and every relaunch must see it).")
+_MAX_RELAUNCHES = flags.DEFINE_integer("max_relaunches", 10,
+                                       "Restarts after the job was lost (preemption, maintenance).")
+_KEEP = flags.DEFINE_bool("keep", False, "Leave the slice running when the job is done.")
+_SKIP_PREFLIGHT = flags.DEFINE_bool("skip_preflight", False, "Create the slice without first "
+                                    "compiling the train step for it (bert_jax.preflight).")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the gcloud commands; run nothing.")
+_LOGDIR = flags.DEFINE_string("logdir", "", "Local directory for worker_0.log and the upload "
+                              "staging; '' -> $TMPDIR/bert_jax_launch/NAME.")
+_SOURCE_DIR = flags.DEFINE_string("source_dir", "", "Source tree to install; '' -> this checkout.")
+_WORKER = flags.DEFINE_integer("worker", 0, "--action=logs: whose log.")
+_FOLLOW = flags.DEFINE_bool("follow", True, "--action=logs: keep printing new lines.")
+_FOLLOW_LOGS = flags.DEFINE_bool("follow_logs", True, "While watching, stream worker 0's log.")
+_POLL_S = flags.DEFINE_float("poll_s", 30.0, "Seconds between looks at the slice and the job.")
+_RETRY_S = flags.DEFINE_float("retry_s", 5.0, "First backoff of a failed state read (doubling, "
+                              "5 tries; then the launcher exits, leaving the job be).")
+_PREEMPTION_WINDOW_S = flags.DEFINE_float(
+    "preemption_window_s", 180.0, "How long a lost-looking job must stay so before a relaunch.")
+_STALE_AFTER_S = flags.DEFINE_float(
+    "stale_after_s", 600.0, "A 'running' record whose heartbeat is older is a job that is gone "
+    "(the job rewrites it every minute).")
+_START_TIMEOUT_S = flags.DEFINE_float(
+    "start_timeout_s", 1800.0, "How long a started job may take to write its 'running' record.")
+_CREATE_TIMEOUT_S = flags.DEFINE_float("create_timeout_s", 4 * 3600.0,
+                                       "Give up if the slice is not ACTIVE after this long.")
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl parsing that passes every --config.X=V (and whatever follows `--`) on to bert_jax.main."""
+  passthrough = [a for a in argv[1:] if a.startswith("--config.")]
+  try:
+    rest = flags.FLAGS([a for a in argv if not a.startswith("--config.")])
+  except flags.Error as e:
+    sys.exit(f"error: {e}\nPass --help for the flags.")
+  return rest[:1] + passthrough + rest[1:]
+
+
+def main(argv: list[str]) -> None:
+  """Performs --action on the slice named by the flags."""
+  extra = argv[1:]
+  if stray := [a for a in extra if not a.startswith("--")]:
+    sys.exit(f"error: unexpected arguments {stray}: give bert_jax.main's flags as --config.X=VALUE")
+  missing = [f"--{f.name}" for f in (_NAME, _PROJECT, _ZONE) if not f.value]
+  if _ACTION.value == "run":
+    missing += [f"--{f.name}" for f in (_ACCELERATOR_TYPE, _CONFIG, _WORKDIR) if not f.value]
+  if missing:
+    sys.exit(f"error: --action={_ACTION.value} needs {', '.join(missing)}")
+  workdir = _WORKDIR.value or ""
+  if workdir and not workdir.startswith("gs://"):
+    sys.exit(f"error: --workdir={workdir} must be a gs:// directory: every worker "
+             "writes to it and a relaunched slice resumes from it")
+  # gcloud knows v5e slices as v5litepod-N only; translated before anything reaches it.
+  accelerator_type = launch_plan.canonical_accelerator_type(_ACCELERATOR_TYPE.value or "")
+  try:
+    tpu = launch_plan.Slice(
+        name=_NAME.value, project=_PROJECT.value, zone=_ZONE.value,
+        accelerator_type=accelerator_type, spot=_SPOT.value, autocheckpoint=_AUTOCHECKPOINT.value,
+        runtime_version=_RUNTIME_VERSION.value or (
+            launch_plan.default_runtime_version(accelerator_type) if accelerator_type else ""),
+        num_workers=_NUM_WORKERS.value or (
+            launch_plan.num_workers(accelerator_type) if accelerator_type else 0))
+  except ValueError as e:
+    sys.exit(f"error: {e}")
+  source_dir = _SOURCE_DIR.value or launcher_lib.SOURCE_ROOT
+  judge = launch_state.Judge(window_s=_PREEMPTION_WINDOW_S.value,
+                             stale_after_s=_STALE_AFTER_S.value,
+                             start_timeout_s=_START_TIMEOUT_S.value)
+  launcher = launcher_lib.Launcher(tpu, workdir=workdir, source_dir=source_dir, poll_s=_POLL_S.value,
+                                   retry_s=_RETRY_S.value,
+                                   create_timeout_s=_CREATE_TIMEOUT_S.value, judge=judge,
+                                   follow_logs=_FOLLOW_LOGS.value,
+                                   logdir=_LOGDIR.value or os.path.join(
+                                       tempfile.gettempdir(), "bert_jax_launch", tpu.name))
+  args = launch_plan.main_args(_CONFIG.value, workdir, extra)
+  if _DRY_RUN.value:
+    for command in launcher_lib.plan(_ACTION.value, tpu, launcher.logdir, workdir, args,
+                                     _KEEP.value, _WORKER.value, _FOLLOW.value):
+      print(shlex.join(command))
+    return
+  overrides = [a for a in extra if a.startswith("--config.")]
+  preflight = None if _SKIP_PREFLIGHT.value else (
+      lambda: launcher_lib.preflight(_CONFIG.value, overrides, accelerator_type, launcher.logdir,
+                                     source_dir))
+  try:
+    if _ACTION.value == "status":
+      print(f"{tpu.name}: {launcher.reader.slice_state() or 'not found'}")
+      if workdir:
+        print(f"job: {launch_state.describe_job(launcher.reader.job(), time.time())}")
+    elif _ACTION.value == "logs":
+      sys.exit(subprocess.call(launch_plan.logs_command(tpu, _WORKER.value, lines=200,
+                                                        follow=_FOLLOW.value)))
+    elif _ACTION.value == "delete":
+      print(f"{tpu.name}: {'deleting' if launcher.delete(wait=False) else 'not found'}")
+    else:
+      launcher.run(args, _MAX_RELAUNCHES.value, _KEEP.value, preflight)
+  except LostContact as e:
+    sys.exit(f"error: {e}. Nothing was deleted and the job (if started) keeps running; "
+             + launcher_lib.how_to(tpu))
+  except LaunchError as e:
+    sys.exit(f"error: {e}")
+  except KeyboardInterrupt:
+    sys.exit(f"\n[launch] stopped watching; nothing was deleted and the job keeps running: "
+             + launcher_lib.how_to(tpu))
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)

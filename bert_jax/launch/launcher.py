@@ -1,0 +1,321 @@
+"""The launcher's driver: one slice and its detached job, brought up, watched, relaunched, deleted.
+
+`Launcher` runs the steps of `python -m bert_jax.launch --action=run`
+(bert_jax/launch/__main__.py says them in order) through gcloud, every command
+from bert_jax.launch.plan; `plan` lists them for --dry_run. `preflight` runs
+`python -m bert_jax.preflight` in a child process before any gcloud call and
+remembers a pass (`preflight_key`): the launcher itself never imports JAX, so
+it starts in a second and runs where only the launcher's light dependencies are.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from bert_jax.launch import attach as launch_attach
+from bert_jax.launch import plan as launch_plan
+from bert_jax.launch import state as launch_state
+from bert_jax.launch.state import LaunchError, say
+
+
+def how_to(tpu: launch_plan.Slice) -> str:
+  """What to do after the launcher stopped: re-run to attach, and the logs and delete actions."""
+  where = f"--name={tpu.name} --project={tpu.project} --zone={tpu.zone}"
+  return (f"re-run the same command to attach; `python -m bert_jax.launch {where} "
+          "--action=logs` shows the log, `--action=delete` deletes the slice")
+
+
+class Launcher:
+  """Drives one slice and its detached job through gcloud; every command comes from launch_plan."""
+
+  def __init__(self, tpu: launch_plan.Slice, *, workdir: str, logdir: str, source_dir: str,
+               poll_s: float, retry_s: float, create_timeout_s: float,
+               judge: launch_state.Judge, follow_logs: bool = True):
+    self.tpu, self.workdir, self.logdir, self.source_dir = tpu, workdir, logdir, source_dir
+    self.poll_s, self.create_timeout_s, self.judge = poll_s, create_timeout_s, judge
+    self.follow_logs = follow_logs
+    self.gcloud = launch_state.Gcloud(retry_s)
+    self.reader = launch_state.Reader(self.gcloud, tpu, workdir)
+    self.last_attempt = 0
+
+  # --- the slice ---
+
+  def _wait_active(self, step: str) -> None:
+    """Polls until ACTIVE; a FAILED/SUSPENDED state or the deadline on the way is an error."""
+    deadline = time.monotonic() + self.create_timeout_s
+    while (state := self.reader.slice_state(step)) != launch_plan.ACTIVE:
+      if state is None or state in launch_plan.FAILED_STATES + launch_plan.PREEMPTED_STATES:
+        raise LaunchError(step, f"queued resource {self.tpu.name} is {state or 'gone'} while "
+                          f"waiting for it to be {launch_plan.ACTIVE}")
+      if time.monotonic() > deadline:
+        raise LaunchError(step, f"queued resource {self.tpu.name} is still {state} after "
+                          f"{self.create_timeout_s:.0f}s (--create_timeout_s)")
+      say(f"{self.tpu.name} is {state}; waiting for {launch_plan.ACTIVE}")
+      time.sleep(self.poll_s)
+
+  def create(self) -> None:
+    """Queues the slice and waits until it is ACTIVE."""
+    self.gcloud.run(launch_plan.create_command(self.tpu), "create")
+    self._wait_active("create")
+
+  def delete(self, wait: bool, step: str = "delete") -> bool:
+    """Deletes the slice (and waits until it is gone); False if there was none."""
+    result = self.gcloud.run(launch_plan.delete_command(self.tpu), step, check=False)
+    if result.returncode and "NOT_FOUND" in result.stderr:
+      return False
+    if result.returncode:
+      raise LaunchError(step, f"gcloud exited {result.returncode}: "
+                        f"{launch_state.tail(result.stderr)}")
+    if wait:  # the name is taken until the deletion completes
+      deadline = time.monotonic() + self.create_timeout_s
+      while (state := self.reader.slice_state(step)) is not None:
+        if time.monotonic() > deadline:
+          raise LaunchError(step, f"{self.tpu.name} is still {state} after "
+                            f"{self.create_timeout_s:.0f}s")
+        time.sleep(self.poll_s)
+    return True
+
+  def ensure_active(self, state: "str | None") -> None:
+    """Makes the slice ACTIVE from `state`: reuses or awaits a live one, replaces a broken one."""
+    if state == launch_plan.ACTIVE:
+      say(f"{self.tpu.name} is already ACTIVE; reusing it")
+      return
+    if state in launch_plan.PROVISIONING_STATES:
+      self._wait_active("create")
+      return
+    if state is not None:
+      say(f"{self.tpu.name} is {state}; deleting it to create it again")
+      self.delete(wait=True, step="create")
+    self.create()
+
+  # --- install ---
+
+  def stage(self) -> str:
+    """Copies what `pip install` needs to LOGDIR/staging/bert_jax_upload; returns LOGDIR/staging."""
+    staging = os.path.join(self.logdir, "staging")
+    upload = os.path.join(staging, launch_plan.UPLOAD_DIR)
+    if not os.path.isfile(os.path.join(self.source_dir, "setup.cfg")):
+      raise LaunchError("upload", f"{self.source_dir!r} is not a bert_jax source tree "
+                        "(no setup.cfg)")
+    shutil.rmtree(upload, ignore_errors=True)
+    os.makedirs(upload)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for entry in launch_plan.SOURCE_ENTRIES:
+      source = os.path.join(self.source_dir, entry)
+      if os.path.isdir(source):
+        shutil.copytree(source, os.path.join(upload, entry), ignore=ignore)
+      elif os.path.isfile(source):
+        shutil.copy2(source, upload)
+    return staging
+
+  def install(self, tries: int = 3) -> None:
+    """Uploads the source tree to every worker and installs it there (retried: a PyPI or
+    apt hiccup, or a lost ssh, is not the end of the launch)."""
+    staging = self.stage()
+    for attempt in range(tries):
+      try:
+        self.gcloud.run(launch_plan.upload_command(self.tpu, staging), "upload")
+        result = self.gcloud.run(launch_plan.install_command(self.tpu), "install")
+        for line in result.stdout.splitlines():  # each worker's Python, JAX and devices
+          if line.strip():
+            say(f"install: {line.strip()}")
+        return
+      except LaunchError as e:
+        if attempt + 1 == tries:
+          raise
+        say(f"{e}; trying again ({attempt + 2} of {tries})")
+        time.sleep(self.gcloud.retry_s * 2 ** attempt)
+
+  # --- the job ---
+
+  def start(self, args: list[str], replace: bool = False) -> int:
+    """Starts a new attempt (or adopts a running one unless `replace`); the judge watches it."""
+    # The start's Unix time: it grows across relaunches and across launcher runs alike.
+    attempt = max(int(time.time()), self.last_attempt + 1)
+    attempt = launch_attach.start(self.gcloud, self.tpu, attempt, args, replace)
+    self.last_attempt = attempt
+    self.judge.watch(attempt, time.time())
+    return attempt
+
+  def _failure_tail(self) -> str:
+    result = self.gcloud.run(launch_plan.logs_command(self.tpu, 0, lines=5, follow=False),
+                             "logs", check=False, echo=False)
+    return launch_state.tail(result.stdout) if not result.returncode else "(log unreachable)"
+
+  def finish(self, keep: bool) -> None:
+    """The job is done: deletes the slice unless `keep`."""
+    if keep:
+      say(f"--keep: {self.tpu.name} is left running; delete it with --action=delete")
+    elif self.delete(wait=False):
+      say(f"{self.tpu.name} is being deleted")
+
+  def run(self, args: list[str], max_relaunches: int, keep: bool, preflight=None) -> None:
+    """Attaches to this launch's live job, or brings the slice up and starts it; then watches,
+    relaunches a lost job, and deletes the slice when the workdir says done.
+
+    `preflight` (the config fits the slice, or LaunchError) runs first, before any
+    gcloud call: deciding whether a job is live takes gcloud reads, and a config
+    that cannot fit must be refused before any of them (it would be refused
+    anyway before a create). A re-run that attaches finds its pass remembered
+    (see _preflight), so attaching is not held up by a compile.
+    """
+    os.makedirs(self.logdir, exist_ok=True)
+    say(f"{self.tpu.name}: {self.tpu.accelerator_type}, {self.tpu.num_workers} workers; "
+        f"job {self.tpu.job_id}; local log copy in {self.logdir}")
+    if preflight is not None:
+      preflight()
+    job, state = self.reader.job(), self.reader.slice_state()
+    if job is not None and job["state"] == "done":
+      say(f"the workdir says the job is done ({launch_state.describe_job(job, time.time())})")
+      if state is not None:
+        self.finish(keep)
+      return
+    live = (state == launch_plan.ACTIVE and job is not None and job["state"] == "running"
+            and time.time() - float(job.get("time", 0)) < self.judge.stale_after_s)
+    if live:
+      say(f"attaching to the running job ({launch_state.describe_job(job, time.time())})")
+      self.last_attempt = int(job["attempt"])
+      self.judge.watch(self.last_attempt, time.time())
+    else:
+      self.ensure_active(state)
+      self.install()
+      self.start(args)
+    follower = launch_attach.LogFollower(self.tpu, self.logdir) if self.follow_logs else None
+    relaunches = 0
+    try:
+      while True:
+        verdict, obs = launch_attach.watch(self.reader, self.judge, self.poll_s, follower)
+        if verdict == launch_state.DONE:
+          say("the job is done")
+          self.finish(keep)
+          return
+        if verdict == launch_state.FAILED:
+          raise LaunchError("run", f"the job failed (exit code {obs.job.get('exit_code')} on "
+                            f"{obs.job.get('host')}); worker 0's last lines: "
+                            f"{self._failure_tail()}; the slice is left for inspection: "
+                            + how_to(self.tpu).split("; ", 1)[1])
+        if relaunches == max_relaunches:
+          raise LaunchError("run", f"the job was lost again after {max_relaunches} relaunches "
+                            "(--max_relaunches); the workdir holds the last checkpoint")
+        relaunches += 1
+        here = verdict == launch_state.RESTART
+        say(f"the job is gone (slice {obs.slice_state or 'gone'}, "
+            f"{launch_state.describe_job(obs.job, obs.time)}): relaunch {relaunches} of at most "
+            f"{max_relaunches}, {'on the same slice' if here else 'on a new slice'}")
+        if here:
+          try:
+            self.start(args, replace=True)
+            continue
+          except LaunchError as e:  # the tree or environment went with a maintenance reboot
+            say(f"{e}; reinstalling")
+        else:
+          self.ensure_active(obs.slice_state)
+        self.install()
+        self.start(args, replace=True)
+    finally:
+      if follower is not None:
+        follower.close()
+
+
+def plan(action: str, tpu: launch_plan.Slice, logdir: str, workdir: str, args: list[str],
+         keep: bool, worker: int, follow: bool) -> list[list[str]]:
+  """The commands `action` runs when no job ran yet, the slice does not exist and comes
+  up at once, and the job is done at the first look (for --dry_run)."""
+  if action == "status":
+    return [launch_plan.describe_command(tpu), launch_plan.job_state_command(workdir)]
+  if action == "delete":
+    return [launch_plan.delete_command(tpu)]
+  if action == "logs":
+    return [launch_plan.logs_command(tpu, worker, lines=200, follow=follow)]
+  return launch_plan.run_plan(tpu, os.path.join(logdir, "staging"), workdir,
+                              int(time.time()), args, keep)
+
+
+# What the compiled step depends on besides the flags: the code and the compiler.
+_PREFLIGHT_SOURCES = ("bert_jax", os.path.join("experiments", "configs"))
+_PREFLIGHT_PACKAGES = ("jax", "jaxlib", "libtpu", "flax", "optax")
+# The source tree this launcher runs from (the directory holding bert_jax/).
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def preflight_key(config: str, overrides: list[str], accelerator_type: str,
+                  source_dir: str) -> str:
+  """A digest of what a preflight's verdict depends on: the config argument and its file,
+  the overrides, the accelerator type, every .py of the source tree's bert_jax/ and
+  experiments/configs/, and the installed jax, jaxlib, libtpu, flax and optax."""
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+  digest = hashlib.sha256()
+
+  def version(package: str) -> str:
+    try:
+      return metadata.version(package)
+    except metadata.PackageNotFoundError:
+      return ""
+
+  digest.update(json.dumps([config, overrides, accelerator_type,
+                            [version(p) for p in _PREFLIGHT_PACKAGES]]).encode())
+  files = [config.split(":", 1)[0]]
+  for top in _PREFLIGHT_SOURCES:
+    for root, _, names in sorted(os.walk(os.path.join(source_dir, top))):
+      files += [os.path.join(root, n) for n in sorted(names) if n.endswith(".py")]
+  for path in files:
+    if os.path.isfile(path):
+      digest.update(os.path.relpath(path, source_dir).encode())
+      with open(path, "rb") as f:
+        digest.update(hashlib.sha256(f.read()).digest())
+  return digest.hexdigest()[:16]
+
+
+def run_preflight(config: str, overrides: list[str], accelerator_type: str) -> str:
+  """`python -m bert_jax.preflight` for the slice, in a child process; its summary when it fits.
+
+  A child, not an import: the preflight pulls in JAX, libtpu and TensorFlow (the
+  trainer's checks), which the launcher never needs otherwise. The child runs
+  this source tree's bert_jax (first on its path) in this working directory (the
+  config's path is relative to it), with this environment.
+
+  Raises:
+    LaunchError: the preflight's refusal (its last line: the phase, the GiB needed
+      and available, the cheapest fix), or how the child ended when it said nothing.
+  """
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [SOURCE_ROOT] + [p for p in [os.environ.get("PYTHONPATH", "")] if p]))
+  result = subprocess.run(
+      [sys.executable, "-m", "bert_jax.preflight", f"--config={config}",
+       f"--topology={accelerator_type}", *overrides],
+      capture_output=True, text=True, env=env, check=False)
+  if result.returncode:
+    for line in result.stdout.splitlines():  # the summary, when the phases were compiled
+      say(f"preflight: {line}")
+    lines = result.stderr.strip().splitlines()
+    last = lines[-1] if lines else f"exited {result.returncode} without a word"
+    raise LaunchError("preflight", last.removeprefix("preflight: "))
+  return result.stdout.strip()
+
+
+def preflight(config: str, overrides: list[str], accelerator_type: str, logdir: str,
+              source_dir: str) -> None:
+  """bert_jax.preflight: compile the train step for the slice before paying for it.
+
+  A pass is written to LOGDIR/preflight_passed/KEY.txt (preflight_key) and not
+  compiled again: re-running the launch command to attach to a live job (after
+  a laptop slept, say) must not wait minutes for a compile it already passed.
+  A refusal is never remembered.
+  """
+  passed = os.path.join(logdir, "preflight_passed",
+                        preflight_key(config, overrides, accelerator_type, source_dir) + ".txt")
+  if os.path.isfile(passed):
+    say(f"preflight: {config} passed for {accelerator_type} before, with this source tree and "
+        f"these flags ({passed}); not compiled again")
+    return
+  say(f"preflight: compiling {config} for {accelerator_type} (--skip_preflight skips this)")
+  report = run_preflight(config, overrides, accelerator_type)
+  for line in report.splitlines():
+    say(f"preflight: {line}")
+  os.makedirs(os.path.dirname(passed), exist_ok=True)
+  with open(passed, "w") as f:
+    f.write(report + "\n")

@@ -1,0 +1,176 @@
+"""The job's state in its workdir (WORKDIR/job_state.json), for a launcher that is not attached.
+
+A job started by bert_jax.launch runs detached on the TPU VMs; the launcher
+learns how it is doing from this one small file, which process 0 writes
+through host.paths (so gs:// and local workdirs alike):
+
+  {"state": "running" | "done" | "preempted" | "failed",
+   "host": ..., "pid": ..., "time": <unix seconds of this write>,
+   "started": <unix seconds>, "exit_code": null | int,
+   "job_id": $BERT_JAX_JOB_ID, "attempt": $BERT_JAX_JOB_ATTEMPT}
+
+'running' is written when the job has joined its cluster and rewritten every
+HEARTBEAT_S (the `time` field is the heartbeat: a record that stops changing
+while it says 'running' belongs to a job whose host is gone); the final state
+follows the exit code of bert_jax.jobs.run (0 done, 143 preempted, anything
+else, or an exception, failed).
+
+Only jobs that a launcher identifies (BERT_JAX_JOB_ID in the environment) write
+the file: a run started by hand, a test or the ablation leaves its workdir as
+it always did, and a refusal of such a run still writes nothing.
+"""
+
+import functools
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from absl import logging
+
+from host import paths
+
+STATE_FILE = "job_state.json"
+RUNNING, DONE, PREEMPTED, FAILED = "running", "done", "preempted", "failed"
+# How often process 0 rewrites 'running'; readers call a record stale after several of these.
+HEARTBEAT_S = 60.0
+# Set by bert_jax.launch in each worker's job command (the workdir lock reads them too):
+# the launch's identity, stable across relaunches, and a number that grows with each start.
+JOB_ID_ENV, ATTEMPT_ENV = "BERT_JAX_JOB_ID", "BERT_JAX_JOB_ATTEMPT"
+
+
+def identity() -> "tuple[str | None, int | None]":
+  """(job id, attempt) from the environment the launcher gave this job; (None, None) if none."""
+  job_id = os.environ.get(JOB_ID_ENV) or None
+  attempt = os.environ.get(ATTEMPT_ENV)
+  return job_id, int(attempt) if attempt and attempt.lstrip("-").isdigit() else None
+
+
+def state_for_exit_code(code: "int | None") -> str:
+  """The final state a job's exit code means (None: it raised)."""
+  # Imported here: it imports JAX, which the launcher (a reader of these records) does not need.
+  from bert_jax.run import preemption  # pylint: disable=g-import-not-at-top
+  if code == 0:
+    return DONE
+  if code == preemption.PREEMPTED_EXIT_CODE:
+    return PREEMPTED
+  return FAILED
+
+
+def parse(text: str) -> "dict | None":
+  """A record from the file's text; None when it is not one (empty, half-copied, another file)."""
+  try:
+    record = json.loads(text)
+  except ValueError:
+    return None
+  if not isinstance(record, dict) or record.get("state") not in (RUNNING, DONE, PREEMPTED, FAILED):
+    return None
+  return record
+
+
+def read(workdir: str) -> "dict | None":
+  """The workdir's record, or None when there is none."""
+  path = paths.join(workdir, STATE_FILE)
+  if not paths.exists(path):
+    return None
+  return parse(paths.read_text(path))
+
+
+def is_live_elsewhere(record: "dict | None", attempt: "int | None", stale_after_s: float) -> bool:
+  """Whether `record` is another attempt's 'running' with a recent heartbeat."""
+  return (record is not None and record.get("state") == RUNNING
+          and record.get("attempt") != attempt
+          and time.time() - float(record.get("time", 0)) < stale_after_s)
+
+
+class Tracker:
+  """Writes one job's record: 'running' plus heartbeats, then its final state."""
+
+  def __init__(self, workdir: str, distributed: bool, job_id: str, attempt: "int | None"):
+    self.workdir, self.distributed = workdir, distributed
+    self.job_id, self.attempt = job_id, attempt
+    self.started = time.time()
+    self._stop = threading.Event()
+    self._thread: "threading.Thread | None" = None
+
+  def _process_zero(self) -> "bool | None":
+    """Whether this is process 0; None while a distributed job has not joined its cluster."""
+    if not self.distributed:
+      return True
+    import jax  # pylint: disable=g-import-not-at-top  # only multi-process jobs get here
+    if not jax.distributed.is_initialized():
+      return None  # asking now would start JAX's backend before jax.distributed.initialize
+    return jax.process_index() == 0
+
+  def _write(self, state: str, exit_code: "int | None" = None) -> None:
+    record = {"state": state, "host": socket.gethostname(), "pid": os.getpid(),
+              "time": time.time(), "started": self.started, "exit_code": exit_code,
+              "job_id": self.job_id, "attempt": self.attempt}
+    paths.write_atomic(paths.join(self.workdir, STATE_FILE), json.dumps(record) + "\n")
+
+  def _heartbeat(self) -> None:
+    written = False
+    while not self._stop.is_set():
+      try:
+        zero = self._process_zero()
+        if zero is False:
+          return  # another process writes the record
+        if zero:
+          self._write(RUNNING)
+          written = True
+      except Exception as e:  # pylint: disable=broad-except  # a storage hiccup must not stop training
+        logging.warning("could not write %s: %s", STATE_FILE, e)
+      # Until the cluster is joined, look again soon: the launcher waits for this line.
+      self._stop.wait(HEARTBEAT_S if written else min(1.0, HEARTBEAT_S))
+
+  def start(self) -> None:
+    """Writes 'running' (once this process is known to be process 0) and keeps it fresh."""
+    self._thread = threading.Thread(target=self._heartbeat, daemon=True,
+                                    name="bert_jax-job-state")
+    self._thread.start()
+
+  def finish(self, exit_code: "int | None") -> None:
+    """Stops the heartbeat and writes the final state (never raises)."""
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+    try:
+      zero = self._process_zero()
+      if zero is False:
+        return
+      # zero is None: the job ended before joining its cluster (a refused config, say), so no
+      # process knows it is process 0; each writes, and they all say the same.
+      current = read(self.workdir)
+      if is_live_elsewhere(current, self.attempt, 5 * HEARTBEAT_S):
+        # A second start refused by the lock must not mark the live attempt's job failed.
+        logging.warning("%s: attempt %s is running; not overwriting its state", STATE_FILE,
+                        current.get("attempt"))
+        return
+      self._write(state_for_exit_code(exit_code), exit_code)
+    except Exception as e:  # pylint: disable=broad-except  # the exit code still tells the caller
+      logging.warning("could not write %s: %s", STATE_FILE, e)
+
+
+def tracked(run: Callable[[Any, str], int]) -> Callable[[Any, str], int]:
+  """Decorates bert_jax.jobs.run(config, workdir) -> exit code: records the job's state.
+
+  Does nothing unless the launcher set BERT_JAX_JOB_ID.
+  """
+
+  @functools.wraps(run)
+  def wrapper(config, workdir_path: str) -> int:
+    job_id, attempt = identity()
+    if job_id is None:
+      return run(config, workdir_path)
+    tracker = Tracker(workdir_path, bool(config.distributed.enabled), job_id, attempt)
+    tracker.start()
+    code = None
+    try:
+      code = run(config, workdir_path)
+      return code
+    finally:
+      tracker.finish(code)
+
+  return wrapper

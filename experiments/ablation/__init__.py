@@ -1,0 +1,9 @@
+"""The masking ablation: a grid of pretraining runs that differ only in their masks, and the report.
+
+`python -m experiments.ablation` (__main__: flags), stages (plan, prepare,
+pretrain, check, fine-tune, report; each resumes), plan (compute matching under
+a model-FLOP budget, --dry_run), proof (the runs of one seed read identical
+batches), stats (paired differences, bootstrap intervals) and report
+(report.md, results.csv, plots). Imports: anything of bert_jax,
+data_pipeline and experiments; nothing imports it.
+"""

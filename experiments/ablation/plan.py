@@ -1,0 +1,291 @@
+"""The ablation's plan: the step count each setting gets under a model-FLOP budget, the plan
+recorded in plan.json, and --dry_run's table of the runs, their FLOPs and times.
+
+config.budget.mode "steps" keeps every run at pretrain.total_steps (the default).
+"flops" gives each setting the largest step count whose model FLOPs
+stay within config.budget.flops (0: what the baseline setting spends in
+pretrain.total_steps), so every run spends the budget to within one of its own
+steps, and stretches the warm-up with it (the learning-rate schedule keeps its
+shape over the run's own steps).
+
+Two per-step figures, both bert_jax.pretrain.cost.step_flops:
+
+- measured (what the prepare stage plans with, once the corpus exists): the mean MLM
+  predictions per step counted on the setting's own input stream (the trainer's
+  PretrainingInput, its masking schedule over the run's steps), so short sequences,
+  which make fewer predictions, are charged as they run. The steps and the stream
+  depend on each other (a schedule runs over the run's steps), so the plan is
+  repeated on its own steps until they no longer change; the stream counted is the
+  run's own (seed 0's; on one host, its very batches) up to config.budget
+  .measure_batches steps, a sample of the run's schedule beyond.
+- estimated (--dry_run, --print_commands, and a plan made before the corpus exists):
+  the predictions a full sequence is expected to make at the setting's mean ratio
+  over its schedule (min(P, round(mean ratio x (max_seq_length - 3))): [CLS] and two
+  [SEP] are never masked), an upper bound where sequences are shorter.
+
+The report counts the FLOPs each run executed from its batch_log.
+"""
+
+import copy
+import hashlib
+import json
+from typing import Any
+
+from absl import logging
+import ml_collections
+import numpy as np
+
+from data_pipeline import specs
+from host import paths
+
+MODES = ("steps", "flops")
+_SPECIAL_TOKENS = 3  # [CLS] A [SEP] B [SEP]: never predicted
+
+
+def vocab_size(data_config: ml_collections.ConfigDict, model_config) -> int:
+  """The model's vocabulary size without building a tokenizer: the configured size, else
+  the vocab file's lines, else the embedded vocabulary's target size."""
+  if model_config.vocab_size:
+    return int(model_config.vocab_size)
+  if data_config.vocab_file:
+    return sum(1 for line in paths.read_text(data_config.vocab_file).splitlines() if line)
+  return int(data_config.embedded_vocab_size)
+
+
+def expected_predictions(run: ml_collections.ConfigDict) -> float:
+  """Predictions per sequence a run is expected to make, averaged over its schedule."""
+  spec = specs.masking_spec(run.data)
+  ratios = [spec.ratio_at(s, run.total_steps) for s in range(0, run.total_steps,
+                                                              max(1, run.total_steps // 1000))]
+  maskable = run.data.max_seq_length - _SPECIAL_TOKENS
+  slots = spec.max_predictions(run.data.max_seq_length)
+  return float(min(slots, max(1, round(float(np.mean(ratios)) * maskable))))
+
+
+def _step_flops(run: ml_collections.ConfigDict):
+  """predictions per step -> model FLOPs of one step of `run` (bert_jax.pretrain.cost.step_flops on
+  its abstract model, built once)."""
+  from bert_jax.pretrain import cost  # pylint: disable=g-import-not-at-top  # jax only when planning FLOPs
+  bert_config, params = cost.abstract_model(run, vocab_size(run.data, run.model))
+  return lambda predictions: cost.step_flops(bert_config, params, sequences=run.batch_size,
+                                             seq_len=run.data.max_seq_length,
+                                             predictions=predictions)
+
+
+def step_flops_estimate(run: ml_collections.ConfigDict) -> float:
+  """Model FLOPs of one step of `run` before it has run (bert_jax.pretrain.cost.step_flops)."""
+  return _step_flops(run)(run.batch_size * expected_predictions(run))
+
+
+def measured_predictions(run: ml_collections.ConfigDict, max_batches: int) -> float:
+  """Mean MLM predictions per step of `run`, counted on its own input stream.
+
+  The trainer's input (data_pipeline.pretraining.PretrainingInput, one host holding
+  the whole global batch), its masking schedule over min(total_steps, max_batches)
+  steps: for a run of at most `max_batches` steps the very batches it will train on.
+  """
+  from data_pipeline import pretraining  # pylint: disable=g-import-not-at-top  # TF only when measuring
+  steps = min(run.total_steps, max_batches)
+  source = pretraining.PretrainingInput(run.data, batch_size=run.batch_size,
+                                        schedule_steps=steps)
+  try:
+    total = sum(float(np.sum(next(source)["masked_lm_weights"])) for _ in range(steps))
+  finally:
+    source.close()
+  return total / steps
+
+
+def step_flops_measured(run: ml_collections.ConfigDict, max_batches: int) -> tuple[float, float]:
+  """(model FLOPs of one step of `run`, predictions per step) on its measured predictions."""
+  predictions = measured_predictions(run, max_batches)
+  return _step_flops(run)(predictions), predictions
+
+
+def _matched(per: dict[str, float], budget: float) -> dict[str, dict[str, Any]]:
+  out = {}
+  for name, flops in per.items():
+    # Floor, with a hair of slack so that the baseline's own budget (its per-step FLOPs x
+    # its steps) gives back its steps despite float rounding.
+    steps = int(budget / flops * (1 + 1e-12))
+    if steps < 1:
+      raise ValueError(f"config.budget.flops={budget:.3g} is less than one step of setting "
+                       f"{name} ({flops:.3g} FLOPs)")
+    out[name] = {"steps": steps, "flops_per_step": flops, "flops": steps * flops,
+                 "budget": budget}
+  return out
+
+
+def _budget(per: dict[str, float], runs: dict[str, ml_collections.ConfigDict], baseline: str,
+            budget: float) -> float:
+  if budget:
+    return budget
+  if baseline not in runs:
+    raise ValueError(f"config.budget.flops=0 takes the baseline {baseline!r}'s FLOPs, but "
+                     f"it is not a setting ({sorted(runs)}); set config.report.baseline or "
+                     "config.budget.flops")
+  return per[baseline] * runs[baseline].total_steps
+
+
+def matched_steps(runs: dict[str, ml_collections.ConfigDict], baseline: str,
+                  budget: float, per_step=step_flops_estimate) -> dict[str, dict[str, Any]]:
+  """{setting: {"steps", "flops_per_step", "flops"}} spending `budget` (0: baseline's run).
+
+  Each setting's steps = floor(budget / its per-step FLOPs), so
+  budget - flops < flops_per_step: the budget is spent within one step.
+  """
+  per = {name: float(per_step(run)) for name, run in runs.items()}
+  return _matched(per, _budget(per, runs, baseline, budget))
+
+
+def matched_steps_measured(runs: dict[str, ml_collections.ConfigDict], baseline: str,
+                           budget: float, max_batches: int,
+                           max_rounds: int = 4) -> dict[str, dict[str, Any]]:
+  """matched_steps on each setting's measured predictions (module docstring).
+
+  Each setting is measured on its run stretched to the steps it is planned (first the
+  estimate's plan, which with a zero budget keeps the baseline at its own steps), and
+  re-planned until no step count changes (at most `max_rounds`: counts still moving
+  after that are left as the last round gave them, and the log says so). With a zero
+  budget the baseline's measured run is the budget. Entries gain
+  "predictions_per_step" and "measured": True.
+  """
+  planned = {name: m["steps"] for name, m in matched_steps(runs, baseline, budget).items()}
+  measured: dict[tuple[str, int], tuple[float, float]] = {}  # (setting, steps) -> figures
+  for _ in range(max_rounds):
+    for name, run in runs.items():
+      if (name, planned[name]) not in measured:
+        measured[name, planned[name]] = step_flops_measured(
+            run if planned[name] == run.total_steps else stretch(run, planned[name]),
+            max_batches)
+    per = {name: measured[name, planned[name]][0] for name in runs}
+    out = _matched(per, _budget(per, runs, baseline, budget))
+    for name in out:
+      out[name].update(predictions_per_step=measured[name, planned[name]][1], measured=True)
+    steps = {name: out[name]["steps"] for name in out}
+    if steps == planned:  # every setting measured at the very steps it is given
+      return out
+    planned = steps
+  logging.warning("FLOP plan: step counts still moving after %d rounds: %s", max_rounds, planned)
+  return out
+
+
+def stretch(run: ml_collections.ConfigDict, steps: int) -> ml_collections.ConfigDict:
+  """`run` trained for `steps`, its warm-up scaled by the same factor (at least 1 step)."""
+  out = copy.deepcopy(run)
+  factor = steps / run.total_steps
+  with out.unlocked():
+    out.total_steps = steps
+    if run.optimizer.warmup_steps:
+      out.optimizer.warmup_steps = max(1, round(run.optimizer.warmup_steps * factor))
+  return out
+
+
+
+def equal_flops_checkpoints(cumulative: dict[str, list[float]], kept: dict[str, list[int]],
+                            seeds: dict[str, int]) -> dict[str, dict[str, Any]]:
+  """Step mode's equal-FLOPs point: {run: {"step", "flops", "budget"}}.
+
+  `cumulative[run][s]`: the run's model FLOPs after step s (index 0: step 0), as
+  executed (ablation_report.cumulative_flops); `kept[run]`: the steps it holds a
+  checkpoint of; `seeds[run]`: its pretraining seed. The budget is the smallest
+  run's total among the runs of its seed (as in the report's equal-FLOPs table):
+  differences are paired by seed, and one budget over all seeds would push the
+  baseline of a seed that happened to draw a few more predictions off its own
+  final checkpoint. Each run's step is its last kept checkpoint whose FLOPs do not
+  exceed the budget (relative 1e-9 for float sums), so the smallest run's is its
+  final step. The ablation keeps a checkpoint at every evaluation point
+  (checkpoint.every_steps = keep_period = eval_every_steps), so the fine-tuned
+  checkpoint is the evaluation the equal-FLOPs MLM table reads.
+  """
+  budgets: dict[int, float] = {}
+  for name, flops in cumulative.items():
+    budgets[seeds[name]] = min(budgets.get(seeds[name], flops[-1]), flops[-1])
+  out = {}
+  for name, flops in cumulative.items():
+    budget = budgets[seeds[name]]
+    fits = [s for s in kept[name] if s < len(flops) and flops[s] <= budget * (1 + 1e-9)]
+    if not fits:
+      raise ValueError(
+          f"run {name} keeps no checkpoint within the equal-FLOPs budget {budget:.4g} "
+          f"(kept steps {sorted(kept[name])}): keep one at every evaluation point "
+          "(pretrain.checkpoint.every_steps and keep_period = eval_every_steps)")
+    step = max(fits)
+    out[name] = {"step": step, "flops": flops[step], "budget": budget}
+  return out
+
+
+def fingerprint(config: ml_collections.ConfigDict) -> str:
+  """What a FLOP plan was measured on: the base pretraining config and the count's length."""
+  text = json.dumps([config.pretrain.to_dict(), config.budget.measure_batches], sort_keys=True,
+                    default=str)
+  return hashlib.md5(text.encode()).hexdigest()
+
+
+def recorded(config: ml_collections.ConfigDict, path: str) -> dict[str, dict[str, Any]]:
+  """The measured FLOP plan the prepare stage recorded in plan.json (`path`) for this very
+  grid; {} when there is none (no plan yet, step mode, or a plan of other settings,
+  budget or base pretraining config)."""
+  if config.budget.mode != "flops" or not paths.exists(path):
+    return {}
+  written = json.loads(paths.read_text(path))
+  budget = written.get("budget", {})  # plans before FLOP budgets have none
+  settings = budget.get("settings", {})
+  same = (budget.get("flops_config") == config.budget.flops
+          and budget.get("pretrain") == fingerprint(config)
+          and written.get("settings") == {n: s.to_dict() for n, s in config.settings.items()}
+          and all(m.get("measured") for m in settings.values()))
+  return settings if same and set(settings) == set(config.settings) else {}
+
+
+def dry_run(config: ml_collections.ConfigDict, runs: list) -> str:
+  """The runs with model FLOPs and expected times here and on the config's target devices.
+
+  FLOPs are bert_jax.pretrain.cost.step_flops at the predictions a full sequence is expected
+  to make (expected_predictions), beside the upper bound with every
+  prediction slot P used. Both are estimates: the prepare stage plans FLOP mode on
+  the predictions each stream makes (shorter sequences make fewer), and the report
+  counts the predictions the runs made. Nothing here builds a
+  tokenizer or reads the corpus: the vocabulary size is the vocab file's or the
+  configured one.
+  """
+  # jax and the report only when the table is asked for.
+  from bert_jax.run import metrics_io  # pylint: disable=g-import-not-at-top
+  from experiments.ablation import report as ablation_report  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  kind, count = jax.devices()[0].device_kind, jax.device_count()
+  here_tflops = metrics_io.PEAK_TFLOPS.get(kind)
+  if here_tflops:
+    here_rate, here = here_tflops * 1e12 * count * config.report.mfu, \
+        f"{count} x {kind} at MFU {config.report.mfu:.0%}"
+  else:
+    here_rate = config.report.fallback_gflops * 1e9
+    here = f"{count} x {kind} at {config.report.fallback_gflops:g} model GFLOP/s " \
+           "(config.report.fallback_gflops)"
+  targets = []
+  for target in config.report.targets:
+    target_kind, n = target.rsplit(":", 1)
+    targets.append((f"{n} x {target_kind}",
+                    metrics_io.PEAK_TFLOPS[target_kind] * 1e12 * int(n) * config.report.mfu))
+  header = ["run", "steps", "predictions / seq (expected, of P)", "GFLOP/step",
+            "GFLOP/step (all P slots)", "total PFLOP", f"here ({here})"] + \
+      [f"{name} at MFU {config.report.mfu:.0%}" for name, _ in targets]
+  rows, total = [], 0.0
+  for run in runs:
+    flops_at, slots = _step_flops(run.config), specs.max_predictions(run.config.data)
+    per_step = flops_at(run.config.batch_size * expected_predictions(run.config))
+    upper = flops_at(run.config.batch_size * slots)
+    flops = per_step * run.config.total_steps
+    total += flops
+    rows.append([run.name, f"{run.config.total_steps:,}",
+                 f"{expected_predictions(run.config):g} of {slots}",
+                 f"{per_step / 1e9:.1f}", f"{upper / 1e9:.1f}", f"{flops / 1e15:.3f}",
+                 ablation_report.duration(flops / here_rate)]
+                + [ablation_report.duration(flops / rate) for _, rate in targets])
+  rows.append(["all", "", "", "", "", f"{total / 1e15:.3f}",
+               ablation_report.duration(total / here_rate)]
+              + [ablation_report.duration(total / rate) for _, rate in targets])
+  tasks = sum(len(c.learning_rates or [0]) * len(c.seeds) for c in config.downstream.values())
+  return (ablation_report.markdown_table(header, rows)
+          + f"\n\n{len(runs)} pretraining runs; then {tasks} fine-tuning runs per pretraining run "
+          + ("and for random init " if config.random_init else "")
+          + f"({(len(runs) + int(config.random_init)) * tasks} in all), not counted above.")
