@@ -92,14 +92,15 @@ def _collapse_watch(commands: list[list[str]]) -> list[list[str]]:
 
 
 def test_workers_per_accelerator_type_and_the_v5e_alias():
+  from bert_jax import accelerators
   from bert_jax.launch import plan as launch_plan
   expected = {"v2-8": 1, "v2-32": 4, "v3-8": 1, "v3-128": 16, "v4-8": 1, "v4-32": 4,
               "v4-4096": 512, "v5litepod-1": 1, "v5litepod-8": 1, "v5litepod-16": 4,
               "v5e-256": 64, "v5p-8": 1, "v5p-128": 16, "v6e-4": 1, "v6e-8": 1, "v6e-16": 4,
               "v6e-256": 64}
   assert {t: launch_plan.num_workers(t) for t in expected} == expected
-  assert [launch_plan.canonical_accelerator_type(t) for t in ("v5e-16", "v5litepod-8", "v4-32")
-          ] == ["v5litepod-16", "v5litepod-8", "v4-32"]
+  assert [accelerators.canonical(t) for t in ("v5e-16", "v5litepod-8", "v4-32")] == [
+      "v5litepod-16", "v5litepod-8", "v4-32"]
   with pytest.raises(ValueError, match="unknown accelerator type 'v9-8'.*--num_workers"):
     launch_plan.num_workers("v9-8")
   with pytest.raises(ValueError, match="--num_workers"):

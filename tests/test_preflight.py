@@ -40,7 +40,7 @@ def test_accelerator_types_map_to_libtpu_topologies():
   assert (t("v4-8").topology_name, t("v4-8").num_devices) == ("v4:2x2x1", 4)
   assert (t("v4-32").topology_name, t("v4-32").chip_config_name) == ("v4:2x2x4", "megacore")
   assert t("v5litepod-16") == preflight_targets.Target(
-      "v5litepod-16", "v5e", "v5e:4x4", "default", (2, 2, 1), (False, False, False), 16)
+      "v5litepod-16", "v5litepod", "v5e:4x4", "default", (2, 2, 1), (False, False, False), 16)
   assert t("v5e-16").topology_name == "v5e:4x4"  # the alias launch translates
   assert (t("v6e-8").topology_name, t("v6e-8").hbm_gib) == ("v6e:2x4", 32.0)
   assert (t("v5p-8").topology_name, t("v5p-8").hbm_gib) == ("v5:2x2x1", 95.0)

@@ -62,6 +62,7 @@ import time
 from absl import app
 from absl import flags
 
+from bert_jax import accelerators
 from bert_jax.launch import launcher as launcher_lib
 from bert_jax.launch import plan as launch_plan
 from bert_jax.launch import state as launch_state
@@ -137,7 +138,7 @@ def main(argv: list[str]) -> None:
     sys.exit(f"error: --workdir={workdir} must be a gs:// directory: every worker "
              "writes to it and a relaunched slice resumes from it")
   # gcloud knows v5e slices as v5litepod-N only; translated before anything reaches it.
-  accelerator_type = launch_plan.canonical_accelerator_type(_ACCELERATOR_TYPE.value or "")
+  accelerator_type = accelerators.canonical(_ACCELERATOR_TYPE.value or "")
   try:
     tpu = launch_plan.Slice(
         name=_NAME.value, project=_PROJECT.value, zone=_ZONE.value,

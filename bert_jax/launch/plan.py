@@ -20,8 +20,9 @@ worker), so the launcher only starts, watches and restarts it.
 """
 
 import dataclasses
-import re
 import shlex
+
+from bert_jax import accelerators
 
 # The job's state file in the workdir (bert_jax.run.job_state.STATE_FILE; not imported, so
 # that the launcher needs no JAX-side module to plan commands).
@@ -58,46 +59,14 @@ SOURCE_ENTRIES = ("setup.cfg", "setup.py", "pyproject.toml", "README.md",
                   "bert_jax", "data_pipeline", "experiments")
 
 
-@dataclasses.dataclass(frozen=True)
-class Generation:
-  """How one TPU generation names its slices and lays them out over VMs (workers)."""
-  count_unit: int         # accelerator-type number per worker on multi-host slices
-  single_host_max: int    # the largest number that still fits on one VM
-  runtime_version: str    # default TPU VM software image
-
-
-# The number in an accelerator type counts TensorCores for v2/v3/v4/v5p (a VM
-# holds 4 chips x 2 cores = 8) and chips for v5e/v6e, whose multi-host slices
-# use 4-chip VMs while v5litepod-8 / v6e-8 are one 8-chip VM.
-# (cloud.google.com/tpu/docs: "TPU versions", v5e and v6e "Supported configurations".)
-GENERATIONS = {
-    "v2": Generation(count_unit=8, single_host_max=8, runtime_version="tpu-ubuntu2204-base"),
-    "v3": Generation(count_unit=8, single_host_max=8, runtime_version="tpu-ubuntu2204-base"),
-    "v4": Generation(count_unit=8, single_host_max=8, runtime_version="tpu-ubuntu2204-base"),
-    "v5litepod": Generation(count_unit=4, single_host_max=8, runtime_version="v2-alpha-tpuv5-lite"),
-    "v5p": Generation(count_unit=8, single_host_max=8, runtime_version="v2-alpha-tpuv5"),
-    "v6e": Generation(count_unit=4, single_host_max=8, runtime_version="v2-alpha-tpuv6e"),
-}
-# Names people use for the same hardware; gcloud itself wants the key of GENERATIONS.
-ALIASES = {"v5e": "v5litepod"}
-
-
-def canonical_accelerator_type(accelerator_type: str) -> str:
-  """The name gcloud knows: 'v5e-16' -> 'v5litepod-16' (others unchanged)."""
-  match = re.fullmatch(r"(v\w+?)-(\d+)", accelerator_type)
-  if match and match.group(1) in ALIASES:
-    return f"{ALIASES[match.group(1)]}-{match.group(2)}"
-  return accelerator_type
-
-
-def _generation(accelerator_type: str) -> tuple[Generation, int]:
-  match = re.fullmatch(r"(v\w+?)-(\d+)", accelerator_type)
-  name = ALIASES.get(match.group(1), match.group(1)) if match else None
-  if name not in GENERATIONS:
+def _generation(accelerator_type: str) -> "tuple[accelerators.Generation, int]":
+  parsed = accelerators.parse(accelerator_type)
+  if parsed is None:
     raise ValueError(
         f"unknown accelerator type {accelerator_type!r} (known generations: "
-        f"{', '.join(GENERATIONS)}): pass --num_workers (and --runtime_version) explicitly")
-  return GENERATIONS[name], int(match.group(2))
+        f"{', '.join(accelerators.GENERATIONS)}): pass --num_workers (and --runtime_version) "
+        "explicitly")
+  return parsed
 
 
 def num_workers(accelerator_type: str) -> int:
@@ -106,7 +75,7 @@ def num_workers(accelerator_type: str) -> int:
   Raises:
     ValueError: for a type the table does not know or a count it cannot split.
   """
-  generation, count = _generation(accelerator_type)
+  generation, count = _generation(accelerator_type)  # the table: bert_jax.accelerators
   if count <= generation.single_host_max:
     return 1
   if count % generation.count_unit:

@@ -6,5 +6,6 @@ the knob search), compile (the step lowered and compiled, its memory, FLOPs
 and collectives), knobs (the settings tried, cheapest first), targets (slices
 as libtpu compile targets, libtpu's out-of-memory lines), isolation and child
 (each compile in a child process, so a libtpu crash is one refused setting).
-Imports: bert_jax.model, bert_jax.training and bert_jax.pretrain; never bert_jax.launch, which runs it as a command.
+Imports: bert_jax.model, bert_jax.training, bert_jax.pretrain and
+bert_jax.accelerators; never bert_jax.launch, which runs it as a command.
 """

@@ -14,28 +14,7 @@ import dataclasses
 import os
 import re
 
-# TPU v4 and v5p types count TensorCores; each chip (two cores run as one "megacore"
-# device) is one JAX device. v5e (v5litepod) and v6e types count chips, one core each.
-# Topology names and bounds as MaxText's src/maxtext/utils/accelerator_to_spec_map.py
-# gives them to jax.experimental.topologies.get_topology_desc.
-_CUBES = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8",
-          256: "4x8x8", 512: "8x8x8"}  # v4 / v5p chips -> 3-D torus shape
-_PLANES = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
-           256: "16x16"}  # v5e / v6e chips -> 2-D shape
-_PLANE_WRAP = {128: (False, True, False), 256: (True, True, False)}  # wraparound links
-
-# HBM per chip in GiB, as Google's Cloud TPU system-architecture pages state it:
-#   v4   32 GiB  https://cloud.google.com/tpu/docs/v4   ("32 GiB HBM2" per chip)
-#   v5e  16 GiB  https://cloud.google.com/tpu/docs/v5e  ("16 GiB HBM2" per chip)
-#   v5p  95 GiB  https://cloud.google.com/tpu/docs/v5p  ("95 GiB HBM2e" per chip)
-#   v6e  32 GiB  https://cloud.google.com/tpu/docs/v6e  ("32 GB HBM" per chip)
-# (MaxText's table says the same in its comments.) The compiler keeps a little for
-# itself: libtpu's own limit, when a program exceeds it, is in its error (15.75G on v5e).
-HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5p": 95.0, "v6e": 32.0}
-# (topology prefix, chip config, devices per unit of the type's number)
-_FAMILIES = {"v4": ("v4", "megacore", 0.5), "v5p": ("v5", "megacore", 0.5),
-             "v5e": ("v5e", "default", 1.0), "v6e": ("v6e", "default", 1.0)}
-
+from bert_jax import accelerators
 
 # libtpu's out-of-memory refusals, as libtpu 0.0.42.1 words them (tests/test_preflight.py
 # compiles programs that provoke each and reads them back):
@@ -120,7 +99,7 @@ class PreflightError(Exception):
 class Target:
   """One slice as jax.experimental.topologies.get_topology_desc wants it."""
   accelerator_type: str       # gcloud's name, e.g. "v5litepod-16"
-  family: str                 # key of HBM_GIB
+  family: str                 # its generation: a key of bert_jax.accelerators.GENERATIONS
   topology_name: str          # e.g. "v5e:4x4"
   chip_config_name: str       # "megacore" (v4, v5p) or "default"
   chips_per_host_bounds: tuple[int, int, int]
@@ -130,7 +109,7 @@ class Target:
   @property
   def hbm_gib(self) -> float:
     """HBM per device (chip), GiB."""
-    return HBM_GIB[self.family]
+    return accelerators.GENERATIONS[self.family].hbm_gib
 
 
 def target(accelerator_type: str) -> Target:
@@ -139,25 +118,24 @@ def target(accelerator_type: str) -> Target:
   Raises:
     PreflightError: naming the types this module knows.
   """
-  match = re.fullmatch(r"(v4|v5p|v5litepod|v5e|v6e)-(\d+)", accelerator_type.strip())
-  if not match:
+  parsed = accelerators.parse(accelerator_type)
+  if parsed is None or not parsed[0].hbm_gib:
     raise PreflightError(f"accelerator type {accelerator_type!r}: preflight knows v4-N, v5p-N, "
                          "v5litepod-N (alias v5e-N) and v6e-N")
-  family = "v5e" if match.group(1) == "v5litepod" else match.group(1)
-  prefix, chip_config, per_unit = _FAMILIES[family]
-  chips = int(int(match.group(2)) * per_unit)
-  shapes = _CUBES if family in ("v4", "v5p") else _PLANES
+  generation, number = parsed
+  chips = accelerators.devices(generation, number)
+  shapes = generation.shapes
   if chips not in shapes:
-    sizes = ", ".join(f"{family if family != 'v5e' else 'v5litepod'}-{int(c / per_unit)}"
-                      for c in shapes)
+    sizes = ", ".join(f"{generation.name}-{int(c / generation.devices_per_unit)}" for c in shapes)
     raise PreflightError(f"accelerator type {accelerator_type!r}: no topology known for "
                          f"{chips} chips (known: {sizes})")
-  if family in ("v4", "v5p"):
+  if shapes is accelerators.CUBES:
     wrap = (True, True, True) if chips >= 64 else (False, False, False)
   else:
-    wrap = _PLANE_WRAP.get(chips, (False, False, False))
-  return Target(accelerator_type=accelerator_type, family=family,
-                topology_name=f"{prefix}:{shapes[chips]}", chip_config_name=chip_config,
+    wrap = accelerators.PLANE_WRAP.get(chips, (False, False, False))
+  return Target(accelerator_type=accelerator_type, family=generation.name,
+                topology_name=f"{generation.topology_prefix}:{shapes[chips]}",
+                chip_config_name=generation.chip_config,
                 chips_per_host_bounds=(1, 1, 1) if chips == 1 else (2, 2, 1), wrap=wrap,
                 num_devices=chips)
 

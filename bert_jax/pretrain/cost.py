@@ -24,27 +24,20 @@ import jax
 import ml_collections
 import numpy as np
 
+from bert_jax import accelerators
 from bert_jax.pretrain import phases as phases_lib
 from bert_jax.run import metrics_io
-
-# (jax device_kind, JAX devices per unit of the accelerator-type number)
-TPU_TYPES = {"v2": ("TPU v2", 1.0), "v3": ("TPU v3", 1.0), "v4": ("TPU v4", 0.5),
-             "v5p": ("TPU v5p", 0.5), "v5litepod": ("TPU v5 lite", 1.0),
-             "v6e": ("TPU v6 lite", 1.0)}
-GPUS = {"H200": "NVIDIA H200", "H100": "NVIDIA H100 80GB HBM3", "A100": "NVIDIA A100-SXM4-80GB"}
 
 
 def device_set(name: str) -> tuple[str, int]:
   """(device kind, number of JAX devices) of "v4-32", "v5litepod-16", "8xH200", "H100"..."""
-  tpu = re.fullmatch(r"(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)", name)
-  if tpu:
-    kind, per_unit = TPU_TYPES[tpu.group(1)]
-    return kind, max(1, int(int(tpu.group(2)) * per_unit))
-  gpu = re.fullmatch(r"(?:(\d+)x)?(H200|H100|A100)", name)
+  if tpu := accelerators.parse(name):
+    return tpu[0].device_kind, accelerators.devices(*tpu)
+  gpu = re.fullmatch(r"(?:(\d+)x)?(%s)" % "|".join(accelerators.GPUS), name)
   if gpu:
-    return GPUS[gpu.group(2)], int(gpu.group(1) or 1)
+    return accelerators.GPUS[gpu.group(2)], int(gpu.group(1) or 1)
   raise ValueError(f"unknown device set {name!r}: expected a TPU type such as v4-32 or "
-                   f"v5litepod-16, or NxGPU with GPU one of {sorted(GPUS)}")
+                   f"v5litepod-16, or NxGPU with GPU one of {sorted(accelerators.GPUS)}")
 
 
 # Parameter groups by where they run: per sequence (pooler, NSP/SOP head), per MLM
@@ -135,7 +128,7 @@ def run_flops(config: ml_collections.ConfigDict, bert_config: Any, abstract_para
 def hours(total_flops: float, device_kind: str, num_devices: int, mfu: float,
           peak_tflops_per_device: float = 0.0) -> float | None:
   """Wall-clock hours at `mfu` of the devices' peak (None when the peak is unknown)."""
-  tflops = peak_tflops_per_device or metrics_io.PEAK_TFLOPS.get(device_kind)
+  tflops = peak_tflops_per_device or accelerators.PEAK_TFLOPS.get(device_kind)
   if not tflops:
     return None
   return total_flops / (mfu * tflops * 1e12 * num_devices) / 3600.0
@@ -202,7 +195,7 @@ def main(argv):
   for name in flags.FLAGS.on:
     kind, n = device_set(name)
     h = hours(total, kind, n, flags.FLAGS.mfu)
-    print(f"    {name:>14} ({n} x {kind}, {metrics_io.PEAK_TFLOPS[kind]:g} TFLOP/s each): "
+    print(f"    {name:>14} ({n} x {kind}, {accelerators.PEAK_TFLOPS[kind]:g} TFLOP/s each): "
           f"{_duration(h)}, {h * n:,.0f} device-hours")
 
 

@@ -1,8 +1,9 @@
 """Training metrics out: TensorBoard events, metrics.jsonl, the terminal progress line, MFU.
 
-MFU divides model FLOPs per second by the devices' peak (PEAK_TFLOPS). The model
-FLOPs of a step are defined once, in bert_jax.pretrain.cost.step_flops (each head charged
-where it runs, the real predictions counted); this module only times and writes.
+MFU divides model FLOPs per second by the devices' peak (bert_jax.accelerators.PEAK_TFLOPS).
+The model FLOPs of a step are defined once, in bert_jax.pretrain.cost.step_flops (each
+head charged where it runs, the real predictions counted); this module only times and
+writes.
 """
 
 import os
@@ -14,20 +15,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from bert_jax import accelerators
 from bert_jax.run import jsonl
 from host import paths
 
 METRICS_FILE = "metrics.jsonl"
-
-# Dense bf16 peak TFLOP/s per JAX device, by jax Device.device_kind (for MFU). On TPU v2
-# and v3 each TensorCore is a device (half a chip: 45 and 123 TFLOP/s per chip); from v4
-# on a device is a chip.
-PEAK_TFLOPS = {
-    "TPU v2": 22.5, "TPU v3": 61.5, "TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0,
-    "TPU v5p": 459.0,
-    "TPU v6 lite": 918.0, "NVIDIA A100-SXM4-40GB": 312.0, "NVIDIA A100-SXM4-80GB": 312.0,
-    "NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H200": 989.0,
-}
 EMBEDDING_TABLES = ("word_embeddings", "position_embeddings", "token_type_embeddings")
 
 
@@ -44,7 +36,8 @@ def count_params(params: Any) -> tuple[int, int]:
 
 def peak_flops(peak_tflops_per_device: float) -> float | None:
   """Peak FLOP/s of all devices: the config's number, else the table, else None (no MFU)."""
-  tflops = peak_tflops_per_device or PEAK_TFLOPS.get(jax.devices()[0].device_kind)
+  tflops = (peak_tflops_per_device
+            or accelerators.PEAK_TFLOPS.get(jax.devices()[0].device_kind))
   return tflops * 1e12 * jax.device_count() if tflops else None
 
 

@@ -35,6 +35,7 @@ from absl import logging
 import ml_collections
 import numpy as np
 
+from bert_jax import accelerators
 from data_pipeline import specs
 from host import paths
 
@@ -249,11 +250,10 @@ def dry_run(config: ml_collections.ConfigDict, runs: list) -> str:
   configured one.
   """
   # jax and the report only when the table is asked for.
-  from bert_jax.run import metrics_io  # pylint: disable=g-import-not-at-top
   from experiments.ablation import report as ablation_report  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   kind, count = jax.devices()[0].device_kind, jax.device_count()
-  here_tflops = metrics_io.PEAK_TFLOPS.get(kind)
+  here_tflops = accelerators.PEAK_TFLOPS.get(kind)
   if here_tflops:
     here_rate, here = here_tflops * 1e12 * count * config.report.mfu, \
         f"{count} x {kind} at MFU {config.report.mfu:.0%}"
@@ -265,7 +265,7 @@ def dry_run(config: ml_collections.ConfigDict, runs: list) -> str:
   for target in config.report.targets:
     target_kind, n = target.rsplit(":", 1)
     targets.append((f"{n} x {target_kind}",
-                    metrics_io.PEAK_TFLOPS[target_kind] * 1e12 * int(n) * config.report.mfu))
+                    accelerators.PEAK_TFLOPS[target_kind] * 1e12 * int(n) * config.report.mfu))
   header = ["run", "steps", "predictions / seq (expected, of P)", "GFLOP/step",
             "GFLOP/step (all P slots)", "total PFLOP", f"here ({here})"] + \
       [f"{name} at MFU {config.report.mfu:.0%}" for name, _ in targets]

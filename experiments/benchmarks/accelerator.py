@@ -23,7 +23,7 @@ would not fit is not started):
 
 Reported per row: step time, seq/s and tokens/s, model TFLOP/s (the formula of
 bert_jax.run.metrics_io; recomputation is not credited), MFU against the device's
-peak (metrics_io.PEAK_TFLOPS) and against the bf16 matmul rate measured here at
+peak (bert_jax.accelerators.PEAK_TFLOPS) and against the bf16 matmul rate measured here at
 the start, the compiled program's memory (arguments + temporaries) and the
 device's peak memory so far (where the backend reports it), the activations the
 backward pass keeps for one device's batch (counted from the traced model, its

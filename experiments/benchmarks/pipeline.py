@@ -14,7 +14,7 @@ slice's chips to run at the assumed MFU:
 
   needed per host = mfu x peak FLOP/s per chip x chips / model FLOPs per sequence / hosts
 
-with chips and peak from bert_jax.pretrain.cost.device_set and bert_jax.run.metrics_io.PEAK_TFLOPS
+with chips and peak from bert_jax.pretrain.cost.device_set and bert_jax.accelerators.PEAK_TFLOPS
 and the model FLOPs per sequence from bert_jax.pretrain.cost.step_flops (every prediction
 slot counted, as bert_jax.pretrain.cost's estimate does). The cores per host that rate
 implies is needed / (measured rate per core here), assuming the pipeline's rate
@@ -58,11 +58,11 @@ from absl import flags
 import ml_collections
 import numpy as np
 
+from bert_jax import accelerators
 from bert_jax import errors
 from bert_jax.launch import plan as launch_plan
 from bert_jax.pretrain import cost
 from bert_jax.pretrain import phases as phases_lib
-from bert_jax.run import metrics_io
 from data_pipeline import corpora
 from data_pipeline import pretraining
 from data_pipeline import tokenized_corpus
@@ -146,7 +146,7 @@ def slice_demand(config: ml_collections.ConfigDict, slice_name: str, mfu: float,
   if config.batch_size % hosts:
     raise errors.UsageError(f"config.batch_size={config.batch_size} does not split over the "
                             f"{hosts} hosts of {slice_name}")
-  peak = (config.get("peak_tflops_per_device") or metrics_io.PEAK_TFLOPS[kind]) * 1e12
+  peak = (config.get("peak_tflops_per_device") or accelerators.PEAK_TFLOPS[kind]) * 1e12
   bert_config, params = model or cost.abstract_model(config, vocab_size)
   out = []
   for p in phases_lib.phases(config):

@@ -221,7 +221,7 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   # --- report ---
   config.report = ml_collections.ConfigDict()
   config.report.mfu = 0.4  # assumed model-FLOPs utilisation for --dry_run on accelerators
-  # Model GFLOP/s --dry_run assumes where bert_jax.run.metrics_io.PEAK_TFLOPS has no entry (CPUs):
+  # Model GFLOP/s --dry_run assumes where bert_jax.accelerators.PEAK_TFLOPS has no entry (CPUs):
   # tiny on this project's 2 idle cores, 2.1 steps/s x 22.3 GFLOP per step at ratio 0.15.
   config.report.fallback_gflops = 45.0
   # "<device kind in PEAK_TFLOPS>:<devices>" estimated by --dry_run (a v4-8 slice is 4 chips).

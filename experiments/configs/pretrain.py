@@ -125,7 +125,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   config.eval_every_steps = 10_000  # periodic held-out evaluation (also at the end)
   config.eval_batch_size = 64  # global eval batch
   config.log_every_steps = 100  # progress line, TensorBoard and metrics.jsonl
-  config.peak_tflops_per_device = 0.0  # for MFU; 0 -> look the device kind up in bert_jax.run.metrics_io
+  config.peak_tflops_per_device = 0.0  # for MFU; 0 -> look the device kind up in bert_jax.accelerators
 
   if arg == "tiny":
     config.model_size = "tiny"
