@@ -4,7 +4,7 @@ bert_jax.main parses flags and calls run(); anything else that starts jobs (the
 ablation, test runners) calls the same run() and configure_logging(), which
 define no flags.
 
-Exit codes, for schedulers and bert_jax.launch:
+Exit codes, for schedulers and bert_jax.launch (their values: bert_jax.exit_codes):
   0    the run finished (re-running the command does nothing more)
   143  preempted (SIGTERM): the step was saved; re-run the same command to resume
   130  interrupted (Ctrl-C): the step was saved the same way (a second Ctrl-C
@@ -27,6 +27,7 @@ import traceback
 from absl import logging
 
 from bert_jax import errors
+from bert_jax import exit_codes
 from bert_jax.finetune import trainer as finetune_trainer
 from bert_jax.pretrain import trainer as pretrain_lib
 from bert_jax.run import checkpoint
@@ -34,7 +35,6 @@ from bert_jax.run import job_state
 from bert_jax.run import preemption
 from bert_jax.run import workdir
 
-LOCK_HELD_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): the workdir is another live run's
 TRAINERS = {"pretrain": pretrain_lib.train_and_evaluate, "finetune": finetune_trainer.finetune}
 
 
@@ -75,13 +75,13 @@ def run(config, workdir_path: str) -> int:
     TRAINERS[config.family](config, workdir_path)
   except workdir.LockHeld as e:  # not wrong input: the workdir is busy, so "retry later"
     refuse(e)
-    return LOCK_HELD_EXIT_CODE
+    return exit_codes.LOCK_HELD
   except errors.UsageError as e:  # workdir.WorkdirError and checkpoint.CheckpointError too
     return refuse(e)
   except KeyboardInterrupt:  # Ctrl-C while the loop's stop request was not listening
     print("interrupted (Ctrl-C) outside the training loop: nothing was saved since the last "
           "checkpoint", file=sys.stderr, flush=True)
-    return preemption.INTERRUPTED_EXIT_CODE
+    return exit_codes.INTERRUPTED
   except Exception as e:  # pylint: disable=broad-except  # re-raised unless it is storage
     cause = checkpoint.describe_storage_error(e)
     if cause is None:
@@ -89,7 +89,7 @@ def run(config, workdir_path: str) -> int:
     return refuse(e, f"storage error: {cause}")
   finally:
     preemption.release()  # a Ctrl-C stop listened for a second Ctrl-C until here
-  return preemption.stopped_exit_code() if preemption.was_preempted() else 0
+  return preemption.stopped_exit_code() if preemption.was_preempted() else exit_codes.DONE
 
 
 def verbose() -> bool:
@@ -106,7 +106,7 @@ def refuse(error: BaseException, message: str | None = None) -> int:
     traceback.print_exception(error, file=sys.stderr)
   print(f"error: {errors.one_line(message or str(error)) or repr(error)}", file=sys.stderr,
         flush=True)
-  return 1
+  return exit_codes.REFUSED
 
 
 def configure_logging() -> None:

@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from bert_jax import exit_codes
 from bert_jax import jobs
 from bert_jax.run import checkpoint
 from bert_jax.run import lock as workdir_lock
@@ -151,7 +152,7 @@ def test_a_lock_held_by_a_live_run_exits_75(monkeypatch, tmp_path):
   def busy(*_):
     raise workdir_lock.LockHeld("workdir is in use: ... held by host h pid 1")
   monkeypatch.setitem(jobs.TRAINERS, "pretrain", busy)
-  assert jobs.run(pretrain.get_config("tiny"), str(tmp_path)) == jobs.LOCK_HELD_EXIT_CODE == 75
+  assert jobs.run(pretrain.get_config("tiny"), str(tmp_path)) == exit_codes.LOCK_HELD == 75
   def refused(*_):
     raise workdir_lock.WorkdirError("workdir was created with ...")
   monkeypatch.setitem(jobs.TRAINERS, "pretrain", refused)

@@ -19,8 +19,8 @@ import jax
 import numpy as np
 import pytest
 
+from bert_jax import exit_codes
 from bert_jax.run import checkpoint
-from bert_jax.run import preemption
 
 
 def _free_port() -> int:
@@ -145,7 +145,7 @@ def test_sigterm_to_one_process_stops_both_at_one_saved_step_and_resumes(
   """Fails if a preemption notice (SIGTERM) to process 1 alone does not stop both processes
   at the same saved step with exit 143, or if the relaunch does not end bit-identical."""
   _stop_one_host_and_resume(uninterrupted, multihost_config, pretrain_subprocess, tmp_path,
-                            "preempted", 1, signal.SIGTERM, preemption.PREEMPTED_EXIT_CODE,
+                            "preempted", 1, signal.SIGTERM, exit_codes.PREEMPTED,
                             r"preempted \(SIGTERM\): saved step (\d+);")
 
 
@@ -156,5 +156,5 @@ def test_ctrl_c_to_one_process_stops_both_at_one_saved_step_and_resumes(
   stop both processes at the same saved step with exit 130 (process 1 would hang in its
   next collective, or exit 143), or if the same command then does not end bit-identical."""
   _stop_one_host_and_resume(uninterrupted, multihost_config, pretrain_subprocess, tmp_path,
-                            "interrupted", 0, signal.SIGINT, preemption.INTERRUPTED_EXIT_CODE,
+                            "interrupted", 0, signal.SIGINT, exit_codes.INTERRUPTED,
                             r"interrupted \(Ctrl-C\): saved step (\d+);")

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 from bert_jax import errors
+from bert_jax import exit_codes
 from bert_jax import jobs
 from bert_jax.pretrain import trainer as pretrain_lib
 from bert_jax.run import checkpoint
-from bert_jax.run import preemption
 from bert_jax.run import workdir as workdir_lib
 from bert_jax.training import loop as train_loop
 from data_pipeline import corpora
@@ -322,7 +322,7 @@ def test_ctrl_c_saves_and_the_rerun_is_bit_identical(pretrain_reference_run, pre
     assert process.poll() is None and time.time() < deadline, (tmp_path / "run.log").read_text()
     time.sleep(0.02)
   process.send_signal(signal.SIGINT)
-  assert process.wait(timeout=300) == preemption.INTERRUPTED_EXIT_CODE, (
+  assert process.wait(timeout=300) == exit_codes.INTERRUPTED, (
       (tmp_path / "run.log").read_text()[-3000:])
   log = (tmp_path / "run.log").read_text()
   saved = int(re.search(r"interrupted \(Ctrl-C\): saved step (\d+); the same command resumes",
@@ -401,7 +401,7 @@ def test_a_second_ctrl_c_during_the_save_aborts_at_once_and_the_workdir_resumes(
     time.sleep(0.02)
   sent = time.time()
   process.send_signal(signal.SIGINT)
-  assert process.wait(timeout=60) == preemption.INTERRUPTED_EXIT_CODE, log.read_text()[-3000:]
+  assert process.wait(timeout=60) == exit_codes.INTERRUPTED, log.read_text()[-3000:]
   assert time.time() - sent < 30  # not the 300 s the save was still taking
   text = log.read_text()
   assert "Traceback" not in text, text[-3000:]

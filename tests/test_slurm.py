@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -17,6 +18,8 @@ import sys
 import time
 
 import pytest
+
+from bert_jax import exit_codes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SBATCH = REPO / "experiments" / "slurm" / "pretrain.sbatch"
@@ -95,10 +98,24 @@ def _sbatch(env: dict, *args: str) -> subprocess.CompletedProcess:
                         timeout=60)
 
 
+def test_the_templates_exit_codes_are_the_jobs():
+  """Fails if the template's PREEMPTED / LOCK_HELD differ from bert_jax/exit_codes.py (a
+  renumbered code would no longer be requeued), or if a code line of the template spells a
+  status as a bare number instead of by those names."""
+  text = SBATCH.read_text()
+  names = dict(re.findall(r"^(PREEMPTED|LOCK_HELD)=(\d+)$", text, re.M))
+  assert names == {"PREEMPTED": str(exit_codes.PREEMPTED),
+                   "LOCK_HELD": str(exit_codes.LOCK_HELD)}
+  code = [l for l in text.splitlines() if not l.lstrip().startswith("#")
+          and not re.match(r"(PREEMPTED|LOCK_HELD)=", l)]
+  assert [l for l in code if re.search(r"status == \d", l)] == []
+  assert "bert_jax/exit_codes.py" in text
+
+
 @pytest.mark.parametrize("srun_exit, restarts, max_requeues, script_exit, requeued", [
     (0, "0", "", 0, False), (1, "0", "", 1, False),
     (143, "0", "", 0, True), (143, "20", "", 143, False),
-    # The workdir locked by another live run (bert_jax.jobs' 75): requeued, and counted.
+    # The workdir locked by another live run (exit_codes.LOCK_HELD, 75): requeued, and counted.
     (75, "0", "", 0, True), (75, "19", "", 0, True), (75, "20", "", 75, False),
     (75, "2", "2", 75, False), (143, "1", "2", 0, True)])
 def test_sbatch_requeues_a_saved_preemption_and_a_held_lock(tmp_path, srun_exit, restarts,

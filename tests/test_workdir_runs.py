@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from bert_jax import exit_codes
 from bert_jax import jobs
 from bert_jax.model import encoder as model_lib
 from bert_jax.pretrain import trainer as pretrain_lib
@@ -92,13 +93,13 @@ def test_one_writer_per_workdir_and_sigterm_exits_143(pretrain_test_config, pret
   first = pretrain_subprocess(config, run, name="first")
   _wait_for_step(run, 2, first, tmp_path / "first.log")
   second = pretrain_subprocess(config, run, name="second")
-  # 75 (jobs.LOCK_HELD_EXIT_CODE), not 1: a busy workdir is "retry later", not wrong input.
-  assert second.wait(timeout=300) == jobs.LOCK_HELD_EXIT_CODE
+  # 75 (exit_codes.LOCK_HELD), not 1: a busy workdir is "retry later", not wrong input.
+  assert second.wait(timeout=300) == exit_codes.LOCK_HELD
   log = (tmp_path / "second.log").read_text()
   assert re.search(rf"workdir is in use: \S+/\.lock is held by host \S+ pid {first.pid} ", log)
   assert first.poll() is None, "the refused run stopped the running one"
   first.send_signal(signal.SIGTERM)
-  assert first.wait(timeout=300) == preemption.PREEMPTED_EXIT_CODE
+  assert first.wait(timeout=300) == exit_codes.PREEMPTED
   steps = [r["step"] for r in _rows(run) if "loss" in r]
   assert steps == list(range(1, len(steps) + 1))  # one writer: no interleaved rows
   saved = [int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()]

@@ -4,8 +4,8 @@
 driver, and the preflight run as `python -m bert_jax.preflight` in a child
 process), plan (every gcloud command line, pure), state (the reads, retried,
 and the judgement of a lost job) and attach (start, follow the log, watch).
-Imports: its own modules, bert_jax.run.job_state (the workdir's job
-record) and bert_jax.accelerators; never JAX, flax, orbax or TensorFlow, not even through another
-module (tests/test_architecture.py checks it), so the launcher starts in a
-second on any laptop.
+Imports: its own modules, bert_jax.run.job_state (the workdir's job record),
+bert_jax.exit_codes and bert_jax.accelerators; never JAX, flax, orbax or
+TensorFlow, not even through another module (tests/test_architecture.py checks
+it), so the launcher starts in a second on any laptop.
 """

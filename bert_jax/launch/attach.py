@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 
+from bert_jax import exit_codes
 from bert_jax.launch import plan as launch_plan
 from bert_jax.launch import state as launch_state
 from bert_jax.launch.state import LaunchError, say
@@ -38,7 +39,7 @@ def start(gcloud: launch_state.Gcloud, tpu: launch_plan.Slice, attempt: int,
     say(f"a job (attempt {running.group(2)}, pid {running.group(1)}) is already running "
         "on the slice: attaching to it instead of starting another")
     return int(running.group(2))
-  if result.returncode == launch_plan.SSH_LOST_EXIT_CODE:
+  if result.returncode == exit_codes.SSH_LOST:
     say(f"lost the ssh while starting attempt {attempt} (exit 255; the slice is not touched); "
         "the job's record in the workdir will say whether it started")
     return attempt

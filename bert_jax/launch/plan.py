@@ -23,10 +23,7 @@ import dataclasses
 import shlex
 
 from bert_jax import accelerators
-
-# The job's state file in the workdir (bert_jax.run.job_state.STATE_FILE; not imported, so
-# that the launcher needs no JAX-side module to plan commands).
-JOB_STATE_FILE = "job_state.json"
+from bert_jax import exit_codes
 
 # Queued-resource states (TPU API QueuedResourceState.State).
 ACTIVE = "ACTIVE"
@@ -34,11 +31,6 @@ PROVISIONING_STATES = ("CREATING", "ACCEPTED", "PROVISIONING", "WAITING_FOR_RESO
 FAILED_STATES = ("FAILED",)
 # Spot/preemptible capacity taken back: the slice must be deleted and created again.
 PREEMPTED_STATES = ("SUSPENDING", "SUSPENDED", "PREEMPTED")
-
-# Exit status of bert_jax.main when SIGTERM (a preemption) stopped it after saving.
-PREEMPTED_EXIT_CODE = 143
-# What gcloud exits with when the ssh connection itself failed (network, sleeping laptop).
-SSH_LOST_EXIT_CODE = 255
 
 # Name of the source tree on the workers (under the login user's home directory),
 # and of the directory it is uploaded as before the install swaps it in.
@@ -248,7 +240,7 @@ def logs_command(s: Slice, worker: int, lines: int, follow: bool) -> list[str]:
 
 def job_state_command(workdir: str) -> list[str]:
   """Prints WORKDIR/job_state.json (bert_jax.run.job_state) with the user's gcloud credentials."""
-  return ["gcloud", "storage", "cat", f"{workdir.rstrip('/')}/{JOB_STATE_FILE}"]
+  return ["gcloud", "storage", "cat", f"{workdir.rstrip('/')}/{exit_codes.STATE_FILE}"]
 
 
 def run_plan(s: Slice, staging_dir: str, workdir: str, attempt: int, args: list[str],

@@ -5,9 +5,9 @@ workdir (record.json written once, every later run checked against it), lock
 step), preemption (SIGTERM -> save at an agreed step), job_state
 (WORKDIR/job_state.json for a detached job's launcher), metrics_io
 (metrics.jsonl, TensorBoard, progress, MFU), batch_log (what each step read)
-and jsonl (the one reading of both logs). Checkpoint and record paths are
-the same for every trainer. Imports: bert_jax.model (the BertConfig a
-checkpoint holds), bert_jax.errors, bert_jax.accelerators and host; never a
-trainer (bert_jax.pretrain, bert_jax.finetune). This file stays a docstring:
-the launcher imports run.job_state without JAX or orbax.
+and jsonl (the one reading of both logs). Checkpoint and record paths are the
+same for every trainer. Imports: bert_jax.model (the BertConfig a checkpoint
+holds), bert_jax.errors, bert_jax.exit_codes, bert_jax.accelerators and host;
+never a trainer (bert_jax.pretrain, bert_jax.finetune). This file stays a
+docstring: the launcher imports run.job_state without JAX or orbax.
 """

@@ -30,9 +30,10 @@ from typing import Any, Callable
 
 from absl import logging
 
+from bert_jax import exit_codes
 from host import paths
 
-STATE_FILE = "job_state.json"
+STATE_FILE = exit_codes.STATE_FILE
 RUNNING, DONE, PREEMPTED, FAILED = "running", "done", "preempted", "failed"
 # How often process 0 rewrites 'running'; readers call a record stale after several of these.
 HEARTBEAT_S = 60.0
@@ -50,11 +51,9 @@ def identity() -> "tuple[str | None, int | None]":
 
 def state_for_exit_code(code: "int | None") -> str:
   """The final state a job's exit code means (None: it raised)."""
-  # Imported here: it imports JAX, which the launcher (a reader of these records) does not need.
-  from bert_jax.run import preemption  # pylint: disable=g-import-not-at-top
-  if code == 0:
+  if code == exit_codes.DONE:
     return DONE
-  if code == preemption.PREEMPTED_EXIT_CODE:
+  if code == exit_codes.PREEMPTED:
     return PREEMPTED
   return FAILED
 

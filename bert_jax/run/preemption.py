@@ -7,13 +7,13 @@ point: the coordination service hears the SIGTERM that reaches any host and
 agrees on one step at which every host stops, without a blocking collective on
 the steps before it (so hosts keep running ahead of their devices).
 
-A run stopped this way ends the process with PREEMPTED_EXIT_CODE (143, the
+A run stopped this way ends the process with exit_codes.PREEMPTED (143, the
 shell's code for "terminated by SIGTERM"), distinct from 0 (finished) and 1
 (failed), so a scheduler or bert_jax.launch knows to relaunch the same command,
 which resumes from the saved step.
 
 Ctrl-C (SIGINT) is a stop request too: the first one saves the step and ends
-the process with INTERRUPTED_EXIT_CODE (130, the shell's code for SIGINT) and
+the process with exit_codes.INTERRUPTED (130, the shell's code for SIGINT) and
 the same "saved step N; the same command resumes" line. A second one aborts at
 once, without waiting for that save (os._exit: orbax commits a step only when
 it is complete, so the newest complete step stays and the same command resumes
@@ -31,8 +31,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-PREEMPTED_EXIT_CODE = 143
-INTERRUPTED_EXIT_CODE = 130
+from bert_jax import exit_codes
 
 _preempted = [False]
 _interrupted = [False]  # the stop request was a Ctrl-C (SIGINT), not a preemption
@@ -64,7 +63,7 @@ def release() -> None:
 
 def stopped_exit_code() -> int:
   """The exit code of a run that stopped on request: 130 after Ctrl-C, else 143."""
-  return INTERRUPTED_EXIT_CODE if _interrupted[0] else PREEMPTED_EXIT_CODE
+  return exit_codes.INTERRUPTED if _interrupted[0] else exit_codes.PREEMPTED
 
 
 def stop_reason() -> str:
@@ -102,7 +101,7 @@ class StopRequest:
       # (a half-written step is never committed; the lock's dead pid frees it).
       _say("interrupted again: aborted without waiting for the save; the same command "
            "resumes from the newest complete checkpoint")
-      os._exit(INTERRUPTED_EXIT_CODE)
+      os._exit(exit_codes.INTERRUPTED)
     _interrupted[0] = True
     if self._synced:
       # The other processes hear of it as of a preemption notice: JAX's notifier in

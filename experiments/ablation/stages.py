@@ -16,6 +16,7 @@ from typing import Any
 from absl import logging
 import ml_collections
 
+from bert_jax import exit_codes
 from bert_jax.run import batch_log
 from bert_jax.run import checkpoint
 from bert_jax.run import preemption
@@ -456,7 +457,7 @@ def run_ablation(config: ml_collections.ConfigDict | None, workdir: str,
       runs = prepare(config, workdir, runs)
     if stage in ("all", "pretrain"):
       if not pretrain(runs, workdir):
-        return preemption.PREEMPTED_EXIT_CODE
+        return exit_codes.PREEMPTED
     if stage == "prepare":
       return 0
     written_plan = read_plan(workdir)
@@ -468,7 +469,7 @@ def run_ablation(config: ml_collections.ConfigDict | None, workdir: str,
                       ", ".join(proof.unfinished))
     if stage in ("all", "finetune"):
       if not finetune(config, runs, workdir):
-        return preemption.PREEMPTED_EXIT_CODE
+        return exit_codes.PREEMPTED
     if stage in ("all", "report"):
       written = ablation_report.write_report(workdir, written_plan, tuple(proof.unfinished))
       logging.info("report: %s", ", ".join(written))
