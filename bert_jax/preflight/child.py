@@ -39,6 +39,10 @@ def serve(request: dict[str, Any], send: Callable[[str, Any], None]) -> None:
 
 def main(argv: Sequence[str]) -> int:
   """Entry point: argv[1] is the inherited file descriptor to send results to."""
+  if len(argv) != 2 or not argv[1].isdigit():  # run by hand: say what it is
+    print("usage: python -m bert_jax.preflight.child RESULT_FD < request.pickle\n\n"
+          + __doc__.strip(), file=sys.stdout if argv[1:] in (["--help"], ["-h"]) else sys.stderr)
+    return 0 if argv[1:] in (["--help"], ["-h"]) else 2
   # A crash is reported by the parent; a core of a compiler holding BERT-Large's
   # program (GiBs, in the working directory where core_pattern says "core") is not wanted.
   _, hard = resource.getrlimit(resource.RLIMIT_CORE)
