@@ -124,21 +124,23 @@ def test_non_bool_is_refused():
     model_lib.BertConfig(attention_dropout_shared="yes")
 
 
-def test_configs_default_to_the_papers_mask_and_the_benchmark_to_transformers():
-  """pretrain/finetune configs keep per-example masks; the A/B benchmark shares them."""
+def test_configs_and_the_benchmark_default_to_the_papers_mask():
+  """pretrain/finetune configs keep per-example masks, and so does the benchmark's side
+  (what the configs ship); its --attention_dropout_mask=shared is transformers' recipe.
+  Would fail if a default drew one mask for every example and head."""
   from experiments.configs import finetune as finetune_configs  # pylint: disable=g-import-not-at-top
   from experiments.configs import pretrain as pretrain_configs  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks import finetune_sides as sides  # pylint: disable=g-import-not-at-top
   from experiments.benchmarks import finetune_vs_transformers as bench  # pylint: disable=g-import-not-at-top
   for config in (pretrain_configs.get_config("tiny"), finetune_configs.get_config("sst2")):
     assert config.model.attention_dropout_shared is False
   assert model_lib.BertConfig.from_size(
       "tiny", **pretrain_configs.get_config("tiny").model.to_dict() | {"vocab_size": 64}
   ).attention_dropout_shared is False
-  default = bench.ours_config(bench.flags().parse_args([]), (0,))
-  assert default.model.attention_dropout_shared is True
-  paper = bench.ours_config(bench.flags().parse_args(["--attention_dropout_mask=per_example"]),
-                            (0,))
-  assert paper.model.attention_dropout_shared is False
+  default = sides.ours_config(bench.flags().parse_args([]), (0,))
+  assert default.model.attention_dropout_shared is False
+  shared = sides.ours_config(bench.flags().parse_args(["--attention_dropout_mask=shared"]), (0,))
+  assert shared.model.attention_dropout_shared is True
 
 
 def _open(path, bert_config):

@@ -65,12 +65,29 @@ def test_grouping_drops_the_same_tail_as_fixed_padding():
 
 
 def test_train_batches_cut_sequences_to_the_bucket():
+  """Would fail if the default (ungrouped) batches were not fixed padding's rows in fixed
+  padding's order, if a batch were cut shorter than its longest row or not to the smallest
+  bucket holding it, or if grouping (group_by_length) did not reorder them."""
   lengths = np.array([5, 9, 3, 16, 7, 2, 11, 4])
   mask = (np.arange(16)[None] < lengths[:, None]).astype(np.int32)
   features = {"input_ids": mask * 7, "input_mask": mask, "segment_ids": mask * 0,
               "label_ids": np.arange(8), "label_weights": mask.astype(np.float32)}
-  batches = buckets.TrainBatches(features, seed=0, batch_size=2, buckets=(4, 8, 12, 16),
-                                 window_batches=4)
+  make = lambda grouped, bucket_lengths=(4, 8, 12, 16): buckets.TrainBatches(
+      features, seed=0, batch_size=2, buckets=bucket_lengths, grouped=grouped,
+      window_batches=4)
+  batches, fixed, grouped = make(False), make(False, (16,)), make(True)
+  for step in range(8):
+    np.testing.assert_array_equal(batches.rows(step)[0], fixed.rows(step)[0])
+    epoch, index = divmod(step, 4)
+    np.testing.assert_array_equal(batches.rows(step)[0], np.random.default_rng(
+        [0, epoch]).permutation(8)[2 * index:2 * index + 2])
+  assert fixed.rows(0)[1] == 16
+  assert any(not np.array_equal(batches.rows(s)[0], grouped.rows(s)[0]) for s in range(4))
+  # Grouped: the window of 4 batches holds the whole epoch, so each batch is two neighbours
+  # in length order.
+  order = np.argsort(lengths, kind="stable")
+  assert sorted(tuple(sorted(grouped.rows(s)[0])) for s in range(4)) == sorted(
+      tuple(sorted(order[i:i + 2])) for i in range(0, 8, 2))
   seen = []
   for step in range(8):  # two epochs
     rows, length = batches.rows(step)
@@ -133,5 +150,43 @@ def test_benchmark_sweep_report(capsys):
   assert stats["ours"]["pad_fraction"] == pytest.approx(0.5)
   assert stats["reference"]["pad_fraction"] == pytest.approx(0.75)
   assert stats["ours"]["real_tokens_per_s"] == pytest.approx(600 / 100.0)
-  assert stats["lr5e-05"]["within"] and stats["lr5e-05"]["diff"] == pytest.approx(-0.02)
+  assert stats["lr5e-05"]["accuracy"]["within"]
+  assert stats["lr5e-05"]["accuracy"]["diff"] == pytest.approx(-0.02)
+  assert stats["lr5e-05"]["accuracy"]["ours_lower"] == 3
+  # F1 is judged too: equal on every run here, so no difference and no seed lower.
+  assert stats["lr0.0001"]["f1"] == {"diff": 0.0, "noise": 0.0, "within": True,
+                                    "near_edge": True, "ours_lower": 0}
   assert "reference / ours = 2.50x" in capsys.readouterr().out
+
+
+def test_benchmark_sweep_pieces_report_as_one_sweep(tmp_path, capsys):
+  """finetune_vs_transformers --report_from: a sweep run in pieces (a side, a learning rate
+  each) is reported as the whole sweep, wall times summed; would fail if a piece's runs were
+  lost or double-counted, or if pieces of different recipes were merged without a word."""
+  import json  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks import finetune_vs_transformers as bench  # pylint: disable=g-import-not-at-top
+  def piece(name, side, lr, seconds, acc, **args):
+    runs = {f"{lr!r}|{s}": {"accuracy": acc + 0.01 * s, "f1": 0.5, "real_tokens": 100,
+                            "padded_tokens": 200} for s in (0, 1, 2)}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"args": {"train_examples": 2000, "dev_examples": 800,
+                                         "max_seq_length": 128, "batch_size": 32, "epochs": 2,
+                                         "padding": "buckets", **args},
+                                "sides": {side: {"seconds": seconds, "backend_compiles": 3,
+                                                 "compile_seconds": 1.0, "cache_hits": 0,
+                                                 "step_programs": 2 if side == "ours" else None,
+                                                 "shapes": "x", "runs": runs}}}))
+    return str(path)
+  files = [piece("o1", "ours", 5e-5, 100.0, 0.6), piece("o2", "ours", 1e-4, 50.0, 0.6),
+           piece("r1", "reference", 5e-5, 200.0, 0.7), piece("r2", "reference", 1e-4, 250.0, 0.6)]
+  args, sides = bench.merge_pieces(files)
+  assert args.learning_rates == [5e-5, 1e-4] and args.seeds == [0, 1, 2]
+  assert sides["ours"]["seconds"] == 150.0 and sides["reference"]["seconds"] == 450.0
+  assert len(sides["ours"]["runs"]) == len(sides["reference"]["runs"]) == 6
+  stats = bench.report_sweep(args, sides)
+  assert stats["speedup"] == pytest.approx(3.0)
+  assert not stats["lr5e-05"]["accuracy"]["within"]  # 0.1 apart, spread 0.02
+  assert stats["lr0.0001"]["accuracy"]["within"]
+  assert "OUTSIDE seed noise" in capsys.readouterr().out
+  with pytest.raises(SystemExit, match="--epochs=3, other pieces 2"):
+    bench.merge_pieces(files[:1] + [piece("o3", "ours", 1e-4, 50.0, 0.6, epochs=3)])

@@ -8,14 +8,16 @@ longest row; attention masks the padding, so a row's outputs do not depend on
 how much padding follows it. The compiled shapes stay bounded: one train
 program per bucket length, one eval program per (bucket length, batch).
 
-Training order (train_order): the epoch's permutation from (seed, epoch), as
-with fixed padding, with the same tail dropped; then, within windows of
-config.bucket_window_batches batches, rows are sorted by length and cut into
-batches, and the epoch's batches are shuffled from (seed, epoch) again. Every
-kept row appears exactly once per epoch, the order is a pure function of
-(seed, epoch) (so resume is exact), and batches are random in order and
-similar in length. (transformers' LengthGroupedSampler groups the same way,
-with windows of 50 batches.)
+Training order (train_order): the epoch's permutation from (seed, epoch), the
+tail dropped, cut into batches in turn: fixed padding's order, so by default
+buckets change only the padding (with dropout off, the same losses step by
+step; with dropout on, masks are drawn per shape). With config.group_by_length,
+rows are then sorted by length within windows of config.bucket_window_batches
+batches and cut into batches, and the epoch's batches shuffled from (seed,
+epoch) again (transformers' LengthGroupedSampler, windows of 50 batches): less
+padding, but batches alike in length, which learns less (docs/finetuning.md).
+Either way every kept row appears exactly once per epoch and the order is a
+pure function of (seed, epoch), so resume is exact.
 
 Evaluation (eval_batches): rows grouped by bucket, in their original order
 within a bucket; a shorter bucket takes proportionally more rows per batch
@@ -63,8 +65,8 @@ def train_order(lengths: np.ndarray, seed: int, epoch: int, batch_size: int,
                 window_batches: int, grouped: bool) -> np.ndarray:
   """[steps_per_epoch, batch_size] row indices of one epoch's batches (see the module doc).
 
-  Ungrouped, this is the fixed-padding order the trainer always had: batch i is
-  rows i*batch_size.. of the (seed, epoch) permutation, the tail dropped.
+  Ungrouped (the default), this is the fixed-padding order the trainer always had:
+  batch i is rows i*batch_size.. of the (seed, epoch) permutation, the tail dropped.
   """
   n = len(lengths)
   steps = n // batch_size
@@ -100,9 +102,9 @@ class TrainBatches:
   """
 
   def __init__(self, features: dict[str, np.ndarray], *, seed: int, batch_size: int,
-               buckets: tuple[int, ...], window_batches: int):
+               buckets: tuple[int, ...], grouped: bool, window_batches: int):
     self.features, self.seed, self.batch_size = features, seed, batch_size
-    self.buckets, self.window_batches = buckets, window_batches
+    self.buckets, self.grouped, self.window_batches = buckets, grouped, window_batches
     self.max_seq_length = buckets[-1]
     self.lengths = row_lengths(features)
     self.steps_per_epoch = len(self.lengths) // batch_size
@@ -113,7 +115,7 @@ class TrainBatches:
     epoch, index = divmod(step, self.steps_per_epoch)
     if epoch != self._epoch:
       self._order = train_order(self.lengths, self.seed, epoch, self.batch_size,
-                                self.window_batches, grouped=len(self.buckets) > 1)
+                                self.window_batches, grouped=self.grouped)
       self._epoch = epoch
     rows = self._order[index]
     return rows, int(bucket_of(self.lengths[rows].max(keepdims=True), self.buckets)[0])

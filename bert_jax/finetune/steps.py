@@ -57,11 +57,14 @@ def use_compilation_cache() -> str | None:
 
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *, task: Any,
-               grad_accum_steps: int, skip_nonfinite: bool) -> tuple[TrainState, dict]:
-  """One update on the global batch: the task loss, averaged over the batch's weight."""
+               grad_accum_steps: int, skip_nonfinite: bool,
+               fixed_weight: float | None = None) -> tuple[TrainState, dict]:
+  """One update on the global batch: the task loss summed over the batch, divided by the
+  batch's weight (its rows or labelled tokens), or by `fixed_weight` when given."""
   step_rng = jax.random.fold_in(rng, state.step)
   # The normaliser is the whole batch's weight, so micro-batch losses add up exactly.
-  total_weight = jnp.maximum(task.loss_weight(batch), 1.0)
+  total_weight = (jnp.maximum(task.loss_weight(batch), 1.0) if fixed_weight is None
+                  else jnp.float32(fixed_weight))
 
   def loss_fn(params, micro, micro_rng):
     out = state.apply_fn({"params": params}, *(micro[k] for k in task_kind.INPUTS),
@@ -100,9 +103,11 @@ class Programs:
             "eval": self.eval_step._cache_size()}  # pylint: disable=protected-access
 
 
-# Config fields that differ between the runs of one sweep without changing any program.
+# Config fields that differ between the runs of one sweep without changing any program
+# (the last two only order the train rows).
 PER_RUN = ("seed", "seeds", "learning_rates", "optimizer.learning_rate",
-            "optimizer.end_learning_rate", "optimizer.warmup_steps")
+            "optimizer.end_learning_rate", "optimizer.warmup_steps",
+            "group_by_length", "bucket_window_batches")
 
 
 def build(config: ml_collections.ConfigDict, task: task_kind.Task, cache: dict, mesh,
@@ -139,7 +144,8 @@ def build(config: ml_collections.ConfigDict, task: task_kind.Task, cache: dict, 
   evaluate = functools.partial(eval_step, apply_fn=model.apply, task=task)
   train, jitted_eval = state_lib.jit_steps(
       layout, functools.partial(train_step, task=task, grad_accum_steps=config.grad_accum_steps,
-                                skip_nonfinite=config.skip_nonfinite_steps), evaluate)
+                                skip_nonfinite=config.skip_nonfinite_steps,
+                                fixed_weight=fixed_loss_weight(config, task)), evaluate)
 
   def out_shapes(length):
     ids = jax.ShapeDtypeStruct((config.eval_batch_size, length), jnp.int32)
@@ -154,6 +160,18 @@ def build(config: ml_collections.ConfigDict, task: task_kind.Task, cache: dict, 
       sequence_outputs=tuple(k for k in full if full[k].shape != shorter[k].shape))
   cache[key] = programs
   return programs
+
+
+def fixed_loss_weight(config: ml_collections.ConfigDict, task: task_kind.Task) -> float | None:
+  """config.loss_normalizer "train_mean": every step's loss is divided by one number, the
+  train set's mean weight per batch (batch_size x its labelled tokens per row for a token
+  task, batch_size for classification), so each labelled token weighs the same in every
+  batch; "batch" (None): by the batch's own weight."""
+  if config.loss_normalizer == "batch":
+    return None
+  features = task.train.features
+  total = float(np.asarray(task.loss_weight({k: features[k] for k in task.train_features})))
+  return max(total / len(features["input_ids"]) * config.batch_size, 1.0)
 
 
 def with_learning_rate(state: TrainState, learning_rate: float,

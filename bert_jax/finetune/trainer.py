@@ -20,7 +20,8 @@ its kind (task_kind.TaskKind, found by config.task.kind in registry.py): no
 kind is named here.
 
 Speed (issue 20): batches are padded to length buckets (finetune/buckets.py;
-config.padding "fixed" keeps max_seq_length); the optimizer, shardings and
+config.padding "fixed" keeps max_seq_length), the rows of each batch those of
+fixed padding (config.group_by_length sorts them by length); the optimizer, shardings and
 jitted steps are built once per sweep (steps.build), with the learning rate a
 leaf of the optimizer state and the seed an argument, so each bucket compiles
 once for all of a sweep's runs; the data is featurised once (prepare); saves
@@ -189,6 +190,9 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
   buckets_lib.bucket_lengths(config.max_seq_length, config.bucket_multiple, config.padding)
   if config.bucket_window_batches < 1:
     raise ValueError(f"config.bucket_window_batches={config.bucket_window_batches} must be >= 1")
+  if config.loss_normalizer not in ("batch", "train_mean"):
+    raise ValueError(f"config.loss_normalizer={config.loss_normalizer!r} must be 'batch' or "
+                     "'train_mean'")
   if not config.init_checkpoint and not (config.vocab_file or config.spm_model_file):
     raise ValueError("fine-tuning from random initialisation needs config.vocab_file "
                      "(or spm_model_file); with config.init_checkpoint it comes from the "
@@ -311,11 +315,13 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
     layout, tx = programs.layout, programs.tx
     batches = buckets_lib.TrainBatches(
         task.train.features, seed=config.seed, batch_size=config.batch_size,
-        buckets=programs.buckets, window_batches=config.bucket_window_batches)
+        buckets=programs.buckets, grouped=config.group_by_length,
+        window_batches=config.bucket_window_batches)
     padding = batches.padding(total_steps)
-    logging.info("padding %s to %s: %.1f%% of train tokens are padding (fixed padding: %.1f%%)",
-                 config.padding, programs.buckets, 100 * padding["pad_fraction"],
-                 100 * padding["fixed_pad_fraction"])
+    logging.info("padding %s to %s%s: %.1f%% of train tokens are padding (fixed padding: "
+                 "%.1f%%)", config.padding, programs.buckets,
+                 ", grouped by length" if config.group_by_length else "",
+                 100 * padding["pad_fraction"], 100 * padding["fixed_pad_fraction"])
 
     # ------------------------------------------------------------- restore
     manager = train_loop.open_manager(cleanup, workdir, config.checkpoint)

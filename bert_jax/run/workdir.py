@@ -77,6 +77,16 @@ RESUMABLE = (
 )
 # Paths whose content is compared (by hash, in the record), not their spelling.
 CONTENT_FIELDS = ("data.vocab_file", "data.spm_model_file", "vocab_file", "spm_model_file")
+# Config fields added later whose default does NOT keep what an older record's runs did:
+# for a record without the field, the value the code that wrote it ran with, from that
+# record's config. It is compared as if recorded, so a resume cannot silently change
+# what the run means (every other missing field keeps the old meaning by its default).
+IMPLIED_WHEN_MISSING = {
+    # Before this field, fine-tuning's padding="buckets" grouped train rows by length
+    # whenever there was more than one bucket (bucket_multiple < max_seq_length).
+    "group_by_length": lambda old: (old.get("padding") == "buckets" and
+                                    old.get("bucket_multiple", 0) < old.get("max_seq_length", 0)),
+}
 
 
 def flatten(config: Any) -> dict[str, Any]:
@@ -149,6 +159,8 @@ def differences(recorded: dict, new: dict) -> list[tuple[str, Any, Any]]:
   for key in sorted(set(old_config) | set(new_config)):
     if _resumable(key) or key in CONTENT_FIELDS:
       continue
+    if key not in old_config and key in IMPLIED_WHEN_MISSING:
+      old_config = {**old_config, key: IMPLIED_WHEN_MISSING[key](old_config)}
     if key not in old_config or key not in new_config:
       # A field only one code version knows: a newer version added (or an older one
       # dropped) it; its default keeps the old meaning, so it is logged, not refused.

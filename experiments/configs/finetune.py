@@ -113,12 +113,13 @@ def get_config(arg: str = "sst2") -> ml_collections.ConfigDict:
   config.model.remat = False  # rematerialise blocks (long SQuAD windows on small memory)
   config.model.scan_layers = False  # nn.scan over layers
   config.max_seq_length = 128  # google-research value (SQuAD: KIND_RECIPES)
-  # "buckets": a batch is padded to the shortest bucket length holding its longest row
-  # (finetune/buckets.py; same dev metrics, less padding); "fixed": always max_seq_length.
+  # "buckets": a batch (the rows fixed padding would batch) is cut to the shortest bucket
+  # length holding its longest row (finetune/buckets.py: the same losses and dev metrics,
+  # less padding); "fixed": always max_seq_length.
   config.padding = "buckets"
   config.bucket_multiple = 32  # bucket lengths: its multiples below max_seq_length, and that
-  config.bucket_window_batches = 50  # train rows sorted by length within windows of this many
-                                     # batches (transformers' LengthGroupedSampler's 50)
+  config.group_by_length = False  # True: sort train rows by length in windows; learns less
+  config.bucket_window_batches = 50  # group_by_length's window in batches (transformers' 50)
 
   # --- optimization ---
   config.batch_size = 32  # paper value
@@ -127,6 +128,10 @@ def get_config(arg: str = "sst2") -> ml_collections.ConfigDict:
   config.num_epochs = 3  # paper value (SQuAD: KIND_RECIPES)
   config.warmup_fraction = 0.1  # paper value: linear warmup over 10% of the steps
   config.grad_accum_steps = 1  # micro-batches per update (same update as the full batch)
+  # A step's summed loss over: "batch", the batch's own weight (its labelled tokens for a
+  # token task, rows otherwise: the paper's and transformers' mean); "train_mean", the train
+  # set's mean weight per batch, the same every step (steps.fixed_loss_weight).
+  config.loss_normalizer = "batch"
   config.learning_rates = ()  # a sweep, e.g. PAPER_LEARNING_RATES; () -> optimizer.learning_rate
   config.seeds = (0,)  # one run per seed; summary.json has median and spread
   config.seed = 0  # set per run from config.seeds

