@@ -47,23 +47,15 @@ class Generation:
 
 # On v2/v3 each TensorCore is a device; from v4 on a device is a chip. v5e/v6e
 # multi-host slices use 4-chip VMs while v5litepod-8 / v6e-8 are one 8-chip VM.
-GENERATIONS = {g.name: g for g in (
-    Generation("v2", "TPU v2", 1.0, count_unit=8, single_host_max=8,
-               runtime_version="tpu-ubuntu2204-base"),
-    Generation("v3", "TPU v3", 1.0, count_unit=8, single_host_max=8,
-               runtime_version="tpu-ubuntu2204-base"),
-    Generation("v4", "TPU v4", 0.5, count_unit=8, single_host_max=8,
-               runtime_version="tpu-ubuntu2204-base", hbm_gib=32.0, topology_prefix="v4",
-               chip_config="megacore"),
-    Generation("v5litepod", "TPU v5 lite", 1.0, count_unit=4, single_host_max=8,
-               runtime_version="v2-alpha-tpuv5-lite", hbm_gib=16.0, topology_prefix="v5e",
-               chip_config="default"),
-    Generation("v5p", "TPU v5p", 0.5, count_unit=8, single_host_max=8,
-               runtime_version="v2-alpha-tpuv5", hbm_gib=95.0, topology_prefix="v5",
-               chip_config="megacore"),
-    Generation("v6e", "TPU v6 lite", 1.0, count_unit=4, single_host_max=8,
-               runtime_version="v2-alpha-tpuv6e", hbm_gib=32.0, topology_prefix="v6e",
-               chip_config="default"),
+# One row per generation, in Generation's field order:
+#  name         device kind     per unit, unit, one-host max, TPU VM image,  HBM, topology, chips
+GENERATIONS = {row[0]: Generation(*row) for row in (
+    ("v2", "TPU v2", 1.0, 8, 8, "tpu-ubuntu2204-base"),
+    ("v3", "TPU v3", 1.0, 8, 8, "tpu-ubuntu2204-base"),
+    ("v4", "TPU v4", 0.5, 8, 8, "tpu-ubuntu2204-base", 32.0, "v4", "megacore"),
+    ("v5litepod", "TPU v5 lite", 1.0, 4, 8, "v2-alpha-tpuv5-lite", 16.0, "v5e", "default"),
+    ("v5p", "TPU v5p", 0.5, 8, 8, "v2-alpha-tpuv5", 95.0, "v5", "megacore"),
+    ("v6e", "TPU v6 lite", 1.0, 4, 8, "v2-alpha-tpuv6e", 32.0, "v6e", "default"),
 )}
 # Names people use for the same hardware; gcloud itself wants the key of GENERATIONS.
 ALIASES = {"v5e": "v5litepod"}
