@@ -33,6 +33,9 @@ CREATE = QR + ["create", NAME, f"--node-id={NAME}"] + WHERE + [
     "--accelerator-type=v4-32", "--runtime-version=tpu-ubuntu2204-base"]
 DELETE = QR + ["delete", NAME] + WHERE + ["--force", "--async", "--quiet"]
 CAT = ["gcloud", "storage", "cat", "gs://bucket/run1/job_state.json"]
+# Re-runs judge the slice over a window that is short but real: a loss counts only after it
+# lasted 1 s and two reads (at --poll_s=0.05); the other tests' launches use 0.
+RERUN_WINDOW = "--preemption_window_s=1"
 # The install and start scripts, written out (not taken from launch_plan).
 GUARD = ('if [ -f $HOME/bert_jax_job.pid ] && kill -0 "$(cut -d\' \' -f1 $HOME/bert_jax_job.pid)"'
          ' 2>/dev/null; then echo "bert_jax job already running: $(cat $HOME/bert_jax_job.pid)";'
@@ -219,13 +222,19 @@ def test_one_transient_describe_failure_is_retried(gcloud):
 
 
 def test_state_reads_that_keep_failing_exit_without_deleting(gcloud):
+  """Fails if reads that keep failing deleted or created anything, or if the last line claims
+  a job that this launch never started ("the job (if started) keeps running")."""
   (gcloud.root / "states.json").write_text('["ACTIVE"]')
   result = gcloud.launch("--nofollow_logs", FAKE_GCLOUD_FAIL="describe",
-                         FAKE_GCLOUD_FAIL_MESSAGE="There was a problem refreshing your auth tokens")
+                         FAKE_GCLOUD_FAIL_MESSAGE="UNAVAILABLE: The service is currently "
+                                                  "unavailable.")
   assert result.returncode == 1
   line = _error_line(result)
-  assert "gcloud failed 5 times in a row" in line and "Nothing was deleted" in line, line
-  assert "re-run the same command to attach" in line
+  assert "gcloud failed 5 times in a row" in line, line
+  assert line.endswith("This launch created nothing and started no job (nothing was deleted); "
+                       "re-run the same command to go on"), line
+  assert "keeps running" not in line
+  assert gcloud.steps().count("describe") == 5
   assert "delete" not in gcloud.steps() and "create" not in gcloud.steps()
 
 
@@ -301,7 +310,7 @@ def test_ssh_255_while_the_slice_is_active_deletes_nothing_and_rerun_attaches(gc
       gcloud.output())
   assert "delete" not in gcloud.steps()
   before = len(gcloud.commands())
-  again = gcloud.popen(**env)
+  again = gcloud.popen(RERUN_WINDOW, **env)
   gcloud.wait_for(lambda: "attaching to the running job" in gcloud.output(), "attach")
   (gcloud.root / "release").write_text("")
   assert again.wait(timeout=60) == 0, gcloud.output()
@@ -320,7 +329,7 @@ def test_a_launcher_killed_mid_run_is_re_run_and_attaches(gcloud):
   launcher.wait(timeout=30)
   assert "delete" not in gcloud.steps()
   before = len(gcloud.commands())
-  again = gcloud.popen(FAKE_JOB_HOLD="1")
+  again = gcloud.popen(RERUN_WINDOW, FAKE_JOB_HOLD="1")
   gcloud.wait_for(lambda: "attaching to the running job" in gcloud.output(), "attach")
   (gcloud.root / "release").write_text("")
   assert again.wait(timeout=60) == 0, gcloud.output()
@@ -336,7 +345,7 @@ def test_a_done_workdir_only_deletes(gcloud):
   gcloud.record.write_text(json.dumps({"state": "done", "job_id": JOB_ID, "attempt": 5,
                                        "time": time.time(), "host": "h", "exit_code": 0}))
   (gcloud.root / "states.json").write_text('["ACTIVE"]')
-  result = gcloud.launch("--nofollow_logs")
+  result = gcloud.launch("--nofollow_logs", RERUN_WINDOW)
   assert result.returncode == 0, result.stderr
   assert gcloud.commands() == [CAT, DESCRIBE, DELETE]
 
@@ -399,7 +408,7 @@ def test_a_re_run_does_not_compile_a_remembered_preflight_again(gcloud):
   passed = gcloud.logdir / "preflight_passed" / f"{key}.txt"
   passed.parent.mkdir(parents=True)
   passed.write_text("fits\n")
-  result = gcloud.launch("--nofollow_logs", "--noskip_preflight")
+  result = gcloud.launch("--nofollow_logs", "--noskip_preflight", RERUN_WINDOW)
   assert result.returncode == 0, result.stderr
   assert "passed for v4-32 before, with this source tree and these flags" in result.stdout
   assert "not compiled again" in result.stdout and "compiling" not in result.stdout

@@ -12,11 +12,15 @@ r"""Runs bert_jax.main on a Cloud TPU VM slice, detached: create, install, start
      overrides, the accelerator type, the source tree and the jax/libtpu
      versions, so re-running the same command to attach does not compile again;
   1. look at the workdir's job record (WORKDIR/job_state.json, written by the
-     job: bert_jax.run.job_state) and the queued resource: if this launch's job is
-     running there (the slice ACTIVE, the record 'running' with a heartbeat
-     younger than --stale_after_s), ATTACH to it (steps 5-6) and start nothing;
+     job: bert_jax.run.job_state) and the queued resource: if the record says
+     this launch's job is 'running', ATTACH to it (steps 5-6) and start nothing,
+     whatever this one read of the slice says: that first look is judged with
+     the later ones as in step 5, so a slice reading FAILED or SUSPENDING once,
+     or a heartbeat older than --stale_after_s, is deleted, re-created or
+     restarted only once it lasted --preemption_window_s (and two reads);
      if the record says 'done', only delete the slice;
-  2. otherwise create the slice as a queued resource (reused if ACTIVE;
+  2. otherwise (no record, or the job's own last word: preempted, failed)
+     create the slice as a queued resource (reused if ACTIVE;
      `v5e-N` is sent as `v5litepod-N`; --autocheckpoint uses gcloud's alpha
      track for --autocheckpoint-enabled);
   3. upload this source tree to every worker and install it into a Python 3.11
@@ -38,15 +42,20 @@ r"""Runs bert_jax.main on a Cloud TPU VM slice, detached: create, install, start
   6. delete the slice when the record says 'done' (not with --keep).
 The launcher only starts, watches and restarts: losing contact (ssh exit 255, a
 sleeping laptop, gcloud failing, the launcher killed or stopped with Ctrl-C)
-never deletes anything. It exits saying how to re-attach: run the same command.
+never deletes anything. It exits saying how to re-attach: run the same command
+(or, when it stopped before creating or starting anything, that it did not). gcloud
+not logged in, or an account without permission, stops it at once in one line
+with gcloud's own hint (`gcloud auth login`), without the retries a transient
+failure gets.
 A failed job (record 'failed') stops the launcher with the log's last lines and
 leaves the slice for inspection (`--action=logs`, then `--action=delete`).
 
 `--action=status` prints the queued resource's state and the job record,
 `--action=logs --worker=N` prints and follows worker N's job log,
 `--action=delete` deletes the slice, `--dry_run` prints the gcloud commands of
-the action and runs nothing. A failure stops with one line naming the step and
-the tail of gcloud's stderr. Pieces: the driver in bert_jax/launch/launcher.py,
+the action and runs nothing (the preflight neither, as it says on stderr). A
+failure stops with one line naming the step and the tail of gcloud's stderr.
+Pieces: the driver in bert_jax/launch/launcher.py,
 the commands in plan.py, state reads and the judgement in state.py, starting
 and watching in attach.py; the preflight is `python -m bert_jax.preflight`, run
 as a child process (the launcher imports no JAX).
@@ -161,6 +170,12 @@ def main(argv: list[str]) -> None:
                                        tempfile.gettempdir(), "bert_jax_launch", tpu.name))
   args = launch_plan.main_args(_CONFIG.value, workdir, extra)
   if _DRY_RUN.value:
+    if _ACTION.value == "run" and not _SKIP_PREFLIGHT.value:
+      # On stderr: stdout stays the commands alone, a script to read or run.
+      print("[launch] --dry_run prints the gcloud commands only; it also skips the preflight "
+            "that a real launch runs first: `python -m bert_jax.preflight "
+            f"--config={_CONFIG.value} --topology={accelerator_type}` (with the same --config.X "
+            "flags) checks the fit", file=sys.stderr)
     for command in launcher_lib.plan(_ACTION.value, tpu, launcher.logdir, workdir, args,
                                      _KEEP.value, _WORKER.value, _FOLLOW.value):
       print(shlex.join(command))
@@ -181,14 +196,13 @@ def main(argv: list[str]) -> None:
       print(f"{tpu.name}: {'deleting' if launcher.delete(wait=False) else 'not found'}")
     else:
       launcher.run(args, _MAX_RELAUNCHES.value, _KEEP.value, preflight)
-  except LostContact as e:
-    sys.exit(f"error: {e}. Nothing was deleted and the job (if started) keeps running; "
-             + launcher_lib.how_to(tpu))
+  except LostContact as e:  # NotAuthorized too: at once, nothing retried
+    left = launcher.aftermath() if _ACTION.value == "run" else "nothing was changed"
+    sys.exit(f"error: {e}. {left[0].upper()}{left[1:]}")
   except LaunchError as e:
     sys.exit(f"error: {e}")
   except KeyboardInterrupt:
-    sys.exit(f"\n[launch] stopped watching; nothing was deleted and the job keeps running: "
-             + launcher_lib.how_to(tpu))
+    sys.exit(f"\n[launch] stopped; {launcher.aftermath()}")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ class Launcher:
     self.gcloud = launch_state.Gcloud(retry_s)
     self.reader = launch_state.Reader(self.gcloud, tpu, workdir)
     self.last_attempt = 0
+    # What this run did, for `aftermath`: a job started or attached to, a slice made or removed.
+    self.job_known = self.created = self.deleted = False
 
   # --- the slice ---
 
@@ -60,6 +62,7 @@ class Launcher:
   def create(self) -> None:
     """Queues the slice and waits until it is ACTIVE."""
     self.gcloud.run(launch_plan.create_command(self.tpu), "create")
+    self.created = True
     self._wait_active("create")
 
   def delete(self, wait: bool, step: str = "delete") -> bool:
@@ -70,6 +73,7 @@ class Launcher:
     if result.returncode:
       raise LaunchError(step, f"gcloud exited {result.returncode}: "
                         f"{launch_state.tail(result.stderr)}")
+    self.deleted = True
     if wait:  # the name is taken until the deletion completes
       deadline = time.monotonic() + self.create_timeout_s
       while (state := self.reader.slice_state(step)) is not None:
@@ -137,7 +141,7 @@ class Launcher:
     # The start's Unix time: it grows across relaunches and across launcher runs alike.
     attempt = max(int(time.time()), self.last_attempt + 1)
     attempt = launch_attach.start(self.gcloud, self.tpu, attempt, args, replace)
-    self.last_attempt = attempt
+    self.last_attempt, self.job_known = attempt, True
     self.judge.watch(attempt, time.time())
     return attempt
 
@@ -145,6 +149,44 @@ class Launcher:
     result = self.gcloud.run(launch_plan.logs_command(self.tpu, 0, lines=5, follow=False),
                              "logs", check=False, echo=False)
     return launch_state.tail(result.stdout) if not result.returncode else "(log unreachable)"
+
+  def _adopt(self, job: dict, state: "str | None") -> None:
+    """Watches the attempt a 'running' record names, whatever the slice read says.
+
+    One read decides nothing here either: the first look goes to the judge like
+    every later one, so a slice that reads FAILED or SUSPENDING once, or a stale
+    heartbeat, is deleted, re-created or restarted only once it has lasted
+    --preemption_window_s (and two reads), exactly as in the watch. A re-run
+    after a laptop slept therefore attaches to a job whose heartbeat is fresh.
+    """
+    now = time.time()
+    fresh = now - float(job.get("time", 0)) < self.judge.stale_after_s
+    doubt = [f"the slice reads {state or 'gone'}"] if state != launch_plan.ACTIVE else []
+    doubt += [] if fresh else ["its heartbeat is stale"]
+    self.last_attempt = int(job["attempt"])
+    self.job_known = True
+    self.judge.watch(self.last_attempt, now)
+    self.judge.verdict(launch_state.Observation(state, job, now))  # the window starts here
+    if not doubt:
+      say(f"attaching to the running job ({launch_state.describe_job(job, now)})")
+      return
+    say(f"attaching to the job ({launch_state.describe_job(job, now)}); "
+        f"{' and '.join(doubt)}: nothing is deleted or restarted unless that lasts "
+        f"{self.judge.window_s:g}s (--preemption_window_s) and {self.judge.min_reads} reads")
+
+  def aftermath(self) -> str:
+    """What this launcher run leaves behind when it stops early (gcloud unreachable or not
+    authorized, Ctrl-C), for its last line; it never deletes anything then."""
+    if self.job_known:
+      return "nothing was deleted and the job keeps running: " + how_to(self.tpu)
+    deleted = (f"; it deleted the broken slice {self.tpu.name} to create it again"
+               if self.deleted else "")
+    if self.created:
+      return (f"this launch created the slice {self.tpu.name} and started no job on it{deleted}; "
+              "the slice is left as it is and is billed while it exists: re-run the same "
+              "command to install and start the job, or `--action=delete` deletes it")
+    return (f"this launch created nothing and started no job{deleted or ' (nothing was deleted)'}"
+            "; re-run the same command to go on")
 
   def finish(self, keep: bool) -> None:
     """The job is done: deletes the slice unless `keep`."""
@@ -156,6 +198,12 @@ class Launcher:
   def run(self, args: list[str], max_relaunches: int, keep: bool, preflight=None) -> None:
     """Attaches to this launch's live job, or brings the slice up and starts it; then watches,
     relaunches a lost job, and deletes the slice when the workdir says done.
+
+    A 'running' record of this launch's job is adopted whatever the first look at
+    the slice says (_adopt): from there on the judge decides, the first look
+    included, so nothing is deleted or restarted on one read. Without one (no
+    record, or the job's own final word: preempted, failed) there is no job to
+    keep: a slice that is FAILED or SUSPENDED is replaced, a live one reused.
 
     `preflight` (the config fits the slice, or LaunchError) runs first, before any
     gcloud call: deciding whether a job is live takes gcloud reads, and a config
@@ -174,12 +222,8 @@ class Launcher:
       if state is not None:
         self.finish(keep)
       return
-    live = (state == launch_plan.ACTIVE and job is not None and job["state"] == "running"
-            and time.time() - float(job.get("time", 0)) < self.judge.stale_after_s)
-    if live:
-      say(f"attaching to the running job ({launch_state.describe_job(job, time.time())})")
-      self.last_attempt = int(job["attempt"])
-      self.judge.watch(self.last_attempt, time.time())
+    if job is not None and job["state"] == "running":
+      self._adopt(job, state)
     else:
       self.ensure_active(state)
       self.install()

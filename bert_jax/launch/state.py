@@ -40,6 +40,27 @@ class LostContact(LaunchError):
   """gcloud could not be reached for a while; the slice and its job are left as they are."""
 
 
+class NotAuthorized(LostContact):
+  """gcloud is not logged in, or the account may not do this: no retry can help, so the
+  launcher stops at once (leaving the slice and its job as they are), gcloud's hint kept."""
+
+
+# What gcloud says when its account cannot act: no credentials, expired ones, no permission.
+_UNAUTHORIZED = ("gcloud auth login", "gcloud auth application-default login",
+                 "do not currently have an active account", "refreshing your current auth tokens",
+                 "Reauthentication failed", "PERMISSION_DENIED", "UNAUTHENTICATED",
+                 "does not have permission", "HTTPError 401", "HTTPError 403")
+
+
+def refuse_unauthorized(step: str, stderr: str) -> None:
+  """Raises NotAuthorized when gcloud's `stderr` is an authentication or permission error,
+  with all of gcloud's message on one line (its `$ gcloud auth login` hint included)."""
+  if not any(marker.lower() in stderr.lower() for marker in _UNAUTHORIZED):
+    return
+  message = " ".join(line.strip() for line in stderr.splitlines() if line.strip())
+  raise NotAuthorized(step, f"gcloud is not authorized (not retried): {message[:800]}")
+
+
 def tail(text: str, lines: int = 3, chars: int = 500) -> str:
   """The last non-empty lines of a command's output, joined into one line."""
   kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
@@ -59,13 +80,16 @@ class Gcloud:
 
   def run(self, argv: list[str], step: str, check: bool = True,
           echo: bool = True) -> subprocess.CompletedProcess:
-    """Runs one command; with `check`, a non-zero exit is a LaunchError naming `step`."""
+    """Runs one command; with `check`, a non-zero exit is a LaunchError naming `step`; an
+    authentication or permission error is NotAuthorized whether or not `check`."""
     if echo:
       say("$ " + shlex.join(argv))
     try:
       result = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     except FileNotFoundError as e:
       raise LaunchError(step, f"{argv[0]} not found on PATH (install the Google Cloud CLI)") from e
+    if result.returncode:
+      refuse_unauthorized(step, result.stderr)
     if check and result.returncode:
       raise LaunchError(step, f"gcloud exited {result.returncode}: "
                         f"{tail(result.stderr or result.stdout)}")
@@ -76,6 +100,7 @@ class Gcloud:
 
     Raises:
       LostContact: after `tries` failures in a row (with backoff in between).
+      NotAuthorized: at the first authentication or permission error (Gcloud.run).
     """
     for attempt in range(self.tries):
       result = self.run(argv, step, check=False, echo=False)
