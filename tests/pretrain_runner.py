@@ -1,6 +1,7 @@
 """Subprocess entry for the trainer's end-to-end tests (kill -9, meshes, multi-process).
 
 usage: python tests/pretrain_runner.py CONFIG_JSON WORKDIR [--synthetic]
+(TEST_LOCK_HEARTBEAT_S in the environment: the workdir lock's heartbeat, for lock tests)
 
 Runs bert_jax.main.run (the entry point minus flag parsing) on a config
 serialised with ConfigDict.to_json(). --synthetic replaces the input pipeline with a
@@ -11,6 +12,7 @@ with 1 process on it.
 """
 
 import json
+import os
 import pathlib
 import sys
 
@@ -87,6 +89,9 @@ def main(argv):
     pretraining.PretrainingInput = SyntheticInput
     pretraining.make_eval_batches = synthetic_eval_batches
   from bert_jax import jobs
+  if os.environ.get("TEST_LOCK_HEARTBEAT_S"):  # the lock tests' heartbeat, in seconds
+    from bert_jax.run import lock
+    lock.HEARTBEAT_S = float(os.environ["TEST_LOCK_HEARTBEAT_S"])
   jobs.configure_logging()
   # The entry point's own run(): exit codes (0 done, 143 preempted, 1 refused or a
   # storage error) are what schedulers and the tests see.

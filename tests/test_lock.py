@@ -5,17 +5,23 @@ contenders that both judged the old lock stale each delete the other's fresh
 lock and both hold it), an unconditional heartbeat (a holder whose lock was
 taken writes over the new holder's), a holder that only logs its loss (the
 loop's `due` and the save would go on), or a relaunch of the same job that waits
-out the stale window.
+out the stale window. The racing contenders are separate processes
+(tests/lock_process.py), as hosts are: no shared memory, pid or fcntl guard; the
+release's DELETE precondition is checked against tests/gcs_double.py, since the
+emulator ignores it.
 """
 
 import json
 import os
+import pathlib
 import socket
-import threading
+import subprocess
+import sys
 import time
 
 import pytest
 
+import gcs_double
 from bert_jax import exit_codes
 from bert_jax import jobs
 from bert_jax.run import checkpoint
@@ -24,6 +30,7 @@ from bert_jax.training import loop as train_loop
 from experiments.configs import pretrain
 from host import paths
 
+HERE = pathlib.Path(__file__).resolve().parent
 
 def _stale_lock(workdir: str) -> None:
   """A lock whose holder vanished long ago (another host: no pid to check)."""
@@ -31,42 +38,114 @@ def _stale_lock(workdir: str) -> None:
       {"host": "vanished-host", "pid": 1, "token": "old", "heartbeat": time.time() - 3600}))
 
 
-def _race(workdir: str, rounds: int) -> None:
-  """`rounds` times: two contenders at once for a stale lock; exactly one must win."""
+class _Processes:
+  """Processes running tests/lock_process.py on one workdir (each its own pid and guards)."""
+
+  def __init__(self, workdir: str, count: int, env: dict | None = None):
+    self.processes = [subprocess.Popen(
+        [sys.executable, str(HERE / "lock_process.py"), workdir], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, cwd=HERE.parent, env={**os.environ, **(env or {})})
+        for _ in range(count)]
+    for p in self.processes:
+      assert p.stdout.readline().strip() == "ready"
+
+  def send(self, i: int, **command) -> None:
+    self.processes[i].stdin.write(json.dumps(command) + "\n")
+    self.processes[i].stdin.flush()
+
+  def answer(self, i: int) -> dict:
+    line = self.processes[i].stdout.readline()
+    assert line, f"lock process {i} ended (exit {self.processes[i].wait()})"
+    return json.loads(line)
+
+  def ask(self, i: int, **command) -> dict:
+    self.send(i, **command)
+    return self.answer(i)
+
+  def close(self) -> None:
+    for p in self.processes:
+      p.stdin.close()
+    for p in self.processes:
+      p.wait(timeout=60)
+
+
+def _race(workdir: str, rounds: int, env: dict | None = None) -> int:
+  """`rounds` times: two processes at once for a stale lock; exactly one must win.
+  Returns in how many rounds the loser had judged the lock stale too and lost the
+  conditional overwrite (the race the compare-and-swap exists for)."""
   paths.makedirs(workdir)
-  for round_ in range(rounds):
-    _stale_lock(workdir)
-    start = threading.Barrier(2)
-    won, refused = [], []
-
-    def contend():
-      lock = workdir_lock.Lock(workdir, stale_after_s=60, heartbeat_s=3600, job={})
-      start.wait()
-      try:
-        lock.acquire()
-        won.append(lock)
-      except workdir_lock.LockHeld as e:
-        refused.append(str(e))
-
-    threads = [threading.Thread(target=contend) for _ in range(2)]
-    for t in threads:
-      t.start()
-    for t in threads:
-      t.join(timeout=60)
-    assert len(won) == 1 and len(refused) == 1, (round_, len(won), refused)
-    on_disk = json.loads(paths.read_text(paths.join(workdir, workdir_lock.LOCK_FILE)))
-    assert on_disk["token"] == won[0].token, round_  # the winner's content, not the loser's
-    assert f"held by host {socket.gethostname()}" in refused[0]
-    won[0].release()
-    assert not paths.exists(paths.join(workdir, workdir_lock.LOCK_FILE))
+  lock_path = paths.join(workdir, workdir_lock.LOCK_FILE)
+  contenders = _Processes(workdir, 2, env)
+  raced = 0
+  try:
+    for round_ in range(rounds):
+      _stale_lock(workdir)
+      at = time.time() + 0.05  # both leave their wait at this instant
+      for i in range(2):
+        contenders.send(i, op="acquire", name="lock", job={}, at=at)
+      answers = [contenders.answer(i) for i in range(2)]
+      won = [i for i, a in enumerate(answers) if a["won"]]
+      assert len(won) == 1, (round_, answers)
+      winner, loser = answers[won[0]], answers[1 - won[0]]
+      on_disk = json.loads(paths.read_text(lock_path))
+      # The winner's content, not the loser's: its token and its own pid.
+      assert (on_disk["token"], on_disk["pid"]) == (winner["token"], winner["pid"]), round_
+      assert f"held by host {socket.gethostname()} pid {winner['pid']} " in loser["refusal"]
+      raced += loser["cas_lost"] > 0
+      contenders.ask(won[0], op="release", name="lock")
+      assert not paths.exists(lock_path)
+  finally:
+    contenders.close()
+  return raced
 
 
-def test_two_contenders_for_a_stale_lock_exactly_one_wins_local(tmp_path):
-  _race(str(tmp_path / "run"), rounds=50)
+@pytest.mark.slow  # two processes for 50 rounds
+def test_two_processes_racing_for_a_stale_lock_exactly_one_wins_local(tmp_path):
+  """Fails if two processes (own pids, own fcntl guards) could both take one stale lock."""
+  raced = _race(str(tmp_path / "run"), rounds=50)
+  print(f"local: the loser lost the compare-and-swap itself in {raced} of 50 rounds")
 
 
-def test_two_contenders_for_a_stale_lock_exactly_one_wins_on_gcs(gcs_emulator):
-  _race(f"{gcs_emulator.bucket('lock-race')}/run", rounds=50)
+@pytest.mark.slow  # two processes for 50 rounds
+def test_two_processes_racing_for_a_stale_lock_exactly_one_wins_on_gcs(gcs_emulator):
+  """The same race through the GCS JSON API (generations, ifGenerationMatch)."""
+  raced = _race(f"{gcs_emulator.bucket('lock-race')}/run", rounds=50, env=gcs_emulator.env)
+  print(f"gcs: the loser lost the compare-and-swap itself in {raced} of 50 rounds")
+
+
+def test_release_deletes_only_its_own_version_on_a_store_that_checks_it():
+  """fake-gcs-server ignores ifGenerationMatch on DELETE, so against it a release that
+  deleted whatever lock is there would pass; tests/gcs_double.py enforces the precondition
+  as GCS does. Fails if a holder whose lock was taken over deletes the new holder's lock when
+  it releases, or if remove_if deletes a version other than the one it names."""
+  with gcs_double.serve() as store:
+    env = {"STORAGE_EMULATOR_HOST": store.url, "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token"}
+    process = _Processes("gs://bucket/run", 1, env)
+    try:
+      assert process.ask(0, op="acquire", name="old", job={"id": "j", "attempt": 0}, at=0)["won"]
+      new = process.ask(0, op="acquire", name="new", job={"id": "j", "attempt": 1}, at=0)
+      assert new["won"] and new["cas_lost"] == 0  # took over the old attempt's version
+      process.ask(0, op="release", name="old")  # its heartbeat never saw the takeover
+      assert ("DELETE", "run/.lock", 412) in store.log  # refused by the precondition
+      assert json.loads(store.objects[("bucket", "run/.lock")][0])["token"] == new["token"]
+      process.ask(0, op="release", name="new")
+      assert ("bucket", "run/.lock") not in store.objects
+      assert store.log[-1] == ("DELETE", "run/.lock", 204)
+
+      def call(fn, *args):
+        return process.ask(0, op="paths", fn=fn, args=list(args))["result"]
+      first = call("create_if_absent", "gs://bucket/f", "one")
+      assert call("create_if_absent", "gs://bucket/f", "two") is None
+      second = call("replace_if", "gs://bucket/f", "three", first)
+      assert second not in (None, first)
+      assert call("replace_if", "gs://bucket/f", "four", first) is None
+      assert call("remove_if", "gs://bucket/f", first) is False  # another version
+      assert call("read_versioned", "gs://bucket/f") == ["three", second]
+      assert call("remove_if", "gs://bucket/f", second) is True
+      assert call("read_versioned", "gs://bucket/f") is None
+    finally:
+      process.close()
+  assert not [entry for entry in store.log if entry[2] == 501], store.log  # all calls known
 
 
 @pytest.mark.parametrize("where", ["local", "gcs"])
@@ -168,7 +247,7 @@ def test_conditional_writes_refuse_a_stale_generation(tmp_path, gcs_emulator):
     assert newer is not None and newer != generation
     assert paths.replace_if(where, "four", generation) is None  # the old version is gone
     assert paths.read_versioned(where) == (b"three", newer)
-    if not paths.is_remote(where):  # the emulator ignores ifGenerationMatch on DELETE
-      assert not paths.remove_if(where, generation)
+    if not paths.is_remote(where):  # the emulator ignores ifGenerationMatch on DELETE (the
+      assert not paths.remove_if(where, generation)  # double's test above checks it on gs://)
     assert paths.remove_if(where, newer)
     assert paths.read_versioned(where) is None

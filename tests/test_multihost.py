@@ -5,12 +5,17 @@ position; a checkpoint must give every process its own back. Tested here on the
 real pipeline: a kill -9 of both processes and a restart ends bit-identical to
 the uninterrupted run; a SIGTERM to one process stops both at the same saved
 step (exit 143) and the same command resumes, and so does a Ctrl-C to one
-process (exit 130 on both); another process count is refused.
+process (exit 130 on both); another process count is refused; a workdir lock
+taken over by a later attempt of the job stops both processes at one step,
+saving nothing.
 """
 
+import hashlib
 import json
+import os
 import pathlib
 import re
+import shutil
 import signal
 import socket
 import time
@@ -21,6 +26,7 @@ import pytest
 
 from bert_jax import exit_codes
 from bert_jax.run import checkpoint
+from bert_jax.run import lock as workdir_lock
 
 
 def _free_port() -> int:
@@ -35,13 +41,13 @@ def _losses(run) -> dict[int, float]:
   return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
-def _start_pair(pretrain_subprocess, config, run, name):
+def _start_pair(pretrain_subprocess, config, run, name, env=None):
   """Both processes of a 2-host run (2 CPU devices each) on a fresh coordinator port."""
   port, processes = _free_port(), []
   for i in range(2):
     config.distributed.update(enabled=True, coordinator_address=f"localhost:{port}",
                               num_processes=2, process_id=i)
-    processes.append(pretrain_subprocess(config, run, devices=2, name=f"{name}_{i}"))
+    processes.append(pretrain_subprocess(config, run, devices=2, name=f"{name}_{i}", env=env))
   return processes
 
 
@@ -158,3 +164,91 @@ def test_ctrl_c_to_one_process_stops_both_at_one_saved_step_and_resumes(
   _stop_one_host_and_resume(uninterrupted, multihost_config, pretrain_subprocess, tmp_path,
                             "interrupted", 0, signal.SIGINT, exit_codes.INTERRUPTED,
                             r"interrupted \(Ctrl-C\): saved step (\d+);")
+
+
+def _files(root: pathlib.Path) -> dict[str, str]:
+  """Every file under `root` -> the SHA-256 of its content."""
+  return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _untouchable(run: pathlib.Path) -> dict:
+  """What a run that lost its lock must not change: the checkpoints, the job record, the
+  lock, and the batch logs (flushed only at saves)."""
+  return {"checkpoints": _files(run / "checkpoints"),
+          "record": (run / "job_state.json").read_text(),
+          "lock": (run / ".lock").read_text(),
+          "batch logs": {p.name: p.read_text() for p in run.glob("batch_log*.jsonl")}}
+
+
+@pytest.mark.slow
+def test_a_lock_taken_by_a_later_attempt_stops_both_processes_and_saves_nothing(
+    pretrain_test_config, pretrain_subprocess, tmp_path):
+  """A 2-process run (attempt 1 of a launcher job) is paused (a stalled slice) while attempt 2
+  takes its workdir lock and writes its own checkpoint and record; then it runs on.
+
+  Fails if either process keeps training past the next few steps or hangs (process 1 used
+  to wait in the next collective once process 0 alone had stopped), if the two stop at
+  different steps, or if the old attempt saves a checkpoint, flushes a batch log or touches
+  any file of the new holder's checkpoints, record or lock.
+  """
+  every = 50  # regular saves; the stop must come from the loss, well before the next one
+  config = pretrain_test_config(total_steps=400, **{"checkpoint.every_steps": every})
+  run, job = tmp_path / "run", "tpu:p/z/bert-lock"
+  env = {"BERT_JAX_JOB_ID": job, "BERT_JAX_JOB_ATTEMPT": "1", "TEST_LOCK_HEARTBEAT_S": "0.5"}
+  processes = _start_pair(pretrain_subprocess, config, run, "loser", env=env)
+  checkpoints = run / "checkpoints"
+  thief = workdir_lock.Lock(str(run), heartbeat_s=3600, job={"id": job, "attempt": 2})
+  try:
+    deadline = time.time() + 600
+    while not (checkpoints / str(every)).exists():
+      for i, p in enumerate(processes):
+        assert p.poll() is None, _log(tmp_path, "loser", i)
+      assert time.time() < deadline
+      time.sleep(0.005)
+    # Paused between saves (no orbax temporary directory): nothing of the old attempt is
+    # in flight while the new one takes over.
+    for _ in range(200):
+      for p in processes:
+        p.send_signal(signal.SIGSTOP)
+      if not [d for d in checkpoints.iterdir() if "tmp" in d.name]:
+        break
+      for p in processes:
+        p.send_signal(signal.SIGCONT)
+      time.sleep(0.005)
+    paused_at = max(_losses(run))
+    thief.acquire()  # a later attempt of the same job: taken over at once
+    newest = max(int(d.name) for d in checkpoints.iterdir() if d.name.isdigit())
+    shutil.copytree(checkpoints / str(newest), checkpoints / str(newest + 1000))
+    (run / "job_state.json").write_text(json.dumps(
+        {"state": "running", "job_id": job, "attempt": 2, "time": time.time(), "host": "h"}))
+    before = _untouchable(run)
+    time.sleep(1.0)  # two heartbeats while paused: the holder's next one finds the lock taken
+    for p in processes:
+      p.send_signal(signal.SIGCONT)
+    resumed = time.monotonic()
+    codes = [p.wait(timeout=300) for p in processes]
+    stopped_s = time.monotonic() - resumed
+    after = _untouchable(run)
+  finally:
+    for p in processes:
+      if p.poll() is None:
+        p.send_signal(signal.SIGCONT)
+        p.kill()
+        p.wait()
+    thief.release()
+  logs = [(tmp_path / f"loser_{i}.log").read_text() for i in range(2)]
+  assert codes == [1, 1], logs[0][-3000:] + logs[1][-3000:]
+  lost_to = (f"lost the workdir lock {run}/.lock to host {socket.gethostname()} pid "
+             f"{os.getpid()} (job {job} attempt 2); stopped without saving")
+  at = [re.search(r"^error: step (\d+): (.*)$", log, re.M) for log in logs]
+  assert all(at), [log[-2000:] for log in logs]
+  assert at[0].group(2).startswith(lost_to), at[0].group(0)
+  assert at[1].group(2).startswith("process 0 lost the workdir lock to another run"), at[1].group(0)
+  step = int(at[0].group(1))
+  assert int(at[1].group(1)) == step  # one agreed step
+  assert paused_at < step < (paused_at // every + 1) * every, (paused_at, step)
+  print(f"paused after step {paused_at}; both stopped at step {step}, "
+        f"{stopped_s:.1f} s after resuming (exit included)")
+  assert after == before
+  assert json.loads(after["lock"])["token"] == thief.token

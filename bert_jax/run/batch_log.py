@@ -17,7 +17,8 @@ Resume follows metrics.jsonl's rule: rows after the step a run starts from are
 dropped when it starts (their attempt was killed), so every step appears once.
 Locally rows are appended and made durable at `flush()` (the trainer flushes
 when it saves a checkpoint); on gs://, where nothing can be appended, the rows
-are kept in memory and the file is uploaded whole at each flush.
+are kept in memory and the file is uploaded whole at each flush. A run that lost
+its workdir lock (bert_jax.run.lock.lost) adds and flushes nothing more.
 """
 
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax.run import jsonl
+from bert_jax.run import lock as workdir_lock
 from host import paths
 
 FILE_NAME = "batch_log.jsonl"
@@ -42,27 +44,33 @@ class BatchLog:
 
   def __init__(self, workdir: str, start_step: int, *, process_index: int, process_count: int):
     self._path = paths.join(workdir, file_name(process_index, process_count))
-    self._remote = paths.is_remote(workdir)
+    self._workdir, self._remote = workdir, paths.is_remote(workdir)
     kept = jsonl.resume(self._path, start_step, _is_row)
     self._file = None if self._remote else paths.open_text(self._path, "a")
     # On gs:// the whole file is uploaded at each flush; locally the file holds them.
     self._lines = [jsonl.line(r) for r in kept] if self._remote else []
+    # Rows since the last flush, written at the next one (never by a file buffer on its own:
+    # a run that lost its workdir lock drops them instead).
+    self._pending: list[str] = []
 
   def add(self, step: int, fingerprint: str, batch: dict[str, np.ndarray]) -> None:
     """Records update `step`'s batch (this process's part of it)."""
     line = jsonl.line({"step": step, "batch": fingerprint,
                        "tokens": int(np.sum(batch["input_mask"])),
                        "predictions": int(np.sum(batch["masked_lm_weights"]))})
-    if self._file is not None:
-      self._file.write(line)
-    else:
-      self._lines.append(line)
+    self._pending.append(line)
 
   def flush(self) -> None:
     """Makes every row added so far durable."""
+    if workdir_lock.lost(self._workdir):  # the workdir is another run's now
+      self._pending.clear()
+      return
+    pending, self._pending = "".join(self._pending), []
     if self._file is not None:
+      self._file.write(pending)
       self._file.flush()
     else:
+      self._lines.append(pending)
       paths.write_atomic(self._path, "".join(self._lines))
 
   def close(self) -> None:

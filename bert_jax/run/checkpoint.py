@@ -70,12 +70,12 @@ def save(manager: ocp.CheckpointManager, step: int, state: dict[str, Any],
   part of the corpus).
 
   Raises:
-    WorkdirError: this process's workdir lock was taken by another run (read
-      now, not from the last heartbeat): a lost holder never saves. Only
-      process 0 holds the lock; the others then block in orbax's save barrier
-      until jax.distributed ends them with process 0 gone.
+    WorkdirError: the run's workdir lock was taken by another run (read now,
+      not from the last heartbeat): a lost holder never saves. Only process 0
+      holds the lock; on several processes its finding is gathered first, so
+      every process raises here together (none is left in orbax's save barrier).
   """
-  workdir_lock.check_held(verify=True)
+  workdir_lock.check_held(verify=True, everywhere=True)  # every process saves at this step
   gathered = {"process_count": jax.process_count(), "processes": _gather(data_state)}
   return manager.save(step, args=ocp.args.Composite(
       state=ocp.args.StandardSave(state), data_state=ocp.args.JsonSave(gathered)), force=force)

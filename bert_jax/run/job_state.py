@@ -17,7 +17,9 @@ else, or an exception, failed).
 
 Only jobs that a launcher identifies (BERT_JAX_JOB_ID in the environment) write
 the file: a run started by hand, a test or the ablation leaves its workdir as
-it always did, and a refusal of such a run still writes nothing.
+it always did, and a refusal of such a run still writes nothing. A job that lost
+its workdir lock (bert_jax.run.lock.lost) writes no more heartbeats and no final
+state: the record is the new holder's.
 """
 
 import functools
@@ -31,6 +33,7 @@ from typing import Any, Callable
 from absl import logging
 
 from bert_jax import exit_codes
+from bert_jax.run import lock as workdir_lock
 from host import paths
 
 STATE_FILE = exit_codes.STATE_FILE
@@ -112,6 +115,8 @@ class Tracker:
   def _heartbeat(self) -> None:
     written = False
     while not self._stop.is_set():
+      if workdir_lock.lost(self.workdir):
+        return  # another attempt writes this workdir, and its record, now
       try:
         zero = self._process_zero()
         if zero is False:
@@ -135,6 +140,10 @@ class Tracker:
     self._stop.set()
     if self._thread is not None:
       self._thread.join()
+    if workdir_lock.lost(self.workdir):
+      logging.warning("%s: this run lost the workdir lock; the record is the new holder's",
+                      STATE_FILE)
+      return
     try:
       zero = self._process_zero()
       if zero is False:

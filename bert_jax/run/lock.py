@@ -17,8 +17,18 @@ and hosts racing for it exactly one holds it:
     itself; when that fails the lock was taken over: the holder records who has
     it, and `check_held` -- asked by the training loop after every step and by
     every checkpoint save -- raises WorkdirError, so the run stops within one
-    heartbeat without saving again;
+    heartbeat without saving again; from then on `lost(workdir)` tells the
+    run's writers (metrics.jsonl, the batch log) to write nothing more there;
   * release deletes only its own version.
+
+On several processes only process 0 holds the lock, and a raise in process 0
+alone would leave the others waiting in the next step's collective. So there
+the loss is told to every process at a step they all reach: the holder sends
+itself the preemption notice (SIGTERM, which JAX's preemption service turns
+into one agreed stop step for every process: bert_jax.run.preemption), and at
+that step's save -- or an earlier regular one -- `check_held(everywhere=True)`
+gathers process 0's finding and every process raises WorkdirError before
+anything is saved.
 
 A holder is known gone, and its lock taken over at once, when
   * it belongs to the same job (BERT_JAX_JOB_ID, set by bert_jax.launch, or
@@ -33,7 +43,9 @@ code 75, "retry later", in bert_jax.jobs).
 
 import json
 import os
+import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -58,6 +70,10 @@ class LockHeld(WorkdirError):
 
 
 _HELD: set["Lock"] = set()  # the locks this process holds; check_held asks each
+# Why this process writes nothing more into a workdir: lock path -> the loss, for locks it
+# held and lost; and, on a process of a multi-process run, process 0's loss once told.
+_LOST: dict[str, str] = {}
+_RUN_LOST: list = [None]
 
 
 def job_identity() -> dict | None:
@@ -129,8 +145,22 @@ class Lock:
       # Changed since it was read (another contender, or the holder's heartbeat): look again.
     raise LockHeld(f"could not take the lock {self.path}: other processes keep racing for it")
 
+  def check_free(self) -> None:
+    """Raises LockHeld when acquire() would (a live run holds the lock); reads only. A run
+    asks before its slow start (reading the corpus), so a busy workdir is refused at once;
+    acquire() still decides, later, before anything is written."""
+    if not paths.exists(self.path):  # before _read, whose guard file would be a write
+      return
+    current = self._read()
+    if current is None or current[0] is None or current[0].get("token") == self.token:
+      return  # free, or unreadable (acquire takes it over), or this holder's own
+    if _stale(current[0], self.job, self.stale_after_s) is None:
+      raise LockHeld(_in_use(self.path, current[0], self.stale_after_s))
+
   def _hold(self, generation: str) -> None:
     self._generation = generation
+    _LOST.pop(self.path, None)  # this process writes the workdir again
+    _RUN_LOST[0] = None
     _HELD.add(self)
     self._thread = threading.Thread(target=self._heartbeat, daemon=True,
                                     name="bert_jax-workdir-lock")
@@ -165,9 +195,16 @@ class Lock:
   def _lose(self, holder: dict | None) -> None:
     to = (f"host {holder.get('host')} pid {holder.get('pid')}{_job_text(holder)}" if holder
           else "another run (the lock file was deleted)")
+    first = self._lost is None
     self._lost = (f"lost the workdir lock {self.path} to {to}; stopped without saving "
                   "(another run writes this workdir now)")
+    _LOST[self.path] = self._lost
     logging.error("%s", self._lost)
+    if first and _process_count() > 1:
+      # The others cannot hear of it from a raise here: ask for the stop every process
+      # agrees on (JAX's preemption service listens for SIGTERM); check_held(everywhere=True)
+      # at that step's save tells them why, and nothing is saved.
+      os.kill(os.getpid(), signal.SIGTERM)
     raise WorkdirError(self._lost)
 
   def check(self, verify: bool = False) -> None:
@@ -196,15 +233,57 @@ class Lock:
     _HELD.discard(self)
 
 
-def check_held(verify: bool = False) -> None:
+def check_held(verify: bool = False, *, everywhere: bool = False) -> None:
   """Raises WorkdirError when a workdir lock this process held was taken by another run.
 
   Cheap without `verify` (the heartbeat's finding): the training loops ask after
   every step. With `verify` every held lock is read now: checkpoint saves ask.
-  Processes that hold no lock (all but process 0) pass.
+
+  On one process that is all. On several, only process 0 holds the lock and a
+  raise there alone would hang the others in their next collective, so nothing
+  is raised unless `everywhere`: every process calls it at the same step (a
+  save), process 0's finding is gathered (one all-gather), and all of them raise
+  when it lost the lock. Until then the loss only silences process 0's writers
+  (`lost`), and the stop it asked for (see the module docstring) comes soon.
   """
+  reason = None
   for held in list(_HELD):
-    held.check(verify)
+    try:
+      held.check(verify)
+    except WorkdirError as e:
+      reason = reason or str(e)
+  if _process_count() == 1:
+    if reason is not None:
+      raise WorkdirError(reason)
+    return
+  if not everywhere:
+    return
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top  # only here
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  if not np.any(multihost_utils.process_allgather(np.int32(reason is not None))):
+    return
+  if reason is None:  # not the holder: told by the gather
+    reason = ("process 0 lost the workdir lock to another run (process 0's log names it); "
+              "stopped without saving (another run writes this workdir now)")
+    _RUN_LOST[0] = reason
+  raise WorkdirError(reason)
+
+
+def lost(workdir: str) -> str | None:
+  """Why this process must write nothing more into `workdir` (it lost the workdir's lock, or
+  process 0 of its run did), or None. The run's writers ask before every write: the
+  workdir is another run's now, and an upload of a whole file (metrics.jsonl, the batch
+  log on gs://) would replace what that run wrote."""
+  return _LOST.get(paths.join(workdir, LOCK_FILE)) or _RUN_LOST[0]
+
+
+def _process_count() -> int:
+  """Processes of this run: jax.process_count() once jax.distributed is up, else 1 (never
+  imports JAX: the lock works without it)."""
+  jax = sys.modules.get("jax")
+  if jax is None or not jax.distributed.is_initialized():
+    return 1
+  return jax.process_count()
 
 
 def _job_text(holder: dict) -> str:

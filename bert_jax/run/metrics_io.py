@@ -17,6 +17,7 @@ import numpy as np
 
 from bert_jax import accelerators
 from bert_jax.run import jsonl
+from bert_jax.run import lock as workdir_lock
 from host import paths
 
 METRICS_FILE = "metrics.jsonl"
@@ -57,10 +58,13 @@ class MetricWriter:
   (the trainers flush when they save a checkpoint) and on close. A run killed
   with kill -9 loses at most the rows since the last upload; on resume they are
   written again.
+  A run that lost its workdir lock (bert_jax.run.lock.lost) writes nothing more:
+  the files are the new holder's now, and an upload of the whole file would
+  replace that run's rows with this one's.
   """
 
   def __init__(self, workdir: str, start_step: int = 0, *, sync_every_s: float = 60.0):
-    self._path = paths.join(workdir, METRICS_FILE)
+    self._path, self._workdir = paths.join(workdir, METRICS_FILE), workdir
     self._enabled = jax.process_index() == 0
     # Every process knows what is recorded, so all make the same decisions (a
     # skipped evaluation is skipped everywhere); only process 0 writes.
@@ -94,7 +98,7 @@ class MetricWriter:
 
   def write(self, step: int, scalars: dict[str, float]) -> None:
     """Records `scalars` at `step` in both sinks."""
-    if not self._enabled:
+    if not self._enabled or workdir_lock.lost(self._workdir):
       return
     scalars = {k: float(v) for k, v in scalars.items()}
     with self._summary.as_default():
@@ -113,7 +117,7 @@ class MetricWriter:
 
   def flush(self) -> None:
     """Makes everything written so far durable in the workdir."""
-    if not self._enabled:
+    if not self._enabled or workdir_lock.lost(self._workdir):
       return
     self._summary.flush()
     if self._remote:

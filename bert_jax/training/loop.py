@@ -8,7 +8,8 @@ evaluation; the bookkeeping between steps is the same and lives here once:
     stops the run before anything is logged, evaluated or saved from it.
   - `due`: whether a step is logged, saved, or the last one of a preempted run;
     it also stops the run (WorkdirError) once this process lost its workdir
-    lock to another run (bert_jax.run.lock), within one heartbeat.
+    lock to another run (bert_jax.run.lock), within one heartbeat; on several
+    processes every one of them stops, at the agreed step the loss asks for.
   - `save`: logs flushed first, then the checkpoint, so a saved step always has
     its rows and a resumed run never writes them twice.
   - `open_manager`: the checkpoint manager, closed after its pending save
@@ -87,7 +88,10 @@ def due(step: int, total_steps: int, *, log_every: int, save_every: int, stop: b
 
   Raises:
     WorkdirError: this process's workdir lock was taken by another run (noticed by
-      the lock's heartbeat): nothing more is logged or saved.
+      the lock's heartbeat): nothing more is logged or saved. On several processes
+      not here: process 0 alone cannot stop (the others would wait in the next
+      step's collective); its loss asks for a stop at a step all of them agree
+      on, and `save` raises on every process there (bert_jax.run.lock).
   """
   workdir_lock.check_held()  # a flag, no I/O: cheap after every step
   last = step == total_steps
@@ -98,7 +102,17 @@ def due(step: int, total_steps: int, *, log_every: int, save_every: int, stop: b
 
 def save(manager: Any, step: int, state: Any, data_state: dict[str, Any],
          logs: Iterable[Any]) -> None:
-  """Flushes `logs` (objects with flush()), then checkpoints `state` and `data_state`."""
+  """Flushes `logs` (objects with flush()), then checkpoints `state` and `data_state`.
+
+  Raises:
+    WorkdirError: before anything is flushed, on every process, when the workdir lock
+      was taken by another run (read now; on several processes process 0's finding is
+      gathered, so all of them stop at this step).
+  """
+  try:
+    workdir_lock.check_held(verify=True, everywhere=True)  # every process saves at this step
+  except workdir_lock.WorkdirError as e:
+    raise workdir_lock.WorkdirError(f"step {step}: {e}") from None
   for log in logs:
     log.flush()  # first: a step that is saved always has its rows
   checkpoint.save(manager, step, {"params": state.params, "opt_state": state.opt_state,
