@@ -1,4 +1,4 @@
-"""Tests of bert_jax/model/encoder.py: config, parameter counts and layouts, masking, dropout, dtypes.
+"""Tests of bert_jax/model/config.py and encoder.py: config, parameter counts and layouts, masking, dropout, dtypes.
 
 Parity with the reference implementation (transformers' Flax BERT) is in tests/test_heads.py.
 """
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import transformers
 
+from bert_jax.model import config as model_config
 from bert_jax.model import encoder as model_lib
 from bert_jax.model.encoder import BertConfig, BertModel
 from bert_jax.model.heads import BertForPreTraining
@@ -62,7 +63,7 @@ def _n(tree):
 
 # ----------------------------------------------------------------------------- config
 
-@pytest.mark.parametrize("size,lha", list(model_lib.SIZES.items()))
+@pytest.mark.parametrize("size,lha", list(model_config.SIZES.items()))
 def test_size_table(size, lha):
   cfg = BertConfig.from_size(size)
   assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads) == lha

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bert_jax.model import config as model_config
 from bert_jax.model import encoder as model_lib
 from bert_jax.model.encoder import BertConfig
 from bert_jax.model.heads import BertForPreTraining
@@ -109,7 +110,7 @@ def test_policies_keep_different_residuals():
   # The named policy keeps exactly q, k, v and the attention output of every layer.
   named = sorted(re.search(r"named '(\w+)'", d).group(1)
                  for _, d in kept["save_qkv_out_proj"] if "named" in d)
-  assert named == sorted(model_lib.PROJECTION_NAMES * CFG.num_hidden_layers)
+  assert named == sorted(model_config.PROJECTION_NAMES * CFG.num_hidden_layers)
   assert not any("named" in d for _, d in kept["full"])
 
 

@@ -1,8 +1,9 @@
-"""Checkpoint import and export: Hugging Face BERT, original TF BERT, and our own format.
+"""Checkpoint import and export: Hugging Face BERT and RoBERTa, original TF BERT, our own format.
 
 Import (`load_pretrained`) recognises, in this order:
   * our own export (`params/` orbax checkpoint + `bert_config.json` + `vocab.txt`);
-  * a Hugging Face directory (`config.json` + `model.safetensors`);
+  * a Hugging Face directory (`config.json` + `model.safetensors`; model_type bert, roberta
+    or roberta-prelayernorm);
   * a training workdir (has `checkpoints/`; or that directory, or one step in it): handed
     to bert_jax.run.checkpoint.load_params_from_workdir;
   * an original google-research/bert TF checkpoint (a directory holding `bert_config.json`
@@ -11,8 +12,10 @@ Every tensor the model needs must be there with the right shape and every tensor
 must be used (optimizer slots, the position-id buffer and tied decoder copies are skipped
 knowingly); otherwise one ValueError names all offenders.
 
-Export: `export_hf` (a directory transformers' BertForPreTraining loads) and `export_own`.
-The vocabulary travels with every converted checkpoint.
+Export: `export_hf` (a directory transformers loads: BertForPreTraining, RobertaForMaskedLM
+or RobertaPreLayerNormForMaskedLM, as the network's config says) and `export_own`.
+The vocabulary (vocab.txt, or RoBERTa's vocab.json + merges.txt) travels with every
+converted checkpoint.
 
 Command line:
   python -m bert_jax.convert --input=PATH --output=DIR --format=hf|own [--vocab_file=V]

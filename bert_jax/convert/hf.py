@@ -1,4 +1,4 @@
-"""Hugging Face BERT directories: read and write config.json + model.safetensors.
+"""Hugging Face BERT and RoBERTa directories: read and write config.json + model.safetensors.
 
 The safetensors format is small enough to read and write here, which keeps the library
 free of the `safetensors` package (a test-only dependency): an 8-byte little-endian header
@@ -7,7 +7,10 @@ optional "__metadata__"), then the raw little-endian tensor bytes.
 
 Accepted key layouts: BertModel (no prefix) and BertForPreTraining / BertForMaskedLM
 ("bert." prefix, "cls.predictions.*", "cls.seq_relationship.*"), with or without the prefix,
-and old LayerNorm names (gamma/beta).
+and old LayerNorm names (gamma/beta); for model_type "roberta" and "roberta-prelayernorm"
+(RobertaPreLayerNorm, the pre-LN port of fairseq's RoBERTa) their Model and ForMaskedLM
+layouts ("roberta." / "roberta_prelayernorm." prefix, "lm_head.*"). The family's names
+are layout.HF_FAMILIES'; which family a directory is comes from config.json's model_type.
 """
 
 import io
@@ -26,6 +29,9 @@ import bert_jax.convert.layout as convert_layout  # (not via the package: its __
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 VOCAB_NAME = "vocab.txt"  # every format here (HF, google-research TF, our own) names it so
+# A byte-level BPE vocabulary (RoBERTa's) is two files, side by side, named as HF names them.
+BPE_VOCAB_NAME = "vocab.json"
+BPE_MERGES_NAME = "merges.txt"
 
 _DTYPES = {
     "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
@@ -121,16 +127,16 @@ def read_json(path) -> dict:
   return value
 
 
-def _canonical_name(key: str) -> str:
-  """HF key -> the canonical name of convert_layout (no "bert." prefix, weight/bias names)."""
-  if key.startswith("bert."):
-    key = key[len("bert."):]
+def _canonical_name(key: str, family: convert_layout.HfFamily) -> str:
+  """HF key -> the canonical name of convert_layout (no family prefix, weight/bias names)."""
+  if key.startswith(family.prefix + "."):
+    key = key[len(family.prefix) + 1:]
   if key.endswith(".gamma"):  # LayerNorm names of checkpoints older than transformers 4.
     key = key[:-len(".gamma")] + ".weight"
   elif key.endswith(".beta"):
     key = key[:-len(".beta")] + ".bias"
-  if key == "cls.predictions.decoder.bias":  # HF ties it to cls.predictions.bias.
-    key = "cls.predictions.bias"
+  if key == f"{family.mlm_head}.decoder.bias":  # HF ties it to the head's output bias.
+    key = f"{family.mlm_head}.{family.mlm_bias}"
   return key
 
 
@@ -147,20 +153,22 @@ def read_hf_dir(path):
      ignored: {file name: reason}, vocab path or None).
   """
   config = model_lib.BertConfig.from_hf_dict(read_json(path / CONFIG_NAME))
+  family = convert_layout.hf_family(config)
+  output_bias = f"{family.mlm_head}.{family.mlm_bias}"
   raw, _ = read_safetensors(path / WEIGHTS_NAME)
   tensors, display, ignored = {}, {}, {}
   decoder_weight = None
   for key, array in raw.items():
-    if key.endswith("embeddings.position_ids"):
-      # A constant arange buffer PyTorch saves beside the weights; positions are implicit here.
-      ignored[key] = "position-id buffer, not a weight"
+    if key.endswith(("embeddings.position_ids", "embeddings.token_type_ids")):
+      # Constant buffers PyTorch may save beside the weights; positions are implicit here.
+      ignored[key] = "position/token-type id buffer, not a weight"
       continue
-    if key.endswith("cls.predictions.decoder.weight"):
+    if key.endswith(f"{family.mlm_head}.decoder.weight"):
       decoder_weight = (key, array)  # tied to the word embeddings; checked below.
       continue
-    name = _canonical_name(key)
+    name = _canonical_name(key, family)
     if name in tensors:
-      if name == "cls.predictions.bias" and np.array_equal(tensors[name], array):
+      if name == output_bias and np.array_equal(tensors[name], array):
         ignored[key] = "tied copy of the MLM output bias"
         continue
       raise ValueError(f"{path / WEIGHTS_NAME}: {display[name]!r} and {key!r} both give "
@@ -175,56 +183,85 @@ def read_hf_dir(path):
           f"{path / WEIGHTS_NAME}: {key} differs from the word embeddings; this model ties the "
           "MLM decoder to the word embeddings and cannot hold an untied decoder")
     ignored[key] = "tied to the word embeddings"
-  vocab = path / VOCAB_NAME
-  return config, tensors, display, ignored, (vocab if vocab.is_file() else None)
+  return config, tensors, display, ignored, find_vocab(path)
 
 
-def display_name(display: dict[str, str], *, prefixed: bool):
+def find_vocab(directory):
+  """The vocabulary beside a checkpoint: vocab.txt, else a BPE vocab.json with its merges.txt.
+
+  None when there is neither (a vocab.json without merges.txt is no vocabulary).
+  """
+  directory = paths.path(directory)
+  if (directory / VOCAB_NAME).is_file():
+    return directory / VOCAB_NAME
+  bpe = directory / BPE_VOCAB_NAME
+  return bpe if bpe.is_file() and (directory / BPE_MERGES_NAME).is_file() else None
+
+
+def display_name(display: dict[str, str], *, prefixed: bool, config):
   """Name in messages: as in the file when present, else with the file's own prefix style."""
+  family = convert_layout.hf_family(config)
+  heads = ("cls.", f"{family.mlm_head}.")
+
   def name(canonical: str) -> str:
     if canonical in display:
       return display[canonical]
-    return f"bert.{canonical}" if prefixed and not canonical.startswith("cls.") else canonical
+    return (f"{family.prefix}.{canonical}" if prefixed and not canonical.startswith(heads)
+            else canonical)
   return name
 
 
 def export_hf(params, config, out_dir, vocab_file=None):
-  """Writes a Hugging Face BERT directory that transformers' BertForPreTraining loads.
+  """Writes a Hugging Face directory that transformers loads, in config's family.
+
+  BERT (BertForPreTraining / BertModel), RoBERTa (position_offset > 0: RobertaForMaskedLM /
+  RobertaModel) or RobertaPreLayerNorm (pre_layer_norm); BertConfig.hf_model_type says which.
 
   Args:
-    params: plain nested dict, per-layer layout: the BertForPreTraining tree
-      {"bert", "mlm_head", "nsp_head"} (exported as BertForPreTraining, "bert." prefix) or the
-      BertModel tree (exported as BertModel, no prefix).
-    config: the model's BertConfig (standard BERT: no factorised embedding, no sharing).
+    params: plain nested dict, per-layer layout: the pretraining tree {"bert", "mlm_head",
+      "nsp_head"} (the family's pretraining class, encoder keys under its prefix; the roberta
+      families have no NSP head) or the BertModel tree (the family's Model, no prefix).
+    config: the model's BertConfig (no factorised embedding, no sharing).
     out_dir: directory to create or fill.
-    vocab_file: WordPiece vocabulary copied to out_dir/vocab.txt; None only warns.
+    vocab_file: vocabulary copied beside the weights (vocab.txt; a BPE vocab.json travels
+      with its merges.txt); None only warns.
 
   Returns:
     out_dir as a Path.
   """
   out_dir = paths.path(out_dir)
+  family = convert_layout.hf_family(config)
   tensors = convert_layout.to_external(params, config, "hf")
   pretraining = "mlm_head" in params
   if pretraining:
-    tensors = {(k if k.startswith("cls.") else f"bert.{k}"): v for k, v in tensors.items()}
+    heads = ("cls.", f"{family.mlm_head}.")
+    tensors = {(k if k.startswith(heads) else f"{family.prefix}.{k}"): v
+               for k, v in tensors.items()}
   out_dir.mkdir(parents=True, exist_ok=True)
   write_safetensors(out_dir / WEIGHTS_NAME, tensors, metadata={"format": "pt"})
   hf_config = dict(config.to_hf_dict())
-  hf_config["architectures"] = ["BertForPreTraining" if pretraining else "BertModel"]
-  hf_config["model_type"] = "bert"
+  if not pretraining:
+    hf_config["architectures"] = [family.encoder_class]
   paths.write_atomic(out_dir / CONFIG_NAME, json.dumps(hf_config, indent=2, sort_keys=True))
   copy_vocab(vocab_file, out_dir)
   return out_dir
 
 
 def copy_vocab(vocab_file, out_dir) -> None:
-  """Copies the vocabulary beside a converted checkpoint; a checkpoint without one only warns."""
+  """Copies the vocabulary (vocab.txt, or a BPE vocab.json + merges.txt) beside a converted
+  checkpoint; a checkpoint without one only warns."""
   if vocab_file is None:
-    logging.warning("%s: no vocabulary given; the checkpoint is written without vocab.txt",
-                    out_dir)
+    logging.warning("%s: no vocabulary given; the checkpoint is written without one", out_dir)
     return
   vocab_file = paths.path(vocab_file)
   if not vocab_file.is_file():
     raise ValueError(f"vocab_file {vocab_file} does not exist")
-  if vocab_file != paths.path(out_dir) / VOCAB_NAME:
-    paths.copy_file(vocab_file, paths.path(out_dir) / VOCAB_NAME)
+  copies = {vocab_file: VOCAB_NAME}
+  if vocab_file.suffix == ".json":  # BPE: the merges travel with the vocabulary
+    merges = vocab_file.parent / BPE_MERGES_NAME
+    if not merges.is_file():
+      raise ValueError(f"BPE vocab_file {vocab_file} has no {BPE_MERGES_NAME} beside it")
+    copies = {vocab_file: BPE_VOCAB_NAME, merges: BPE_MERGES_NAME}
+  for source, name in copies.items():
+    if source != paths.path(out_dir) / name:
+      paths.copy_file(source, paths.path(out_dir) / name)

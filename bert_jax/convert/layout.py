@@ -1,7 +1,8 @@
 """The name and shape table behind checkpoint conversion, and the strict assembler that uses it.
 
 One table (`layout`) lists every tensor of our parameter tree together with its name and
-storage shape in each external format: Hugging Face PyTorch names ("hf"), original
+storage shape in each external format: Hugging Face PyTorch names ("hf": the bert, roberta
+or roberta-prelayernorm family, as config.hf_model_type says; HF_FAMILIES), original
 google-research/bert TF variable names ("tf") and our own flattened tree ("own"). Import
 and export both read the same table, so the two directions cannot drift apart, and
 `assemble` turns a flat {name: array} dict into our tree, refusing any missing, unused or
@@ -31,6 +32,36 @@ OPTIONAL_GROUPS = (POOLER, MLM_HEAD, NSP_HEAD)
 
 FORMATS = ("hf", "tf", "own")
 TARGETS = ("pretraining", "encoder", "auto")
+
+
+@dataclasses.dataclass(frozen=True)
+class HfFamily:
+  """How one Hugging Face model family names a checkpoint's tensors and classes.
+
+  Attributes:
+    prefix: the encoder's key prefix in a checkpoint with heads ("bert", "roberta", ...).
+    encoder_class: the architecture written for an encoder-only export.
+    mlm_head: the MLM head's module name ("cls.predictions" or "lm_head").
+    mlm_transform: its dense and LayerNorm names under mlm_head.
+    mlm_bias: its output bias name under mlm_head.
+    has_nsp: the family's pretraining model has the NSP head (cls.seq_relationship).
+  """
+  prefix: str
+  encoder_class: str
+  mlm_head: str
+  mlm_transform: tuple[str, str]
+  mlm_bias: str
+  has_nsp: bool
+
+
+HF_FAMILIES = {
+    "bert": HfFamily("bert", "BertModel", "cls.predictions",
+                     ("transform.dense", "transform.LayerNorm"), "bias", True),
+    "roberta": HfFamily("roberta", "RobertaModel", "lm_head", ("dense", "layer_norm"), "bias",
+                        False),
+    "roberta-prelayernorm": HfFamily("roberta_prelayernorm", "RobertaPreLayerNormModel",
+                                     "lm_head", ("dense", "layer_norm"), "bias", False),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,25 +109,36 @@ class Entry:
     return np.ascontiguousarray(array.reshape(self.source_shape))
 
 
-def _check_standard_bert(config, fmt: str) -> None:
-  """HF and TF BERT layouts cannot hold ALBERT's factorised embeddings or shared layers."""
-  if config.embedding_size not in (None, config.hidden_size):
+def _check_external(config, fmt: str) -> None:
+  """HF and TF layouts cannot hold ALBERT's switches; TF's is post-LN BERT only."""
+  if fmt == "hf":
+    config.hf_model_type  # pylint: disable=pointless-statement  # refuses what HF cannot hold
+    return
+  if config.embedding_size not in (None, config.hidden_size) or config.share_layers:
     raise ValueError(
-        f"embedding_size={config.embedding_size} != hidden_size={config.hidden_size}: the "
-        f"{fmt!r} BERT layout has no factorised embedding projection; use the 'own' format")
-  if config.share_layers:
+        f"embedding_size={config.embedding_size}, share_layers={config.share_layers}: the "
+        f"{fmt!r} BERT layout has no factorised embedding projection and one set of weights "
+        "per layer; use the 'own' format")
+  if config.pre_layer_norm or config.position_offset:
     raise ValueError(
-        f"share_layers=True: the {fmt!r} BERT layout stores one set of weights per layer; "
-        "use the 'own' format")
+        f"pre_layer_norm={config.pre_layer_norm}, position_offset={config.position_offset}: "
+        f"the {fmt!r} layout is google-research/bert's post-LN BERT; use the 'hf' or 'own' "
+        "format")
+
+
+def hf_family(config) -> HfFamily:
+  """The Hugging Face naming of config's family (config.hf_model_type refuses the rest)."""
+  return HF_FAMILIES[config.hf_model_type]
 
 
 def layout(config, fmt: str) -> list[Entry]:
   """Every tensor of BertForPreTraining(config) (encoder, pooler, both heads) in format `fmt`.
 
   Args:
-    config: a bert_jax.model.encoder.BertConfig.
-    fmt: "hf" (PyTorch names without the "bert." prefix), "tf" (google-research/bert
-      variable names) or "own" (our tree, "/"-joined, encoder entries without "bert/").
+    config: a bert_jax.model.config.BertConfig.
+    fmt: "hf" (PyTorch names without the family's "bert." / "roberta." / ... prefix), "tf"
+      (google-research/bert variable names) or "own" (our tree, "/"-joined, encoder entries
+      without "bert/"). The roberta families have no NSP head: none is listed for them.
 
   Returns:
     The entries, in a stable order (embeddings, layers, pooler, heads).
@@ -104,7 +146,8 @@ def layout(config, fmt: str) -> list[Entry]:
   if fmt not in FORMATS:
     raise ValueError(f"unknown checkpoint format {fmt!r}; expected one of {FORMATS}")
   if fmt != "own":
-    _check_standard_bert(config, fmt)
+    _check_external(config, fmt)
+  family = hf_family(config) if fmt == "hf" else None
   h = config.hidden_size
   a = config.num_attention_heads
   d = h // a
@@ -167,29 +210,42 @@ def layout(config, fmt: str) -> list[Entry]:
             f"{tf}/attention/self/{qkv}")
     dense(p + ("attention", "output"), ENCODER, (a, d, h), f"{hf}.attention.output.dense",
           f"{tf}/attention/output/dense", in_ndim=2)
-    layer_norm(p + ("attention_layer_norm",), ENCODER, h, f"{hf}.attention.output.LayerNorm",
-               f"{tf}/attention/output/LayerNorm")
+    if config.pre_layer_norm:  # RobertaPreLayerNorm normalises the inputs of both blocks
+      layer_norm(p + ("attention_layer_norm",), ENCODER, h, f"{hf}.attention.LayerNorm", "")
+    else:
+      layer_norm(p + ("attention_layer_norm",), ENCODER, h, f"{hf}.attention.output.LayerNorm",
+                 f"{tf}/attention/output/LayerNorm")
+    if config.pre_layer_norm:
+      layer_norm(p + ("intermediate_layer_norm",), ENCODER, h, f"{hf}.intermediate.LayerNorm",
+                 "")
     dense(p + ("intermediate",), ENCODER, (h, config.intermediate_size),
           f"{hf}.intermediate.dense", f"{tf}/intermediate/dense")
     dense(p + ("output",), ENCODER, (config.intermediate_size, h), f"{hf}.output.dense",
           f"{tf}/output/dense")
-    layer_norm(p + ("output_layer_norm",), ENCODER, h, f"{hf}.output.LayerNorm",
-               f"{tf}/output/LayerNorm")
+    if not config.pre_layer_norm:
+      layer_norm(p + ("output_layer_norm",), ENCODER, h, f"{hf}.output.LayerNorm",
+                 f"{tf}/output/LayerNorm")
+  if config.pre_layer_norm:  # after the last layer; HF keeps it beside the encoder
+    layer_norm(("encoder", "final_layer_norm"), ENCODER, h, "LayerNorm", "")
 
   dense(("pooler", "dense"), POOLER, (h, h), "pooler.dense", "bert/pooler/dense")
 
   # Heads. The MLM decoder matrix is tied to the word embeddings, so only its bias is stored.
-  dense((MLM_HEAD, "transform"), MLM_HEAD, (h, e), "cls.predictions.transform.dense",
+  mlm = family.mlm_head if family else "cls.predictions"
+  transform, transform_norm = family.mlm_transform if family else ("", "")
+  bias = family.mlm_bias if family else ""
+  dense((MLM_HEAD, "transform"), MLM_HEAD, (h, e), f"{mlm}.{transform}",
         "cls/predictions/transform/dense")
-  layer_norm((MLM_HEAD, "layer_norm"), MLM_HEAD, e, "cls.predictions.transform.LayerNorm",
+  layer_norm((MLM_HEAD, "layer_norm"), MLM_HEAD, e, f"{mlm}.{transform_norm}",
              "cls/predictions/transform/LayerNorm")
-  add((MLM_HEAD, "output_bias"), MLM_HEAD, (config.padded_vocab_size,), hf="cls.predictions.bias",
+  add((MLM_HEAD, "output_bias"), MLM_HEAD, (config.padded_vocab_size,), hf=f"{mlm}.{bias}",
       tf="cls/predictions/output_bias", pad_rows=vocab_pad)
-  # google-research/bert stores the NSP matrix as output_weights [2, H], i.e. [out, in].
-  add((NSP_HEAD, "kernel"), NSP_HEAD, (h, 2), hf="cls.seq_relationship.weight",
-      tf="cls/seq_relationship/output_weights", kernel_in_ndim=1, tf_transposed=True)
-  add((NSP_HEAD, "bias"), NSP_HEAD, (2,), hf="cls.seq_relationship.bias",
-      tf="cls/seq_relationship/output_bias")
+  if family is None or family.has_nsp:
+    # google-research/bert stores the NSP matrix as output_weights [2, H], i.e. [out, in].
+    add((NSP_HEAD, "kernel"), NSP_HEAD, (h, 2), hf="cls.seq_relationship.weight",
+        tf="cls/seq_relationship/output_weights", kernel_in_ndim=1, tf_transposed=True)
+    add((NSP_HEAD, "bias"), NSP_HEAD, (2,), hf="cls.seq_relationship.bias",
+        tf="cls/seq_relationship/output_bias")
   return entries
 
 
@@ -351,14 +407,21 @@ def to_external(params: Mapping, config, fmt: str, *, source: str = "params") ->
 
   The tree is checked against the layout first, so a wrong tree is refused by name rather
   than exported half. A pretraining tree without "nsp_head" (RoBERTa-style) exports without
-  the NSP tensors.
+  the NSP tensors; for the roberta families, one without "pooler" exports without it.
   """
   flat = flatten(params)
   if "bert" in params:  # pretraining tree: encoder under "bert/", heads at the top.
     flat = {(k[len("bert/"):] if k.startswith("bert/") else k): v for k, v in flat.items()}
   target = "pretraining" if MLM_HEAD in params else "encoder"
-  assemble(flat, config, "own", target=target, source=source, omittable=(NSP_HEAD,))
+  # RoBERTa's masked-LM classes have no pooler: a tree without one exports as they are.
+  roberta = fmt == "hf" and not hf_family(config).has_nsp
+  assemble(flat, config, "own", target=target, source=source,
+           omittable=(NSP_HEAD,) + ((POOLER,) if roberta else ()))
   ours = {e.path: e.name for e in layout(config, "own")}
+  external = layout(config, fmt)
+  if NSP_HEAD in params and not any(e.group == NSP_HEAD for e in external):
+    raise ValueError(f"{source} has an NSP head and the Hugging Face {config.hf_model_type!r} "
+                     "format has none: export it with --target=encoder, or in the 'own' format")
   return {entry.name: entry.from_ours(flat[ours[entry.path]])
-          for entry in layout(config, fmt) if ours[entry.path] in flat
+          for entry in external if ours[entry.path] in flat
           and (target == "pretraining" or entry.group not in HEAD_GROUPS)}

@@ -40,8 +40,7 @@ def _read_workdir(path: paths.Path):
   # vocabulary sits in the workdir itself.
   config, params = checkpoint.load_params_from_workdir(str(path))
   tensors, display = convert_own.own_tensors(params)
-  vocab = _workdir_of(path) / convert_hf.VOCAB_NAME
-  return config, tensors, display, {}, (vocab if vocab.is_file() else None)
+  return config, tensors, display, {}, convert_hf.find_vocab(_workdir_of(path))
 
 
 def _workdir_of(path: paths.Path) -> paths.Path:
@@ -59,9 +58,10 @@ def _read(path: paths.Path):
     return ("bert_jax export", "own", _per_layer_config(config), *rest)
   if convert_hf.is_hf_dir(path):
     config, tensors, display, ignored, vocab = convert_hf.read_hf_dir(path)
-    prefixed = any(v.startswith("bert.") for v in display.values())
+    prefix = convert_layout.hf_family(config).prefix + "."
+    prefixed = any(v.startswith(prefix) for v in display.values())
     return ("Hugging Face directory", "hf", config, tensors,
-            convert_hf.display_name(display, prefixed=prefixed), ignored, vocab)
+            convert_hf.display_name(display, prefixed=prefixed, config=config), ignored, vocab)
   if _is_workdir(path):
     config, *rest = _read_workdir(path)
     return ("training workdir", "own", _per_layer_config(config), *rest)
@@ -163,15 +163,15 @@ def load_for_finetuning(path, *, task_heads: tuple[str, ...], vocab_file=None,
 
 
 def checkpoint_vocab(path) -> paths.Path | None:
-  """The vocab.txt a checkpoint was trained with (beside it: HF and TF directories, our
-  exports, a training workdir), or None; reads no weights."""
+  """The vocabulary a checkpoint was trained with (beside it: HF and TF directories, our
+  exports, a training workdir): vocab.txt, or a BPE vocab.json (with merges.txt); or None.
+  Reads no weights."""
   path = paths.path(path)
   if _is_workdir(path) and not convert_own.is_own_dir(path):
     path = _workdir_of(path)
   elif not path.is_dir():
     path = path.parent  # a TF checkpoint prefix
-  vocab = path / convert_hf.VOCAB_NAME
-  return vocab if vocab.is_file() else None
+  return convert_hf.find_vocab(path)
 
 
 def load_checkpoint(path, target, allow_missing_heads, vocab_file, vocab_multiple=None):
@@ -190,9 +190,11 @@ def _assemble(path, read: tuple, target: str, allow_missing_heads: bool, vocab_f
   (layout.assemble's checks), padded to vocab_multiple, vocab_file in place of the
   vocabulary found (which must exist)."""
   kind, fmt, config, tensors, display, ignored, vocab = read
+  # Our own exports of a run without NSP (RoBERTa's objective) hold none: it stays absent.
   params, target = convert_layout.assemble(
       tensors, config, fmt, target=target, allow_missing_heads=allow_missing_heads,
-      source=f"{kind} {path}", display=display, ignored=ignored)
+      source=f"{kind} {path}", display=display, ignored=ignored,
+      omittable=(convert_layout.NSP_HEAD,) if fmt == "own" else ())
   if vocab_multiple is not None:
     params, config = convert_layout.pad_vocab(params, config, vocab_multiple)
   if vocab_file is not None:

@@ -1,4 +1,4 @@
-"""bert_jax's own checkpoint format: `params/` (orbax) + `bert_config.json` + `vocab.txt`.
+"""bert_jax's own checkpoint format: `params/` (orbax) + `bert_config.json` + the vocabulary.
 
 Read (is_own_dir, read_own_dir; a training workdir's params come out of
 bert_jax.run.checkpoint in the same tree, so own_tensors serves both) and written
@@ -61,8 +61,7 @@ def read_own_dir(path: paths.Path):
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   config = read_own_config(path / OWN_CONFIG)
   tensors, display = own_tensors(ocp.StandardCheckpointer().restore(path / OWN_PARAMS))
-  vocab = path / convert_hf.VOCAB_NAME
-  return config, tensors, display, {}, (vocab if vocab.is_file() else None)
+  return config, tensors, display, {}, convert_hf.find_vocab(path)
 
 
 def export_own(params, config, out_dir, vocab_file=None) -> paths.Path:
@@ -73,7 +72,7 @@ def export_own(params, config, out_dir, vocab_file=None) -> paths.Path:
       stored plain and per-layer.
     config: its BertConfig (any, ALBERT switches included).
     out_dir: directory to create; out_dir/params must not exist yet.
-    vocab_file: copied to out_dir/vocab.txt; None only warns.
+    vocab_file: copied beside (vocab.txt, or vocab.json + merges.txt); None only warns.
 
   Returns:
     out_dir as a Path.

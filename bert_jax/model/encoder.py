@@ -1,10 +1,13 @@
-"""BERT encoder in Flax linen: config with a size table, embeddings, post-LN encoder, pooler.
+"""BERT encoder in Flax linen: embeddings, encoder layers, pooler, param layouts.
 
 The same modules cover the ALBERT switches (factorised embedding size E with an
-E -> H projection, cross-layer parameter sharing) and the scaling switches
+E -> H projection, cross-layer parameter sharing), the RoBERTa ones (positions
+counted from pad_token_id + 1, a single token type, pre-LN blocks with a final
+LayerNorm as fairseq's --encoder-normalize-before) and the scaling switches
 (per-layer rematerialisation with a named policy, `nn.scan` over layers, the
-attention kernel of bert_jax/model/attention.py). Parameters are float32 and carry
-logical axis names; compute runs in `config.dtype`.
+attention kernel of bert_jax/model/attention.py), all fields of the BertConfig
+of bert_jax/model/config.py. Parameters are float32 and carry logical axis names;
+compute runs in `config.dtype`.
 
 The parameter tree is a contract with bert_jax/convert (its layout module maps
 every name to Hugging Face and TF names) and with saved checkpoints: change names
@@ -14,10 +17,7 @@ live in bert_jax/model/heads.py, which builds on this module.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
-import json
-import os
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
@@ -27,204 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.model import attention as attention_lib
-
-# (num_hidden_layers, hidden_size, num_attention_heads); intermediate size is 4H.
-SIZES = {
-    "tiny": (2, 128, 2),
-    "mini": (4, 256, 4),
-    "small": (4, 512, 8),
-    "medium": (8, 512, 8),
-    "base": (12, 768, 12),
-    "large": (24, 1024, 16),
-}
-
-_DTYPES = ("float32", "bfloat16", "float16")
-_ATTENTION_IMPLS = attention_lib.IMPLEMENTATIONS + (None,)  # None: older configs, read as auto
-
-# Names the layers give their activations (jax.ad_checkpoint.checkpoint_name), for the
-# remat policy that keeps exactly these: the q/k/v projections and the attention output
-# projection, so the backward pass recomputes the attention core, LayerNorms and FFN.
-PROJECTION_NAMES = ("query_proj", "key_proj", "value_proj", "attention_out")
-# What each layer keeps for the backward pass (jax.checkpoint_policies), by name.
-REMAT_POLICIES = {
-    "none": None,  # no rematerialisation: every residual kept (fastest, most memory)
-    "full": jax.checkpoint_policies.nothing_saveable,  # keep only the layer input
-    "dots_saveable": jax.checkpoint_policies.dots_saveable,  # every matmul output
-    # Matmuls without batch dimensions: the dense projections, not QK^T / PV.
-    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "save_qkv_out_proj": jax.checkpoint_policies.save_only_these_names(*PROJECTION_NAMES),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class BertConfig:
-  """Hyper-parameters of a BERT-family encoder; defaults are BERT-Base (paper values)."""
-
-  vocab_size: int = 30522  # true vocabulary (bert-base-uncased WordPiece), as HF/TF configs hold it
-  vocab_multiple: int = 1  # word table and MLM logits padded to a multiple of this (e.g. 128)
-  hidden_size: int = 768  # H
-  num_hidden_layers: int = 12  # L
-  num_attention_heads: int = 12  # A; head size is H / A
-  intermediate_size: int = 3072  # feed-forward width, 4H in the paper
-  hidden_dropout_prob: float = 0.1  # dropout on embeddings and every residual branch
-  attention_probs_dropout_prob: float = 0.1  # dropout on attention probabilities
-  # Which attention-dropout mask (einsum path in training only; the fused kernels drop
-  # nothing): False draws one per example, head, query and key, as google-research/bert
-  # (the paper's); True one [T, T] mask shared by every example and head, as transformers'
-  # Flax BERT (flax's broadcast_dropout), fewer random bits for the same rate.
-  attention_dropout_shared: bool = False
-  max_position_embeddings: int = 512  # longest sequence the learned positions cover
-  type_vocab_size: int = 2  # segment A / segment B
-  initializer_range: float = 0.02  # stddev of the truncated-normal initialiser
-  layer_norm_eps: float = 1e-12  # as google-research/bert
-  embedding_size: int | None = None  # ALBERT factorised embedding E; None -> hidden_size
-  share_layers: bool = False  # ALBERT cross-layer sharing: one layer applied L times
-  dtype: str = "float32"  # compute dtype; params are always float32
-  attention_impl: str | None = "auto"  # bert_jax/model/attention.py: auto|einsum|xla|cudnn|splash
-  remat_policy: str = "none"  # a key of REMAT_POLICIES: what each layer keeps for backward
-  remat: bool = False  # older configs' switch: True reads as remat_policy "full"
-  scan_layers: bool = False  # nn.scan over layers: params get a leading [L] axis
-
-  def __post_init__(self):
-    positive = ("vocab_size", "vocab_multiple", "hidden_size", "num_hidden_layers",
-                "num_attention_heads", "intermediate_size", "max_position_embeddings",
-                "type_vocab_size")
-    for name in positive:
-      _check_positive_int(name, getattr(self, name))
-    if self.embedding_size is not None:
-      _check_positive_int("embedding_size", self.embedding_size)
-      if self.embedding_size > self.hidden_size:
-        raise ValueError(
-            f"embedding_size ({self.embedding_size}) must not exceed hidden_size "
-            f"({self.hidden_size}): the factorisation is meant to shrink the embedding")
-    if self.hidden_size % self.num_attention_heads:
-      raise ValueError(
-          f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
-          f"({self.num_attention_heads})")
-    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
-    for name in ("initializer_range", "layer_norm_eps"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    for name in ("share_layers", "remat", "scan_layers", "attention_dropout_shared"):
-      if not isinstance(getattr(self, name), bool):
-        raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-    if self.dtype not in _DTYPES:
-      raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
-    if self.attention_impl not in _ATTENTION_IMPLS:
-      raise ValueError(
-          f"attention_impl must be one of {_ATTENTION_IMPLS}, got {self.attention_impl!r}")
-    if self.remat_policy not in REMAT_POLICIES:
-      raise ValueError(
-          f"remat_policy must be one of {tuple(REMAT_POLICIES)}, got {self.remat_policy!r}")
-    if self.remat and self.remat_policy not in ("none", "full"):
-      raise ValueError(f"remat=True (read as remat_policy 'full') contradicts "
-                       f"remat_policy={self.remat_policy!r}: set remat_policy alone")
-
-  @property
-  def effective_remat_policy(self) -> str:
-    """remat_policy, with the older remat=True read as "full"."""
-    return "full" if self.remat and self.remat_policy == "none" else self.remat_policy
-
-  @property
-  def head_size(self) -> int:
-    """Per-head width D = H / A."""
-    return self.hidden_size // self.num_attention_heads
-
-  @property
-  def padded_vocab_size(self) -> int:
-    """Rows of the word table and width of the MLM logits: vocab_size rounded up to vocab_multiple.
-
-    The padding rows are never looked up and their logits are masked out, so a padded
-    model computes what the unpadded one does; checkpoints in HF/TF formats hold
-    vocab_size rows (bert_jax.convert strips and restores the padding).
-    """
-    return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
-
-  @property
-  def embed_size(self) -> int:
-    """Width E of the embedding tables (hidden_size unless factorised)."""
-    return self.embedding_size or self.hidden_size
-
-  @property
-  def compute_dtype(self) -> jnp.dtype:
-    """The jnp dtype activations are computed in."""
-    return jnp.dtype(self.dtype)
-
-  def replace(self, **kw) -> "BertConfig":
-    """A copy with some fields changed (validated again)."""
-    return dataclasses.replace(self, **kw)
-
-  @classmethod
-  def from_size(cls, size: str, **overrides) -> "BertConfig":
-    """A config from the size table (tiny|mini|small|medium|base|large), intermediate 4H."""
-    if size not in SIZES:
-      raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
-    layers, hidden, heads = SIZES[size]
-    fields = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                  intermediate_size=4 * hidden)
-    fields.update(overrides)
-    return cls(**fields)
-
-  @classmethod
-  def from_hf_dict(cls, d: Mapping[str, Any]) -> "BertConfig":
-    """Reads a Hugging Face BertConfig (config.json contents); refuses what BERT here is not."""
-    model_type = d.get("model_type", "bert")
-    if model_type != "bert":
-      raise ValueError(f"model_type must be 'bert', got {model_type!r}")
-    position_type = d.get("position_embedding_type", "absolute")
-    if position_type != "absolute":
-      raise ValueError(f"position_embedding_type must be 'absolute', got {position_type!r}")
-    fields = _read_keys(d, _HF_KEYS, "HF config")
-    return cls(**fields)
-
-  def to_hf_dict(self) -> dict:
-    """The Hugging Face config.json contents for BertForPreTraining with these hyper-parameters."""
-    if self.embedding_size not in (None, self.hidden_size) or self.share_layers:
-      raise ValueError("embedding_size/share_layers (ALBERT switches) cannot be expressed as a "
-                       "Hugging Face BertConfig")
-    d = {key: getattr(self, key) for key in _HF_KEYS if key != "hidden_act"}
-    d.update(architectures=["BertForPreTraining"], model_type="bert", hidden_act="gelu",
-             position_embedding_type="absolute", pad_token_id=0)
-    return d
-
-  @classmethod
-  def from_tf_dict(cls, d: Mapping[str, Any] | str | os.PathLike) -> "BertConfig":
-    """Reads google-research/bert's bert_config.json (a dict, or the file's path)."""
-    if isinstance(d, (str, os.PathLike)):
-      with open(d) as f:
-        d = json.load(f)
-    fields = _read_keys(d, _TF_KEYS, "bert_config.json")
-    if d.get("embedding_size") is not None:  # ALBERT's config carries the factorised size
-      fields["embedding_size"] = int(d["embedding_size"])
-    return cls(**fields)
-
-
-# Keys both config formats share with ours; hidden_act is checked, not stored.
-_TF_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "intermediate_size", "hidden_act", "hidden_dropout_prob",
-            "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
-            "initializer_range")
-_HF_KEYS = _TF_KEYS + ("layer_norm_eps",)
-
-
-def _read_keys(d: Mapping[str, Any], keys, source: str) -> dict:
-  """Copies `keys` out of a foreign config dict; hidden_act must be exact GELU."""
-  missing = [k for k in keys if k not in d and k != "layer_norm_eps"]
-  if missing:
-    raise ValueError(f"{source} lacks required key(s) {missing}")
-  act = d["hidden_act"]
-  if act != "gelu":
-    raise ValueError(f"hidden_act must be 'gelu' (exact erf GELU), got {act!r} in {source}")
-  return {k: d[k] for k in keys if k != "hidden_act" and k in d}
-
-
-def _check_positive_int(name: str, value) -> None:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-    raise ValueError(f"{name} must be a positive integer, got {value!r}")
+from bert_jax.model.config import BertConfig
+from bert_jax.model.config import REMAT_POLICIES
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -314,6 +118,20 @@ def _lookup(embed: nn.Embed, ids: jax.Array) -> jax.Array:
   return _constrain(rows, "batch", "length", "table_embed")
 
 
+def position_ids(config: BertConfig, input_mask: jax.Array) -> jax.Array:
+  """[B,T] mask (1 = real token) -> [B,T] int32 rows of the position table.
+
+  position_offset 0 (BERT): 0..T-1 whatever the padding. Otherwise fairseq's
+  make_positions (HF's create_position_ids_from_input_ids), on the mask rather than on
+  pad ids, so zero-padded rows count the same: the k-th real token sits at
+  position_offset + k - 1, padding at position_offset - 1 (RoBERTa's pad row).
+  """
+  if not config.position_offset:
+    return jnp.broadcast_to(jnp.arange(input_mask.shape[1], dtype=jnp.int32), input_mask.shape)
+  real = (input_mask > 0).astype(jnp.int32)
+  return jnp.cumsum(real, axis=1) * real + (config.position_offset - 1)
+
+
 # ----------------------------------------------------------------------------- modules
 
 class BertEmbeddings(nn.Module):
@@ -339,18 +157,29 @@ class BertEmbeddings(nn.Module):
       # E and H cannot both be named "embed" (flax refuses repeated names); H keeps it.
       self.projection = dense(cfg, cfg.hidden_size, (None, "embed"), "projection")
 
-  def __call__(self, input_ids, segment_ids, *, deterministic: bool = True) -> jax.Array:
-    """[B,T] ids -> [B,T,H] embeddings in the compute dtype."""
+  def __call__(self, input_ids, segment_ids, input_mask=None, *,
+               deterministic: bool = True) -> jax.Array:
+    """[B,T] ids (and, with position_offset, the [B,T] mask) -> [B,T,H] embeddings."""
+    cfg = self.config
     seq_len = input_ids.shape[1]
-    if seq_len > self.config.max_position_embeddings:
+    if seq_len + cfg.position_offset > cfg.max_position_embeddings:
       raise ValueError(f"sequence length {seq_len} exceeds max_position_embeddings "
-                       f"({self.config.max_position_embeddings})")
-    x = (_lookup(self.word_embeddings, input_ids)
-         + self.position_embeddings(jnp.arange(seq_len))[None]
-         + _lookup(self.token_type_embeddings, segment_ids))
+                       f"({cfg.max_position_embeddings}" + (
+                           f" less position_offset {cfg.position_offset}"
+                           if cfg.position_offset else "") + ")")
+    if cfg.position_offset:
+      positions = _lookup(self.position_embeddings, position_ids(cfg, input_mask))
+    else:
+      positions = self.position_embeddings(jnp.arange(seq_len))[None]
+    if cfg.type_vocab_size == 1:
+      # One token type (RoBERTa): every row adds it, whatever segment ids the packing wrote.
+      segments = self.token_type_embeddings.embedding[0]
+    else:
+      segments = _lookup(self.token_type_embeddings, segment_ids)
+    x = _lookup(self.word_embeddings, input_ids) + positions + segments
     x = self.layer_norm(_constrain(x, "batch", "length", "embed"))
     x = self.dropout(x, deterministic=deterministic)
-    if self.config.embed_size != self.config.hidden_size:
+    if cfg.embed_size != cfg.hidden_size:
       x = self.projection(x)
     return _constrain(x, "batch", "length", "embed")
 
@@ -403,7 +232,11 @@ class BertSelfAttention(nn.Module):
 
 
 class BertLayer(nn.Module):
-  """Post-LN Transformer block: LN(x + Attn(x)), then LN(h + FFN(h)) with exact GELU."""
+  """Transformer block with exact GELU: post-LN (BERT) or pre-LN (config.pre_layer_norm).
+
+  post-LN: h = LN(x + Attn(x)), y = LN(h + FFN(h)).
+  pre-LN:  h = x + Attn(LN(x)), y = h + FFN(LN(h)); the encoder adds the final LayerNorm.
+  """
 
   config: BertConfig
 
@@ -415,22 +248,32 @@ class BertLayer(nn.Module):
     `deterministic` and `first_only` are positional so remat can mark them static.
     """
     cfg = self.config
-    drop = nn.Dropout(cfg.hidden_dropout_prob)
-    h = BertSelfAttention(cfg, name="attention")(x, mask, deterministic=deterministic,
-                                                 first_only=first_only)
+    drop = lambda y: nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    attention = BertSelfAttention(cfg, name="attention")
+    attention_norm = layer_norm(cfg, "attention_layer_norm")
+    h = attention(attention_norm(x) if cfg.pre_layer_norm else x, mask,
+                  deterministic=deterministic, first_only=first_only)
     if first_only:
       x = x[:, :1]  # the residual of the one row still computed
-    h = layer_norm(cfg, "attention_layer_norm")(x + drop(h, deterministic=deterministic))
+    h = x + drop(h) if cfg.pre_layer_norm else attention_norm(x + drop(h))
     h = _constrain(h, "batch", "length", "embed")
-    y = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(h)
+    # Pre-LN normalises the FFN's input (HF: intermediate.LayerNorm), post-LN its sum.
+    y = layer_norm(cfg, "intermediate_layer_norm")(h) if cfg.pre_layer_norm else h
+    y = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(y)
     y = _constrain(gelu(y), "batch", "length", "mlp")
     y = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(y)
-    y = layer_norm(cfg, "output_layer_norm")(h + drop(y, deterministic=deterministic))
+    if cfg.pre_layer_norm:
+      y = h + drop(y)
+    else:
+      y = layer_norm(cfg, "output_layer_norm")(h + drop(y))
     return _constrain(y, "batch", "length", "embed")
 
 
 class BertEncoder(nn.Module):
-  """L BertLayers: separate (layer_i), shared (layer) or scanned (layers, leading [L] axis)."""
+  """L BertLayers: separate (layer_i), shared (layer) or scanned (layers, leading [L] axis).
+
+  With pre_layer_norm, then the final LayerNorm (final_layer_norm).
+  """
 
   config: BertConfig
 
@@ -464,15 +307,15 @@ class BertEncoder(nn.Module):
           in_axes=(nn.broadcast,), length=cfg.num_hidden_layers, **params)
       name = "layer" if cfg.share_layers else "layers"
       x, _ = scan(layer_cls(cfg, name=name), x, mask)
-      return x
-    last = cfg.num_hidden_layers - 1
-    if cfg.share_layers:
-      layer = layer_cls(cfg, name="layer")
+    else:
+      last = cfg.num_hidden_layers - 1
+      shared = layer_cls(cfg, name="layer") if cfg.share_layers else None
       for i in range(cfg.num_hidden_layers):
+        layer = shared or layer_cls(cfg, name=f"layer_{i}")
         x = layer(x, mask, deterministic, first_only and i == last)
-      return x
-    for i in range(cfg.num_hidden_layers):
-      x = layer_cls(cfg, name=f"layer_{i}")(x, mask, deterministic, first_only and i == last)
+    if cfg.pre_layer_norm:
+      # Pre-LN blocks leave the residual stream unnormalised: one LayerNorm after the last.
+      x = _constrain(layer_norm(cfg, "final_layer_norm")(x), "batch", "length", "embed")
     return x
 
 
@@ -505,7 +348,7 @@ class BertModel(nn.Module):
     pooled_only: the caller reads only `pooled`, so the last layer may compute only the
     [CLS] row (BertEncoder's first_only); `sequence` is then [B,1,H] or [B,T,H].
     """
-    x = self.embeddings(input_ids, segment_ids, deterministic=deterministic)
+    x = self.embeddings(input_ids, segment_ids, input_mask, deterministic=deterministic)
     mask = (input_mask > 0)[:, None, None, :]
     x = self.encoder(x, mask, deterministic=deterministic, first_only=pooled_only)
     return x, self.pooler(x)

@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.model import encoder as model_lib
-from bert_jax.model.encoder import BertConfig, BertModel
+from bert_jax.model.config import BertConfig
+from bert_jax.model.encoder import BertModel
 
 
 def gather_positions(sequence: jax.Array, positions: jax.Array) -> jax.Array:

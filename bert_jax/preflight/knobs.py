@@ -9,7 +9,7 @@ phase fits. The order is the cost each adds to a step:
      FLOPs; the price is all-gathers of the weights and reduce-scatters of the
      gradients, which XLA overlaps with compute on the ICI. It shrinks the
      arguments, not the activations.
-  2. a remat policy (config.model.remat_policy, bert_jax.model.encoder.REMAT_POLICIES),
+  2. a remat policy (config.model.remat_policy, bert_jax.model.config.REMAT_POLICIES),
      lightest first: dots_saveable (recomputes only element-wise work),
      dots_with_no_batch_dims_saveable (also the attention matmuls),
      save_qkv_out_proj (also the FFN), full (one extra forward, ~+33% FLOPs).

@@ -19,7 +19,7 @@ would not fit is not started):
                      (cuDNN on NVIDIA GPUs, splash on TPUs, XLA elsewhere)
              paper   the paper recipe: attention dropout 0.1 through the einsum path
              einsum|xla|cudnn|splash   that kernel, attention dropout 0
-  remat      a key of bert_jax.model.encoder.REMAT_POLICIES
+  remat      a key of bert_jax.model.config.REMAT_POLICIES
 
 Reported per row: step time, seq/s and tokens/s, model TFLOP/s (the formula of
 bert_jax.run.metrics_io; recomputation is not credited), MFU against the device's
@@ -368,7 +368,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> list[dict]:
   """Runs the sweep; returns the rows (also written to --output and printed)."""
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--size", default="base", help="row of bert_jax.model.encoder.SIZES")
+  p.add_argument("--size", default="base", help="row of bert_jax.model.config.SIZES")
   p.add_argument("--seq_len", type=int, default=128)
   p.add_argument("--attention", default="", help=f"comma list of {ATTENTION} (default by device)")
   p.add_argument("--remat", default="", help="comma list of remat policies (default by device)")

@@ -78,6 +78,7 @@ from typing import Any
 
 import jax
 
+from bert_jax.model import config as model_config
 from bert_jax.model import encoder as model_lib
 from bert_jax.preflight import compile as preflight_compile
 from bert_jax.preflight.compile import collective_stats
@@ -198,7 +199,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main(argv=None) -> list[dict[str, Any]]:
   """Parses flags, measures every mesh, prints the table and one JSON line per mesh."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-  parser.add_argument("--size", default="mini", choices=sorted(model_lib.SIZES))
+  parser.add_argument("--size", default="mini", choices=sorted(model_config.SIZES))
   parser.add_argument("--mesh", action="append", default=None,
                       help="data,fsdp,tensor; repeat, or separate meshes by ';'")
   parser.add_argument("--batch", type=int, default=64, help="global batch")

@@ -314,7 +314,7 @@ def report(args, results: dict[str, dict[int, dict]]) -> dict:
 def main():
   parser = seed_comparison.flags(__doc__, examples=("sentences", 5000, 1000), max_seq_length=64,
                                  epochs=3, learning_rate=1e-3)
-  parser.add_argument("--model_size", default="tiny", help="row of bert_jax.model.encoder.SIZES")
+  parser.add_argument("--model_size", default="tiny", help="row of bert_jax.model.config.SIZES")
   parser.add_argument("--doc_stride", type=int, default=32)
   args = parser.parse_args()
   args.seeds = [int(s) for s in args.seeds.split(",")]

@@ -147,7 +147,7 @@ def time_interleaved(rows: dict, batch: dict, steps: int) -> tuple[dict, dict]:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--sizes", default="tiny,base", help="rows of bert_jax.model.encoder.SIZES")
+  parser.add_argument("--sizes", default="tiny,base", help="rows of bert_jax.model.config.SIZES")
   parser.add_argument("--seq_len", type=int, default=128)
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--predictions", type=int, default=20, help="masked positions per sequence")

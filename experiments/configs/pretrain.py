@@ -56,7 +56,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   config.variant = arg + ("_fast" if fast else "")  # recorded so a workdir says what it is
 
   # --- model ---
-  config.model_size = "base"  # row of bert_jax.model.encoder.SIZES giving (L, H, A)
+  config.model_size = "base"  # row of bert_jax.model.config.SIZES giving (L, H, A)
   config.model = ml_collections.ConfigDict()  # BertConfig fields overriding the size row
   config.model.vocab_size = 0  # 0 -> the size of the vocabulary the pipeline tokenizes with
   # Word table and MLM logits padded to a multiple of this (30,522 -> 30,592): splits
@@ -75,7 +75,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # GPUs (bf16), Pallas splash on TPUs, XLA elsewhere; einsum|xla|cudnn|splash force one.
   # Runtime only: every kernel computes the same attention (tests/test_attention.py).
   config.model.attention_impl = "auto"
-  # What each layer keeps for the backward pass (bert_jax.model.encoder.REMAT_POLICIES): "none"
+  # What each layer keeps for the backward pass (bert_jax.model.config.REMAT_POLICIES): "none"
   # keeps everything (fastest); "full" only layer inputs (least memory, ~1 extra forward,
   # i.e. ~+33% step FLOPs); "dots_saveable" / "dots_with_no_batch_dims_saveable" keep
   # matmul outputs (all / the dense projections only); "save_qkv_out_proj" keeps q, k, v
@@ -88,6 +88,15 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   config.data.max_seq_length = 128  # phase-1 length (paper: 90% of steps at 128)
   # 0 derives the static number of predictions from the masking ratio (20 at length 128 and
   # 15%, the paper's), so an ablation changes the ratio and nothing else. Pin it only to cap.
+  # Pre-LN blocks with a final LayerNorm (fairseq's --encoder-normalize-before, HF's
+  # RobertaPreLayerNorm; Wettig et al.'s recipe below); False: BERT's post-LN.
+  config.model.pre_layer_norm = False
+  # First token's position: 0 BERT's; RoBERTa's 2 (pad id + 1; padding takes the row before),
+  # which needs max_position_embeddings = max length + 2.
+  config.model.position_offset = 0
+  config.model.max_position_embeddings = 512  # rows of the position table (BERT's)
+  config.model.type_vocab_size = 2  # segment types: BERT's A/B; 1 (RoBERTa) reads no segment ids
+  config.model.layer_norm_eps = 1e-12  # google-research/bert's; fairseq's LayerNorm: 1e-5
   config.data.masking.max_predictions_per_seq = 0
 
   # Phase 2: from step int(start_fraction * total_steps) the pipeline is rebuilt
