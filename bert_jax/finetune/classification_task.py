@@ -83,7 +83,8 @@ class ClassificationKind(task_kind.TaskKind):
     task.tokenizer.prime(t for e in examples for t in (e.text_a, e.text_b))
     return task_kind.Split(split, examples, packing.classification_features(
         examples, tokenize_word=task.tokenizer, vocab=task.tokenizer.vocab,
-        max_seq_length=task.max_seq_length, labels=task.labels))
+        max_seq_length=task.max_seq_length, labels=task.labels,
+        pair_separators=task.tokenizer.pair_separators))
 
   def loss(self, task, logits, batch):
     if task.labels is None:  # regression

@@ -38,12 +38,13 @@ def truncate_pair(tokens_a: list, tokens_b: list, max_length: int) -> None:
 
 
 def pack(a: Sequence[T], b: Sequence[T] | None, *, cls: T = CLS, sep: T = SEP,
-         max_length: int | None = None) -> tuple[list[T], list[int]]:
+         max_length: int | None = None, pair_separators: int = 1) -> tuple[list[T], list[int]]:
   """(tokens, segment ids) of `[CLS] a [SEP]`, or `[CLS] a [SEP] b [SEP]` with b in segment 1.
 
   With `max_length`, a single sequence is cut at the end and a pair by
   truncate_pair so that the row, specials included, fits; `a` and `b`
-  themselves are not modified.
+  themselves are not modified. pair_separators=2 writes RoBERTa's pair,
+  `<s> a </s></s> b </s>` (the second separator counts with segment 0).
   """
   a = list(a)
   if b is None:
@@ -53,15 +54,19 @@ def pack(a: Sequence[T], b: Sequence[T] | None, *, cls: T = CLS, sep: T = SEP,
     return tokens, [0] * len(tokens)
   b = list(b)
   if max_length is not None:
-    truncate_pair(a, b, max_length - 3)
-  return [cls] + a + [sep] + b + [sep], [0] * (len(a) + 2) + [1] * (len(b) + 1)
+    truncate_pair(a, b, max_length - 2 - pair_separators)
+  return ([cls] + a + [sep] * pair_separators + b + [sep],
+          [0] * (len(a) + 1 + pair_separators) + [1] * (len(b) + 1))
 
 
 def classification_features(examples: Sequence[records.Example], *,
                             tokenize_word: Callable[[str], list[str]],
                             vocab: Mapping[str, int], max_seq_length: int,
-                            labels: Sequence[str] | None) -> dict[str, np.ndarray]:
+                            labels: Sequence[str] | None,
+                            pair_separators: int = 1) -> dict[str, np.ndarray]:
   """`[CLS] a [SEP] (b [SEP])` features as int32 arrays, padded to max_seq_length.
+
+  pair_separators: [SEP]s between a and b (the tokenizer's; RoBERTa's pairs have 2).
 
   Returns input_ids, input_mask, segment_ids [N, T] and label_ids [N] (int32;
   float32 for regression, i.e. labels=None; -1 / nan for unlabelled examples).
@@ -75,7 +80,7 @@ def classification_features(examples: Sequence[records.Example], *,
   for i, ex in enumerate(examples):
     a = tokenize_text(ex.text_a, tokenize_word)
     b = tokenize_text(ex.text_b, tokenize_word) if ex.text_b is not None else None
-    tokens, segments = pack(a, b, max_length=max_seq_length)
+    tokens, segments = pack(a, b, max_length=max_seq_length, pair_separators=pair_separators)
     try:
       ids = [vocab[t] for t in tokens]
     except KeyError as e:

@@ -4,7 +4,10 @@ The fine-tuning feature builders (packing.classification_features,
 squad.convert_examples_to_features, token_features.token_classification_features) take a
 `tokenize_word` callable (pieces of ONE whitespace-delimited word) and a
 `vocab` mapping. WordTokenizer provides both from a data_pipeline tokenizer
-(WordPiece or SentencePiece), so fine-tuning needs no `transformers`.
+(WordPiece or SentencePiece), so fine-tuning needs no `transformers`; a RoBERTa
+vocab.json (byte-level BPE) gets bert_jax/finetune/bpe.py's tokenizer instead,
+with the same interface. `pair_separators` says how many [SEP] a sentence pair has
+between its texts (BERT 1, RoBERTa 2).
 
 Every call into the TensorFlow tokenizer costs a fixed overhead (milliseconds),
 so pieces are memoised per word, and `prime` tokenizes all distinct words of a
@@ -16,6 +19,7 @@ from typing import Iterable
 
 import numpy as np
 
+from bert_jax import errors
 from data_pipeline import tokenizers
 from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 
@@ -34,7 +38,10 @@ class WordTokenizer:
     vocab: token string -> id.
     vocab_file: the vocab (WordPiece) or model (SentencePiece) file.
     do_lower_case: whether the tokenizer lowercases.
+    pair_separators: [SEP] tokens between the two texts of a pair (BERT's one).
   """
+
+  pair_separators = 1
 
   def __init__(self, tokenizer, max_cached_words: int = MAX_CACHED_WORDS):
     """Wraps a WordPieceTokenizer or SentencePieceTokenizer."""
@@ -87,8 +94,17 @@ class WordTokenizer:
 
 
 def load_word_tokenizer(vocab_file: str = "", spm_model_file: str = "",
-                        do_lower_case: bool = True) -> WordTokenizer:
-  """WordTokenizer over `tokenizers.load_tokenizer` (give exactly one of the two files)."""
+                        do_lower_case: bool = True):
+  """WordTokenizer over `tokenizers.load_tokenizer` (give exactly one of the two files);
+  for a byte-level BPE vocab_file (RoBERTa's vocab.json, merges.txt beside it) the
+  bpe.BpeWordTokenizer, which is cased: do_lower_case=True is refused for it."""
+  if str(vocab_file).endswith(".json") and not spm_model_file:
+    if do_lower_case:
+      raise errors.UsageError(
+          f"{vocab_file} is a byte-level BPE vocabulary, which is cased (RoBERTa's): set "
+          "config.do_lower_case=False")
+    from bert_jax.finetune import bpe  # pylint: disable=g-import-not-at-top  # optional extra
+    return bpe.BpeWordTokenizer(vocab_file, max_cached_words=MAX_CACHED_WORDS)
   return WordTokenizer(tokenizers.load_tokenizer(vocab_file=vocab_file,
                                                  spm_model_file=spm_model_file,
                                                  do_lower_case=do_lower_case))

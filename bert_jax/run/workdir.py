@@ -7,7 +7,8 @@ What a workdir holds beside its checkpoints (local disk or gs:// alike):
                      (file names and sizes) and the code version
   config.json        the same config, human-readable (written with the record)
   bert_config.json   the network's fields (checkpoint readers rebuild the model from it)
-  vocab.txt / spm.model   a copy of the vocabulary the run tokenizes with
+  vocab.txt / spm.model   a copy of the vocabulary the run tokenizes with (a byte-level
+                     BPE: vocab.json + merges.txt)
   .lock              the one process allowed to write here (host, pid, job,
                      heartbeat): bert_jax.run.lock
 
@@ -58,6 +59,7 @@ SPM_FILE = "spm.model"
 
 # Config fields a resumed run may change: none of them changes what the checkpoints
 # mean. A prefix ending in "." covers a whole block. Everything else must match.
+BPE_VOCAB_FILE, BPE_MERGES_FILE = "vocab.json", "merges.txt"  # RoBERTa's BPE, as HF names it
 RESUMABLE = (
     # Train longer or shorter: the learning-rate, phase-2 and masking schedules follow the new end.
     "total_steps", "num_epochs",
@@ -249,8 +251,13 @@ def write_run_files(workdir: str, config: Any, bert_config: Any, *, record: dict
   Without a record this makes a directory that checkpoint readers load
   (fine-tuning's best/ snapshot).
   """
-  if vocab_file and paths.path(vocab_file) != paths.path(paths.join(workdir, VOCAB_FILE)):
-    paths.copy_file(vocab_file, paths.join(workdir, VOCAB_FILE))
+  copies = {vocab_file: VOCAB_FILE} if vocab_file else {}
+  if vocab_file and str(vocab_file).endswith(".json"):  # a byte-level BPE: its merges travel too
+    merges = paths.join(str(paths.path(vocab_file).parent), BPE_MERGES_FILE)
+    copies = {vocab_file: BPE_VOCAB_FILE, merges: BPE_MERGES_FILE}
+  for source, name in copies.items():
+    if paths.path(source) != paths.path(paths.join(workdir, name)):
+      paths.copy_file(source, paths.join(workdir, name))
   if spm_model_file:
     paths.copy_file(spm_model_file, paths.join(workdir, SPM_FILE))
   paths.write_atomic(paths.join(workdir, BERT_CONFIG_FILE),
