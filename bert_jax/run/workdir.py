@@ -55,11 +55,11 @@ RECORD_FILE = "record.json"
 CONFIG_FILE = "config.json"
 BERT_CONFIG_FILE = "bert_config.json"
 VOCAB_FILE = "vocab.txt"
+BPE_VOCAB_FILE, BPE_MERGES_FILE = "vocab.json", "merges.txt"  # RoBERTa's BPE, as HF names it
 SPM_FILE = "spm.model"
 
 # Config fields a resumed run may change: none of them changes what the checkpoints
 # mean. A prefix ending in "." covers a whole block. Everything else must match.
-BPE_VOCAB_FILE, BPE_MERGES_FILE = "vocab.json", "merges.txt"  # RoBERTa's BPE, as HF names it
 RESUMABLE = (
     # Train longer or shorter: the learning-rate, phase-2 and masking schedules follow the new end.
     "total_steps", "num_epochs",

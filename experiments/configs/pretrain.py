@@ -16,6 +16,11 @@ Other variants:
   large    the same with BERT-Large (L=24, H=1024, A=16).
   roberta  no NSP, full-sentence packing (objective "none"), dynamic masking.
   albert   SOP objective, factorised embeddings E=128, cross-layer sharing, LAMB.
+  efficient  Wettig et al. 2023 ("Should You Mask 15% in Masked Language Modeling?"),
+           as princeton-nlp/DinkyTrain's run_efficient_mlm_recipe.sh sets it: pre-LN
+           RoBERTa-large, no NSP, mask-only at 40%, batch 4096, lr 2e-3, 23k steps at
+           length 128 (each value's source in the branch below; cost and preflight
+           lines in docs/pretraining.md and docs/pods.md).
   tiny_fast, base_fast, large_fast
            the fast recipe: the variant with attention_probs_dropout_prob 0 (as
            MosaicBERT and Cramming train), so that attention "auto" trains through
@@ -42,7 +47,8 @@ import ml_collections
 from experiments.configs import data as data_configs
 from experiments.configs import optim_and_mesh
 
-VARIANTS = ("tiny", "base", "large", "roberta", "albert", "tiny_fast", "base_fast", "large_fast")
+VARIANTS = ("tiny", "base", "large", "roberta", "albert", "efficient", "tiny_fast", "base_fast",
+            "large_fast")
 
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
@@ -82,12 +88,6 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # and the attention output. Same numbers whatever the policy (tests/test_remat.py).
   config.model.remat_policy = "none"
   config.model.scan_layers = False  # nn.scan over layers: faster compiles for deep models
-
-  # --- data (every field and its default: experiments/configs/data.py) ---
-  config.data = data_configs.data_config()
-  config.data.max_seq_length = 128  # phase-1 length (paper: 90% of steps at 128)
-  # 0 derives the static number of predictions from the masking ratio (20 at length 128 and
-  # 15%, the paper's), so an ablation changes the ratio and nothing else. Pin it only to cap.
   # Pre-LN blocks with a final LayerNorm (fairseq's --encoder-normalize-before, HF's
   # RobertaPreLayerNorm; Wettig et al.'s recipe below); False: BERT's post-LN.
   config.model.pre_layer_norm = False
@@ -97,6 +97,12 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   config.model.max_position_embeddings = 512  # rows of the position table (BERT's)
   config.model.type_vocab_size = 2  # segment types: BERT's A/B; 1 (RoBERTa) reads no segment ids
   config.model.layer_norm_eps = 1e-12  # google-research/bert's; fairseq's LayerNorm: 1e-5
+
+  # --- data (every field and its default: experiments/configs/data.py) ---
+  config.data = data_configs.data_config()
+  config.data.max_seq_length = 128  # phase-1 length (paper: 90% of steps at 128)
+  # 0 derives the static number of predictions from the masking ratio (20 at length 128 and
+  # 15%, the paper's), so an ablation changes the ratio and nothing else. Pin it only to cap.
   config.data.masking.max_predictions_per_seq = 0
 
   # Phase 2: from step int(start_fraction * total_steps) the pipeline is rebuilt
@@ -180,6 +186,49 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     config.total_steps = 125_000
     config.phase2.start_fraction = 1.0  # ALBERT samples length 512 throughout
     config.data.max_seq_length = 512
+  elif arg == "efficient":
+    # Wettig et al.'s efficient pretraining recipe. Values from DinkyTrain's
+    # run_efficient_mlm_recipe.sh (fairseq-train flags named) unless said otherwise.
+    config.model_size = "large"  # --arch roberta_large: L=24, H=1024, A=16, FFN 4096
+    config.model.scan_layers = True  # compile speed only (as "large")
+    config.model.pre_layer_norm = True  # --encoder-normalize-before (embedding LayerNorm kept:
+                                        # roberta_large's layernorm_embedding=True)
+    # fairseq's learned positions: padding_idx 1, --max-positions 512 -> 514 rows from 2.
+    config.model.position_offset = 2
+    config.model.max_position_embeddings = 514
+    config.model.type_vocab_size = 1  # RoBERTa has no segment embedding to speak of
+    config.model.layer_norm_eps = 1e-5  # fairseq's LayerNorm default
+    config.model.hidden_dropout_prob = 0.1  # --dropout 0.1
+    config.model.attention_probs_dropout_prob = 0.1  # --attention-dropout 0.1 (einsum path)
+    # --fp16 in the script; bfloat16 here (TPUs), float32 params and optimizer state.
+    config.data.objective = "none"  # --task masked_lm: no NSP; packed full sentences here,
+    # where --sample-break-mode none cuts the token stream at any token.
+    config.data.max_seq_length = 128  # TOKENS_PER_SAMPLE=128
+    config.phase2.start_fraction = 1.0  # one length throughout
+    config.data.masking.ratio = 0.4  # MASK_RATE=0.4 (--mask-prob)
+    config.data.masking.mask_prob = 1.0  # SAME_RATE=0, RANDOM_RATE=0: every prediction [MASK]
+    config.data.masking.random_prob = 0.0  # --random-token-prob 0
+    config.data.masking.keep_prob = 0.0  # --leave-unmasked-prob 0
+    config.batch_size = 4096  # BSZ=4096 (MAX_SENTENCES x GPUs x --update-freq)
+    config.total_steps = 23_000  # TOTAL_UPDATES=23000 (--max-update, --total-num-update)
+    config.seed = 1  # --seed 1
+    config.optimizer.name = "adamw"  # --optimizer adam (fairseq's Adam decays decoupled)
+    config.optimizer.learning_rate = 2e-3  # PEAK_LR=2e-3
+    config.optimizer.warmup_steps = 1_380  # WARMUP_UPDATES=1380 (6%)
+    config.optimizer.decay_power = 1.0  # --lr-scheduler polynomial_decay (power 1 by default)
+    config.optimizer.end_learning_rate = 0.0  # its --end-learning-rate default
+    config.optimizer.b1 = 0.9  # --adam-betas '(0.9,0.98)'
+    config.optimizer.b2 = 0.98
+    config.optimizer.eps = 1e-6  # --adam-eps 1e-6 (fairseq adds it to sqrt(v) before
+                                 # bias correction: the same but for the first steps)
+    # --weight-decay 0.01. fairseq decays every parameter; ours spares LayerNorm and biases
+    # (optim.weight_decay_mask), a difference of no weight-decay on <0.1% of the weights.
+    config.optimizer.weight_decay = 0.01
+    config.optimizer.bias_correction = True  # fairseq's Adam corrects the moments
+    config.optimizer.grad_clip_norm = 0.0  # --clip-norm 0.0: no clipping
+    config.checkpoint.every_steps = 5_000  # SAVE_INTERVAL_UPDATES=5000
+    config.checkpoint.keep_period = 5_000  # --keep-interval-updates 100 keeps every one
+    config.eval_every_steps = 5_000  # --validate-interval-updates 5000
   if fast:
     # The fast recipe: no dropout on the attention probabilities (MosaicBERT and Cramming
     # train so), so the fused kernels (cuDNN flash attention, splash) serve training.
