@@ -331,13 +331,17 @@ def test_a_launcher_killed_mid_run_is_re_run_and_attaches(gcloud):
   before = len(gcloud.commands())
   again = gcloud.popen(RERUN_WINDOW, FAKE_JOB_HOLD="1")
   gcloud.wait_for(lambda: "attaching to the running job" in gcloud.output(), "attach")
+  # Worker 0's log is streamed to the terminal and the local copy while watching (awaited
+  # before the job ends: a job released at once could end before the first look at it).
+  local_copy = pathlib.Path(gcloud.logdir / "worker_0.log")
+  gcloud.wait_for(lambda: local_copy.exists() and "[worker 0] hello from worker 0" in (
+      local_copy.read_text()), "worker 0's log streamed")
   (gcloud.root / "release").write_text("")
   assert again.wait(timeout=60) == 0, gcloud.output()
   later = gcloud.steps()[before:]
   assert "start" not in later and "install" not in later, later
   assert len(gcloud.starts()) == 4 and later[-1] == "delete"
-  # Worker 0's log was streamed to the terminal while watching.
-  assert "[worker 0] hello from worker 0" in pathlib.Path(gcloud.logdir / "worker_0.log").read_text()
+  assert "[worker 0] hello from worker 0" in gcloud.output()  # on the terminal too
 
 
 def test_a_done_workdir_only_deletes(gcloud):
