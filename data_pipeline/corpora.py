@@ -6,10 +6,13 @@ deterministic order:
 * BERT format (a glob of files): one sentence per line, a blank line between
   documents -- the input format of google-research/bert's
   create_pretraining_data.py.
-* ``raw:<glob>``: one document per line, split into sentences by
-  :func:`split_sentences`.
+* ``raw:<glob>``: one document per line, split into sentences by the
+  ``sentence_splitter`` (sentences.py: "blingfire" for new runs, "regex" before).
 * ``jsonl:<glob>``: one JSON object per line; its ``text_field`` is one document
   (blank lines inside it separate paragraphs; every paragraph is sentence-split).
+* ``parquet:<glob>``: every row's ``text_field`` column is one document, split
+  like a JSONL document's text (parquet_files.py: record batches, bounded memory;
+  null texts skipped and counted as ``null_texts``).
 * ``tfds:<name>``: a TensorFlow Datasets dataset with a text feature (e.g.
   ``wikipedia/20230601.en``) read from a local ``data_dir``; every example is a
   document, split like a JSONL document.
@@ -17,6 +20,8 @@ deterministic order:
   machine where this package is installed -- the docstrings of the installed
   Python packages (plus the Python HTML documentation where present), harvested
   once into a BERT-format file in a cache directory (:func:`embedded_corpus_path`).
+  Its harvest keeps the regex splitter whatever the run's: the file is cached, and
+  a harvest on a new machine must give the bytes an old cache holds.
 
 Multi-host: with P processes each reads a disjoint part -- whole files
 round-robin when there are at least P files, otherwise documents round-robin by
@@ -60,20 +65,16 @@ import logging
 import lzma
 import os
 import pathlib
-import re
 import sys
 from typing import Iterator
 
+from data_pipeline import parquet_files
+from data_pipeline import sentences
 from data_pipeline import word_segmentation
 from host import paths
 
-# Sentence ends: Latin .!? followed by whitespace, or CJK 。！？ (no space needed in
-# CJK text); closing quotes/brackets right after the end mark stay with the
-# sentence. Abbreviations ("e.g. x") split too -- accepted for pretraining text,
-# which only needs roughly sentence-sized units for NSP.
-# A gold word mark (word_segmentation.WORD_MARK) before a closing mark or the space is
-# skipped, so a marked line splits where its unmarked text does.
-_SENTENCE_END = re.compile(r"[.!?](?:\u2063?[\"')\]])*(?=\u2063?\s)|[。！？](?:\u2063?[」』\"')）])*")
+# Today's regex splitter, where callers have always found it (sentences.py has them all).
+split_sentences = sentences.split_sentences
 
 # Default cache location of the embedded corpus (overridable per call or by env).
 _DEFAULT_CACHE = pathlib.Path("~/.cache/bert_jax/embedded_corpus")
@@ -94,6 +95,8 @@ class CorpusStats:
   split_documents: int = 0
   single_sentence_documents: int = 0
   heldout_documents: int = 0
+  rows: int = 0  # Parquet rows read (parquet_files.py; their text is not in `lines`)
+  null_texts: int = 0  # Parquet rows whose text is null, skipped
   # With data.masking.word_segmentation (tokenized_corpus.py): sentences whose words set
   # the word starts, sentences without words and sentences whose words did not line up
   # with their pieces (the last two keep the "##" rule).
@@ -107,32 +110,6 @@ class CorpusStats:
                or self.split_documents)
     (logging.warning if skipped else logging.info)(
         "corpus %s: %s", source, dataclasses.asdict(self))
-
-
-def split_sentences(text: str) -> list[str]:
-  """Splits running text into sentences (regex on .!? + whitespace and 。！？).
-
-  Whitespace inside a sentence is collapsed to single spaces; empty pieces are
-  dropped.
-  """
-  sentences, start = [], 0
-  for match in _SENTENCE_END.finditer(text):
-    sentences.append(text[start:match.end()])
-    start = match.end()
-  sentences.append(text[start:])
-  return [s for s in (" ".join(p.split()) for p in sentences) if s]
-
-
-def _paragraph_sentences(text: str) -> list[str]:
-  """Sentences of a text whose paragraphs are separated by blank lines.
-
-  Lines inside a paragraph are joined (docstrings and wrapped prose break lines
-  mid-sentence).
-  """
-  sentences = []
-  for paragraph in re.split(r"\n\s*\n", text):
-    sentences.extend(split_sentences(paragraph))
-  return sentences
 
 
 def heldout_hash(document: list[str]) -> int:
@@ -237,14 +214,15 @@ def _bert_format_documents(path, max_line_bytes, stats, byte_range=None) -> Iter
     yield document
 
 
-def _raw_documents(path, max_line_bytes, stats, byte_range=None) -> Iterator[list[str]]:
+def _raw_documents(path, max_line_bytes, stats, byte_range=None,
+                   split=split_sentences) -> Iterator[list[str]]:
   """Documents of a raw text file: each line one document."""
   for line in _lines(path, max_line_bytes, stats, byte_range):
-    yield split_sentences(line)
+    yield split(line)
 
 
-def _jsonl_documents(path, max_line_bytes, stats, text_field,
-                     byte_range=None) -> Iterator[list[str]]:
+def _jsonl_documents(path, max_line_bytes, stats, text_field, byte_range=None,
+                     split=split_sentences) -> Iterator[list[str]]:
   """Documents of a JSONL file: field ``text_field`` of every object."""
   for number, line in enumerate(_lines(path, max_line_bytes, stats, byte_range), 1):
     if not line.strip():
@@ -257,7 +235,7 @@ def _jsonl_documents(path, max_line_bytes, stats, text_field,
     if not isinstance(text, str):
       raise ValueError(f"{path}:{_line_number(path, number, byte_range)}: field "
                        f"{text_field!r} is not a string")
-    yield _paragraph_sentences(text)
+    yield sentences.paragraph_sentences(text, split)
 
 
 def _line_number(path: str, number: int, byte_range: tuple[int, int] | None) -> int:
@@ -270,18 +248,28 @@ def _line_number(path: str, number: int, byte_range: tuple[int, int] | None) -> 
 
 def file_documents(kind: str, path: str, *, max_line_bytes: int, stats: CorpusStats,
                    text_field: str = "text",
-                   byte_range: tuple[int, int] | None = None) -> Iterator[list[str]]:
-  """Raw documents of one corpus file of a kind of _source_pattern ("bert", "raw", "jsonl"),
-  or of the lines starting in its `byte_range` (token_store's shards)."""
+                   byte_range: tuple[int, int] | None = None,
+                   sentence_splitter: str = sentences.LEGACY_SPLITTER,
+                   row_groups: range | None = None) -> Iterator[list[str]]:
+  """Raw documents of one corpus file of a kind of _source_pattern ("bert", "raw", "jsonl",
+  "parquet"), or of the lines starting in its `byte_range` (token_store's shards; a Parquet
+  file is read whole or by `row_groups`, parquet_files.row_group_count of them). Running
+  text is split by `sentence_splitter` (sentences.SPLITTERS; BERT format is not split)."""
   if kind == "bert":
     return _bert_format_documents(path, max_line_bytes, stats, byte_range)
+  split = sentences.splitter(sentence_splitter)
+  if kind == "parquet":
+    if byte_range:
+      raise ValueError(f"{path}: a Parquet file is read by row groups, not a byte range")
+    return parquet_files.parquet_documents(path, max_line_bytes, stats, text_field, split,
+                                           row_groups)
   if kind == "raw":
-    return _raw_documents(path, max_line_bytes, stats, byte_range)
-  return _jsonl_documents(path, max_line_bytes, stats, text_field, byte_range)
+    return _raw_documents(path, max_line_bytes, stats, byte_range, split)
+  return _jsonl_documents(path, max_line_bytes, stats, text_field, byte_range, split)
 
 
-def _tfds_documents(name, data_dir, split, text_field, process_index,
-                    process_count) -> Iterator[list[str]]:
+def _tfds_documents(name, data_dir, split, text_field, process_index, process_count,
+                    sentence_split=split_sentences) -> Iterator[list[str]]:
   """Documents of a tfds dataset: one per example; process i reads the i-th even sub-split."""
   from host import tf_cpu  # pylint: disable=g-import-not-at-top,unused-import  # first
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
@@ -291,8 +279,9 @@ def _tfds_documents(name, data_dir, split, text_field, process_index,
   ds = builder.as_dataset(split=part, shuffle_files=False)
   for example in ds.as_numpy_iterator():
     value = example[text_field]
-    yield _paragraph_sentences(value.decode("utf-8", errors="replace")
-                               if isinstance(value, bytes) else str(value))
+    yield sentences.paragraph_sentences(value.decode("utf-8", errors="replace")
+                                        if isinstance(value, bytes) else str(value),
+                                        sentence_split)
 
 
 def _files(pattern: str) -> list[str]:
@@ -302,10 +291,10 @@ def _files(pattern: str) -> list[str]:
 
 
 def _source_pattern(corpus: str, embedded_cache_dir: str) -> tuple[str, str]:
-  """(kind, glob) of a file corpus spec: kind "bert", "raw" or "jsonl"."""
+  """(kind, glob) of a file corpus spec: kind "bert", "raw", "jsonl" or "parquet"."""
   if corpus == "embedded":
     return "bert", str(embedded_corpus_path(embedded_cache_dir or None))
-  if corpus.startswith(("raw:", "jsonl:")):
+  if corpus.startswith(("raw:", "jsonl:", "parquet:")):
     kind, pattern = corpus.split(":", 1)
     return kind, pattern
   return "bert", corpus
@@ -340,20 +329,23 @@ def read_documents(corpus: str, *, split: str = "train", process_index: int = 0,
                    max_sentences_per_document: int = 2048,
                    embedded_cache_dir: str = "",
                    max_undecodable_fraction: float = 0.01,
+                   sentence_splitter: str = sentences.LEGACY_SPLITTER,
                    stats: CorpusStats | None = None) -> Iterator[list[str]]:
   """Yields the documents (lists of sentences) of this process's part of a corpus.
 
   Args:
     corpus: "embedded" | a glob of BERT-format files | "raw:<glob>" |
-      "jsonl:<glob>" | "tfds:<name>".
+      "jsonl:<glob>" | "parquet:<glob>" | "tfds:<name>".
     split: "train" (held-out documents removed), "eval" (only held-out
       documents) or "all".
     process_index, process_count: this process's disjoint part.
     heldout_modulus: one document in about this many is held out for eval.
-    tfds_data_dir, tfds_split, text_field: for tfds / JSONL sources.
+    tfds_data_dir, tfds_split, text_field: for tfds / JSONL / Parquet sources.
     max_line_bytes, max_sentences_per_document: memory bounds (see module doc).
     embedded_cache_dir: cache of the embedded corpus ("" -> default).
     max_undecodable_fraction: a file with a larger share of undecodable lines is refused.
+    sentence_splitter: how running text is split (sentences.SPLITTERS; the trainer passes
+      config.data.sentence_splitter; "regex" splits as before the option existed).
     stats: counters to update (a fresh one is made and logged when None).
 
   Raises:
@@ -369,7 +361,7 @@ def read_documents(corpus: str, *, split: str = "train", process_index: int = 0,
   count = 0
   for document in _source_documents(
       corpus, process_index, process_count, tfds_data_dir, tfds_split, text_field,
-      max_line_bytes, embedded_cache_dir, stats, max_undecodable_fraction):
+      max_line_bytes, embedded_cache_dir, stats, max_undecodable_fraction, sentence_splitter):
     for piece in document_pieces(document, max_sentences_per_document, stats):
       if split != "all" and is_heldout(piece, heldout_modulus) != (split == "eval"):
         stats.heldout_documents += split == "train"
@@ -392,11 +384,13 @@ def read_documents(corpus: str, *, split: str = "train", process_index: int = 0,
 
 def _source_documents(corpus, process_index, process_count, tfds_data_dir,
                       tfds_split, text_field, max_line_bytes, embedded_cache_dir,
-                      stats, max_undecodable_fraction=0.01) -> Iterator[list[str]]:
+                      stats, max_undecodable_fraction=0.01,
+                      sentence_splitter=sentences.LEGACY_SPLITTER) -> Iterator[list[str]]:
   """Raw documents of a corpus spec, already restricted to this process's part."""
   if corpus.startswith("tfds:"):
     yield from _tfds_documents(corpus[5:], tfds_data_dir, tfds_split, text_field,
-                               process_index, process_count)
+                               process_index, process_count,
+                               sentences.splitter(sentence_splitter))
     return
   kind, files = corpus_files(corpus, embedded_cache_dir)
   by_file = len(files) >= process_count
@@ -409,7 +403,7 @@ def _source_documents(corpus, process_index, process_count, tfds_data_dir,
       stats.empty_files += 1
       continue
     documents = file_documents(kind, path, max_line_bytes=max_line_bytes, stats=stats,
-                               text_field=text_field)
+                               text_field=text_field, sentence_splitter=sentence_splitter)
     lines, undecodable = stats.lines, stats.undecodable_lines
     for document in documents:
       if by_file or index % process_count == process_index:
@@ -452,7 +446,7 @@ def _docstring_sentences(docstring: str) -> list[str]:
       prose.append("")  # a paragraph break: never glue prose across code
       continue
     prose.append(stripped)
-  return _paragraph_sentences("\n".join(prose))
+  return sentences.paragraph_sentences("\n".join(prose))  # the regex: see the module doc
 
 
 # The fields of a node that hold statements, in the order of the nodes' _fields.
@@ -487,9 +481,9 @@ def _python_file_documents(path: pathlib.Path) -> Iterator[list[str]]:
                          ast.AsyncFunctionDef)):
       docstring = ast.get_docstring(node, clean=True)
       if docstring:
-        sentences = _docstring_sentences(docstring)
-        if len(sentences) >= 2:
-          yield sentences
+        found = _docstring_sentences(docstring)
+        if len(found) >= 2:
+          yield found
 
 
 class _ParagraphText(html.parser.HTMLParser):
@@ -517,9 +511,9 @@ def _html_documents(path: pathlib.Path) -> Iterator[list[str]]:
   """One document per HTML page: the sentences of its paragraphs."""
   parser = _ParagraphText()
   parser.feed(path.read_text(encoding="utf-8", errors="replace"))
-  sentences = [s for p in parser.paragraphs for s in split_sentences(p)]
-  if len(sentences) >= 2:
-    yield sentences
+  found = [s for p in parser.paragraphs for s in split_sentences(p)]
+  if len(found) >= 2:
+    yield found
 
 
 def _harvest_sources(site_dirs, html_dirs) -> Iterator[pathlib.Path]:

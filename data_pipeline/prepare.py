@@ -12,6 +12,15 @@ checks), and before anything is written; it owns, as fields:
   set -- read, checked and kept, so inputs and eval sets built later, for either
   phase, read nothing again; and the eval sets it has built.
 
+The tokenized corpus comes from the corpus's tokenized store (token_store.py;
+data.tokenized_dir, "" -> $BERT_JAX_CACHE/tokenized), tokenized into it on the
+first start (prepare_corpus.prepare_store: over this host's cores, each host its
+share of the shards) and read in seconds at every later one; both phases, every
+split and every run on the same corpus and vocabulary share it. Its selections
+are the very documents the in-memory path (data.tokenized_dir="none",
+tokenized_corpus.read_tokenized_corpus) tokenizes, so the batches do not depend
+on it. A damaged shard is rebuilt, never trained on.
+
 Everything a refusal needs is read in `prepare`, so a corpus that cannot train
 (no file, undecodable files, no 2-sentence document, an empty held-out split)
 is refused there, before the workdir is touched.
@@ -22,12 +31,15 @@ both). The stream of phase 2 starts at its own position 0, mid-schedule.
 """
 
 import dataclasses
+import logging
 from typing import Any
 
 from data_pipeline import corpora
 from data_pipeline import pairs
+from data_pipeline import prepare_corpus
 from data_pipeline import pretraining
 from data_pipeline import specs
+from data_pipeline import token_store
 from data_pipeline import tokenized_corpus
 
 EVAL_KINDS = ("eval", "eval_own")  # fixed 15% held-out masks; the same pairs masked like training
@@ -162,7 +174,28 @@ class PretrainingData:
     key = tokenized_corpus.corpus_key(config, self.tokenizer, split=split, process_index=index,
                                       process_count=count, max_documents=limit)
     if key not in self.tokenized:
-      self.tokenized[key] = tokenized_corpus.read_tokenized_corpus(
-          config, self.tokenizer, split=split, process_index=index, process_count=count,
-          max_documents=limit)
+      if config.tokenized_dir == token_store.NONE:
+        self.tokenized[key] = tokenized_corpus.read_tokenized_corpus(
+            config, self.tokenizer, split=split, process_index=index, process_count=count,
+            max_documents=limit)
+      else:
+        self.tokenized[key] = self._stored(config, split, index, count, limit)
     return self.tokenized[key]
+
+  def _stored(self, config, split: str, index: int, count: int,
+              limit: int) -> pairs.TokenizedCorpus:
+    """A split's documents from the store (made first when absent); when a shard is found
+    damaged, every shard is read whole, the damaged ones rebuilt, and the split read again."""
+    try:
+      return self._select(config, split, index, count, limit, check_shards=False)
+    except token_store.ShardError as e:
+      logging.warning("%s: reading every shard of the store whole to rebuild the damaged", e)
+    return self._select(config, split, index, count, limit, check_shards=True)
+
+  def _select(self, config, split, index, count, limit, *, check_shards):
+    store = prepare_corpus.prepare_store(
+        config, vocab_file=self.vocab_file, spm_model_file=self.spm_model_file,
+        process_index=self.process_index, process_count=self.process_count,
+        num_workers=config.prepare_workers, tokenizer=self.tokenizer, check_shards=check_shards)
+    return prepare_corpus.read_selection(store, config, split=split, process_index=index,
+                                         process_count=count, max_documents=limit)

@@ -13,6 +13,10 @@ masked_lm_positions, masked_lm_ids, masked_lm_weights, next_sentence_labels),
 the batches concatenated along the example axis ([num_batches * batch_size, ...]).
 In the printout each predicted position reads ``shown(original)``: ``[MASK](dog)``
 is masked, ``cat(dog)`` a random replacement, ``dog(dog)`` a kept token.
+
+The batches are a training run's first (data_pipeline.prepare.PretrainingData, one
+process, a run of --num_batches steps), read through the same tokenized store
+(data.tokenized_dir) the run reads, so a preview after a preparation reads no text.
 """
 
 import io
@@ -22,7 +26,7 @@ from absl import flags
 from ml_collections import config_flags
 import numpy as np
 
-from data_pipeline import pretraining
+from data_pipeline import prepare
 from host import paths
 
 
@@ -57,8 +61,11 @@ def render(example: dict, tokenizer) -> str:
 def write_preview(data_config, *, num_batches: int, batch_size: int, output: str,
                   num_shown: int) -> dict:
   """Writes the batches to ``output`` and prints ``num_shown`` decoded examples; returns the arrays."""
-  source = pretraining.PretrainingInput(data_config, batch_size=batch_size)
+  data = prepare.PretrainingData.prepare(data_config, batch_size=batch_size,
+                                         eval_batch_size=batch_size, total_steps=num_batches)
+  source = data.train_input(0)
   batches = [next(source) for _ in range(num_batches)]
+  source.close()
   arrays = {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
   buffer = io.BytesIO()
   np.savez(buffer, **arrays)

@@ -9,6 +9,7 @@ training and held-out MaskingSpecs, and the static number of predictions.
 import importlib.util
 
 from data_pipeline import masking
+from data_pipeline import sentences
 from data_pipeline import word_segmentation
 
 OBJECTIVES = ("nsp", "sop", "none")
@@ -25,6 +26,17 @@ def validate(data_config) -> None:
   if data_config.shuffle_buffer < 1 or data_config.heldout_modulus < 2:
     raise ValueError("data.shuffle_buffer must be >= 1 and data.heldout_modulus >= 2, got "
                      f"{data_config.shuffle_buffer}, {data_config.heldout_modulus}")
+  stored = data_config.tokenized_dir
+  if "://" in stored and not stored.startswith(("gs://", "s3://")) or (
+      stored.lower() == "none" and stored != "none"):
+    raise ValueError(f"data.tokenized_dir must be '' (the cache), 'none' (no store), a local "
+                     f"directory or a gs:// path, got {stored!r}")
+  if data_config.prepare_workers < 0 or data_config.shard_bytes < 1 << 12:
+    raise ValueError("data.prepare_workers must be >= 0 and data.shard_bytes >= 4096, got "
+                     f"{data_config.prepare_workers}, {data_config.shard_bytes}")
+  sentences.splitter(data_config.sentence_splitter)  # a known name, whatever the corpus
+  if data_config.corpus.startswith(sentences.SPLIT_CORPORA):
+    sentences.check_available(data_config.sentence_splitter)  # else refused mid-read
   segmentation = data_config.masking.word_segmentation
   if segmentation not in word_segmentation.SEGMENTATIONS:
     raise ValueError(f"data.masking.word_segmentation must be one of "

@@ -17,6 +17,7 @@ corpus once and holds it; a PretrainingInput built on its own (tests, the
 preview) reads its own.
 """
 
+import functools
 import itertools
 import logging
 import os
@@ -77,17 +78,37 @@ def load_tokenizer(data_config):
 
 def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048, segmentation: str = "",
                        stats: corpora.CorpusStats | None = None) -> pairs.TokenizedCorpus:
-  """Tokenizes every sentence in-graph into a TokenizedCorpus.
+  """Tokenizes every sentence in-graph into a TokenizedCorpus (tokenize_sentences, then
+  sentences and documents left empty are dropped)."""
+  ids, lengths, counts, _ = tokenize_sentences(documents, tokenizer, batch_size=batch_size,
+                                               segmentation=segmentation, stats=stats)
+  # Drop empty sentences, then documents left without sentences.
+  doc_of = np.repeat(np.arange(len(counts)), counts)
+  nonempty = lengths > 0
+  counts = np.bincount(doc_of[nonempty], minlength=len(counts))
+  counts = counts[counts > 0]
+  return pairs.TokenizedCorpus(
+      ids=ids, sentence_starts=np.concatenate([[0], np.cumsum(lengths[nonempty])]),
+      document_starts=np.concatenate([[0], np.cumsum(counts)]), word_starts=bool(segmentation))
+
+
+def tokenize_sentences(documents, tokenizer, *, batch_size: int = 2048, segmentation: str = "",
+                       stats: corpora.CorpusStats | None = None, parallel: bool = True
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+  """Tokenizes every sentence in-graph: (ids of all sentences concatenated, each sentence's
+  length (0: empty), each document's sentence count, each sentence's whether its gold
+  words set its word starts (None without `segmentation`)).
 
   Special tokens written literally in the text ("[CLS]" in a docstring about
-  BERT) are dropped so that they never look like structure; sentences and
-  documents left empty are dropped. Gold word marks (word_segmentation.WORD_MARK)
+  BERT) are dropped so that they never look like structure (a sentence left
+  empty keeps its place, of length 0). Gold word marks (word_segmentation.WORD_MARK)
   are stripped whatever `segmentation` is, so the ids never depend on it;
   `segmentation` "gold" / "snownlp" / "gold_else_snownlp"
   (word_segmentation.sentence_words) flags each word's first piece
   (pairs.WORD_START), the "##" rule where a sentence has no words or they do not
   line up with its pieces (counted in `stats`). Segmenting needs a WordPiece
-  tokenizer: its [UNK]s are placed by their words' lengths.
+  tokenizer: its [UNK]s are placed by their words' lengths. `parallel` False: one
+  batch at a time, on one core (a store's worker processes are the parallelism).
   """
   if segmentation and not isinstance(tokenizer, tokenizers.WordPieceTokenizer):
     raise ValueError("a word segmentation needs a WordPiece tokenizer (data.vocab_file): "
@@ -113,21 +134,20 @@ def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048, segmenta
     if batch:
       yield np.array(batch, dtype=object)
 
-  def tokenize(strings):
-    if not segmentation:
-      ragged = tokenizer.tokenize(strings)
-      return ragged.flat_values, ragged.row_lengths(), tf.zeros([0], tf.int32)
-    ragged, word_lengths = tokenizer.tokenize_with_word_lengths(strings)
-    return ragged.flat_values, ragged.row_lengths(), word_lengths.flat_values
-
-  ds = tf.data.Dataset.from_generator(
-      sentence_batches, output_signature=tf.TensorSpec([None], tf.string))
-  ds = ds.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  if parallel:
+    ds = tf.data.Dataset.from_generator(
+        sentence_batches, output_signature=tf.TensorSpec([None], tf.string))
+    ds = ds.map(functools.partial(_tokenize_batch, tokenizer, bool(segmentation)),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    batches = ds.as_numpy_iterator()
+  else:  # the same ops, one batch at a time: no pipeline to build for each of many units
+    traced = _traced_tokenize(tokenizer, bool(segmentation))
+    batches = (tuple(t.numpy() for t in traced(tf.constant(b))) for b in sentence_batches())
   dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 and not segmentation else np.int32
   specials = np.array(sorted(set(tokenizer.special_ids.values()) - {tokenizer.special_ids["unk"]}))
   ids, lengths = [], []
   aligner = _WordStarts(tokenizer, stats) if segmentation else None
-  for flat, row_lengths, word_lengths in ds.as_numpy_iterator():
+  for flat, row_lengths, word_lengths in batches:
     keep = ~np.isin(flat, specials)
     if not keep.all():
       sentence_of = np.repeat(np.arange(len(row_lengths)), row_lengths)
@@ -142,17 +162,26 @@ def tokenize_documents(documents, tokenizer, *, batch_size: int = 2048, segmenta
     lengths.append(row_lengths)
   if errors:
     raise errors[0]
-  lengths = np.concatenate(lengths) if lengths else np.zeros([0], np.int64)
-  counts = np.asarray(sentence_counts, np.int64)
-  # Drop empty sentences, then documents left without sentences.
-  doc_of = np.repeat(np.arange(len(counts)), counts)
-  nonempty = lengths > 0
-  counts = np.bincount(doc_of[nonempty], minlength=len(counts))
-  counts = counts[counts > 0]
-  return pairs.TokenizedCorpus(
-      ids=np.concatenate(ids) if ids else np.zeros([0], dtype),
-      sentence_starts=np.concatenate([[0], np.cumsum(lengths[nonempty])]),
-      document_starts=np.concatenate([[0], np.cumsum(counts)]), word_starts=bool(segmentation))
+  return (np.concatenate(ids) if ids else np.zeros([0], dtype),
+          np.concatenate(lengths) if lengths else np.zeros([0], np.int64),
+          np.asarray(sentence_counts, np.int64),
+          np.asarray(aligner.segmented, bool) if aligner is not None else None)
+
+
+def _tokenize_batch(tokenizer, segmented: bool, strings):
+  """(flat ids, ids per sentence, each id's word's length in characters if `segmented`)."""
+  if not segmented:
+    ragged = tokenizer.tokenize(strings)
+    return ragged.flat_values, ragged.row_lengths(), tf.zeros([0], tf.int32)
+  ragged, word_lengths = tokenizer.tokenize_with_word_lengths(strings)
+  return ragged.flat_values, ragged.row_lengths(), word_lengths.flat_values
+
+
+@functools.lru_cache(maxsize=8)
+def _traced_tokenize(tokenizer, segmented: bool):
+  """_tokenize_batch traced once per tokenizer (a store tokenizes unit after unit with it)."""
+  return tf.function(functools.partial(_tokenize_batch, tokenizer, segmented),
+                     input_signature=[tf.TensorSpec([None], tf.string)])
 
 
 class _WordStarts:
@@ -161,6 +190,7 @@ class _WordStarts:
   def __init__(self, tokenizer, stats: corpora.CorpusStats | None):
     self.pieces, self.table = tokenizer.vocab, word_start_table(tokenizer)
     self.do_lower_case, self.stats = tokenizer.do_lower_case, stats
+    self.segmented = []  # per sentence flagged so far: whether its words set its starts
 
   def flag(self, flat: np.ndarray, word_lengths: np.ndarray, row_lengths: np.ndarray,
            words: list) -> np.ndarray:
@@ -170,6 +200,7 @@ class _WordStarts:
     offsets = np.concatenate([[0], np.cumsum(row_lengths)])
     for k, sentence_words in enumerate(words):
       lo, hi = offsets[k], offsets[k + 1]
+      self.segmented.append(False)
       if hi == lo:
         continue
       outcome = "unsegmented_sentences"
@@ -180,6 +211,7 @@ class _WordStarts:
               word_segmentation.normalized_words(sentence_words, self.do_lower_case),
               word_lengths[lo:hi])
           outcome = "segmented_sentences"
+          self.segmented[-1] = True
         except ValueError:  # a dropped literal special, normalisation: keep the "##" rule
           outcome = "misaligned_sentences"
       if self.stats is not None:
@@ -192,6 +224,7 @@ def corpus_key(data_config, tokenizer, *, split: str, process_index: int, proces
   """Everything read_tokenized_corpus's result depends on (a memo's key)."""
   c = data_config
   return (c.corpus, c.embedded_cache_dir, c.tfds_data_dir, c.tfds_split, c.text_field,
+          c.sentence_splitter,
           c.heldout_modulus, c.max_line_bytes, c.max_sentences_per_document,
           c.max_undecodable_fraction, c.masking.word_segmentation,
           tokenizer.__class__.__name__, getattr(tokenizer, "vocab_file", ""),
@@ -210,20 +243,29 @@ def read_tokenized_corpus(data_config, tokenizer, *, split: str, process_index: 
       tfds_split=c.tfds_split, text_field=c.text_field, max_line_bytes=c.max_line_bytes,
       max_sentences_per_document=c.max_sentences_per_document,
       embedded_cache_dir=c.embedded_cache_dir,
-      max_undecodable_fraction=c.max_undecodable_fraction, stats=stats)
+      max_undecodable_fraction=c.max_undecodable_fraction,
+      sentence_splitter=c.sentence_splitter, stats=stats)
   if max_documents:
     documents = itertools.islice(documents, max_documents)
   corpus = tokenize_documents(documents, tokenizer, segmentation=c.masking.word_segmentation,
                               stats=stats)
   stats.log(f"{c.corpus} ({split}, process {process_index}/{process_count})")
-  if c.masking.word_segmentation == "gold" and corpus.num_tokens and not stats.segmented_sentences:
+  check_segmented(c, corpus, stats.segmented_sentences, split)
+  return corpus
+
+
+def check_segmented(data_config, corpus: pairs.TokenizedCorpus, segmented_sentences: int,
+                    split: str) -> None:
+  """Refuses gold whole-word masking on a corpus part none of whose sentences' gold words
+  line up (`segmented_sentences` of its sentences did)."""
+  if (data_config.masking.word_segmentation == "gold" and corpus.num_tokens
+      and not segmented_sentences):
     # Else whole-word masking would silently be character masking again.
     raise ValueError(
-        f"data.masking.word_segmentation='gold' but corpus {c.corpus!r} ({split} split) has "
-        "no sentence whose gold words line up (a mark U+2063 before each word, as "
+        f"data.masking.word_segmentation='gold' but corpus {data_config.corpus!r} ({split} "
+        "split) has no sentence whose gold words line up (a mark U+2063 before each word, as "
         "experiments/chinese_data.write_corpus writes them): rewrite the corpus with its "
         "words, or use 'snownlp' or 'gold_else_snownlp'")
-  return corpus
 
 
 def check_pairs(data_config, corpus: pairs.TokenizedCorpus, split: str) -> None:

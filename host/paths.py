@@ -100,6 +100,17 @@ def size(p: "str | os.PathLike") -> int:
   return path(p).stat().length
 
 
+def remote_checksum(p: "str | os.PathLike") -> str:
+  """The content checksum object storage keeps for a remote file (GCS's crc32c, else its
+  MD5 or ETag), from its metadata: what the file holds, without reading it."""
+  _fresh(p)
+  info = _remote_fs(p).info(os.fspath(p))
+  for field in ("crc32c", "md5Hash", "ETag", "etag"):
+    if info.get(field):
+      return f"{field}:{info[field]}"
+  raise ValueError(f"{p}: the object store gives no checksum of it (fields: {sorted(info)})")
+
+
 def makedirs(p: "str | os.PathLike") -> None:
   """Creates `p` and its parents (on GCS there is nothing to create; this is a no-op there)."""
   path(p).mkdir(parents=True, exist_ok=True)

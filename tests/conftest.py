@@ -17,6 +17,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="bert_jax_test_jax_cache_")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+# The tests' runs make tokenized stores (data.tokenized_dir "" -> $BERT_JAX_CACHE/tokenized):
+# one cache per session, never the user's (no test reads the embedded corpus from it).
+os.environ["BERT_JAX_CACHE"] = tempfile.mkdtemp(prefix="bert_jax_test_cache_")
+atexit.register(shutil.rmtree, os.environ["BERT_JAX_CACHE"], ignore_errors=True)
 
 import importlib.util
 import pathlib

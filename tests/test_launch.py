@@ -333,15 +333,16 @@ def test_a_launcher_killed_mid_run_is_re_run_and_attaches(gcloud):
   gcloud.wait_for(lambda: "attaching to the running job" in gcloud.output(), "attach")
   # Worker 0's log is streamed to the terminal and the local copy while watching (awaited
   # before the job ends: a job released at once could end before the first look at it).
+  # Awaited on the re-run's own output: the local copy also holds the killed launcher's lines.
   local_copy = pathlib.Path(gcloud.logdir / "worker_0.log")
-  gcloud.wait_for(lambda: local_copy.exists() and "[worker 0] hello from worker 0" in (
-      local_copy.read_text()), "worker 0's log streamed")
+  gcloud.wait_for(lambda: "[worker 0] hello from worker 0" in gcloud.output(),
+                  "worker 0's log streamed by the re-run")
   (gcloud.root / "release").write_text("")
   assert again.wait(timeout=60) == 0, gcloud.output()
   later = gcloud.steps()[before:]
   assert "start" not in later and "install" not in later, later
   assert len(gcloud.starts()) == 4 and later[-1] == "delete"
-  assert "[worker 0] hello from worker 0" in gcloud.output()  # on the terminal too
+  assert "[worker 0] hello from worker 0" in local_copy.read_text()  # in the local copy too
 
 
 def test_a_done_workdir_only_deletes(gcloud):

@@ -195,6 +195,8 @@ def main(argv: list[str]) -> None:
     elif _ACTION.value == "delete":
       print(f"{tpu.name}: {'deleting' if launcher.delete(wait=False) else 'not found'}")
     else:
+      # Before a slice exists: whether its first start tokenizes the corpus.
+      launch_state.say(launcher_lib.store_status(_CONFIG.value, overrides, tpu.num_workers))
       launcher.run(args, _MAX_RELAUNCHES.value, _KEEP.value, preflight)
   except LostContact as e:  # NotAuthorized too: at once, nothing retried
     left = launcher.aftermath() if _ACTION.value == "run" else "nothing was changed"

@@ -74,6 +74,9 @@ RESUMABLE = (
     "model.remat", "model.remat_policy",  # recomputation: the same numbers, less memory
     "model.attention_impl",  # which kernel computes the same attention
     "data.prefetch_batches", "data.embedded_cache_dir",  # where and how far ahead
+    # Where the tokenized store is, how it is made and sharded: its selections are the
+    # in-memory path's documents, bit for bit (tests/test_token_store.py).
+    "data.tokenized_dir", "data.prepare_workers", "data.shard_bytes",
     "init_checkpoint",  # read only when the workdir starts empty
     "skip_nonfinite_steps",  # what to do on a NaN step, not what a step is
 )
@@ -83,12 +86,22 @@ CONTENT_FIELDS = ("data.vocab_file", "data.spm_model_file", "vocab_file", "spm_m
 # for a record without the field, the value the code that wrote it ran with, from that
 # record's config. It is compared as if recorded, so a resume cannot silently change
 # what the run means (every other missing field keeps the old meaning by its default).
+# Each is called with (the old record's config, the new one).
 IMPLIED_WHEN_MISSING = {
     # Before this field, fine-tuning's padding="buckets" grouped train rows by length
     # whenever there was more than one bucket (bucket_multiple < max_seq_length).
-    "group_by_length": lambda old: (old.get("padding") == "buckets" and
-                                    old.get("bucket_multiple", 0) < old.get("max_seq_length", 0)),
+    "group_by_length": lambda old, new: (
+        old.get("padding") == "buckets" and
+        old.get("bucket_multiple", 0) < old.get("max_seq_length", 0)),
+    # Before this field, running text was split by the regex (data_pipeline/sentences.py's
+    # LEGACY_SPLITTER). BERT-format files and the embedded corpus are never split, so there
+    # the splitter changes nothing and the new value stands.
+    "data.sentence_splitter": lambda old, new: (
+        "regex" if str(old.get("data.corpus", "")).startswith(_SPLIT_CORPORA)
+        else new.get("data.sentence_splitter")),
 }
+# The corpus kinds whose text a sentence splitter cuts (data_pipeline/corpora.py).
+_SPLIT_CORPORA = ("raw:", "jsonl:", "parquet:", "tfds:")
 
 
 def flatten(config: Any) -> dict[str, Any]:

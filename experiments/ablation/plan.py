@@ -81,14 +81,16 @@ def step_flops_estimate(run: ml_collections.ConfigDict) -> float:
 def measured_predictions(run: ml_collections.ConfigDict, max_batches: int) -> float:
   """Mean MLM predictions per step of `run`, counted on its own input stream.
 
-  The trainer's input (data_pipeline.pretraining.PretrainingInput, one host holding
-  the whole global batch), its masking schedule over min(total_steps, max_batches)
-  steps: for a run of at most `max_batches` steps the very batches it will train on.
+  The trainer's input (data_pipeline.prepare.PretrainingData's, one host holding
+  the whole global batch, read from the tokenized store the runs then share), its
+  masking schedule over min(total_steps, max_batches) steps: for a run of at most
+  `max_batches` steps the very batches it will train on.
   """
-  from data_pipeline import pretraining  # pylint: disable=g-import-not-at-top  # TF only when measuring
+  from data_pipeline import prepare  # pylint: disable=g-import-not-at-top  # TF only when measuring
   steps = min(run.total_steps, max_batches)
-  source = pretraining.PretrainingInput(run.data, batch_size=run.batch_size,
-                                        schedule_steps=steps)
+  source = prepare.PretrainingData.prepare(
+      run.data, batch_size=run.batch_size, eval_batch_size=run.eval_batch_size,
+      total_steps=steps).train_input(0)
   try:
     total = sum(float(np.sum(next(source)["masked_lm_weights"])) for _ in range(steps))
   finally:

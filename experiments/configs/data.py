@@ -12,11 +12,17 @@ import ml_collections
 def data_config() -> ml_collections.ConfigDict:
   """The data fields with BERT's values (what config.data holds before a variant edits it)."""
   c = ml_collections.ConfigDict()
-  c.corpus = "embedded"  # "embedded" | BERT-format glob | "raw:<glob>" | "jsonl:<glob>" | "tfds:<name>"
+  c.corpus = "embedded"  # "embedded" | BERT-format glob | "raw:<glob>" | "jsonl:<glob>" | "parquet:<glob>" | "tfds:<name>"
   c.embedded_cache_dir = ""  # "" -> $BERT_JAX_CACHE/embedded_corpus, else ~/.cache/bert_jax/embedded_corpus
   c.tfds_data_dir = ""  # local tfds data_dir for "tfds:" corpora ("" -> tfds' default)
   c.tfds_split = "train"  # tfds split to read (held-out documents are carved out of it)
-  c.text_field = "text"  # JSONL field / tfds feature holding a document's text
+  c.text_field = "text"  # JSONL field / Parquet column / tfds feature holding a document's text
+  # How raw:, jsonl:, parquet: and tfds: text is cut into sentences (BERT format is one per
+  # line already): "blingfire" knows abbreviations, initials and decimals (94% of the hard
+  # cases of tests/data/sentence_cases.jsonl split exactly, data_pipeline/sentences.py);
+  # "regex" (57%) is the splitter from before this field, which a workdir recorded without
+  # it resumes with (bert_jax/run/workdir.py).
+  c.sentence_splitter = "blingfire"
   c.vocab_file = ""  # WordPiece vocab; "" -> trained on the embedded corpus (corpus "embedded" only)
   c.embedded_vocab_size = 30522  # size of that trained vocab (BERT's)
   c.embedded_vocab_max_lines = 0  # learn it from the first N corpus lines (0: all; the learner is pure Python, ~1 s per 1k lines)
@@ -33,6 +39,12 @@ def data_config() -> ml_collections.ConfigDict:
   # binary or compressed in a format not read (.gz/.bz2/.xz are), not text with a stray byte.
   c.max_undecodable_fraction = 0.01
   c.max_sentences_per_document = 2048  # longer documents are cut into several (bounds memory)
+  # The corpus tokenized once, kept and read by every later start (data_pipeline/token_store.py):
+  # "" -> $BERT_JAX_CACHE/tokenized (else ~/.cache/bert_jax/tokenized), a gs:// path for pods,
+  # "none": tokenize in memory at every start (the same batches, bit for bit).
+  c.tokenized_dir = ""
+  c.prepare_workers = 0  # processes tokenizing a new store on each host (0: a core each, one per 64 MiB)
+  c.shard_bytes = 8 << 20  # a plain-text file larger than this is cut into shards of about it
   c.masking = ml_collections.ConfigDict()
   c.masking.ratio = 0.15  # fraction of maskable tokens predicted (BERT: 15%)
   c.masking.mask_prob = 0.8  # of the predicted tokens: replaced by [MASK]

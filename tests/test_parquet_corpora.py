@@ -1,0 +1,141 @@
+"""Tests of parquet:<glob> corpora (data_pipeline/parquet_files.py through corpora.py).
+
+The files are written here with pyarrow, as Hugging Face datasets distributes
+Wikipedia: a "text" column (with nulls and empty texts), other columns beside it.
+"""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data_pipeline import corpora
+from data_pipeline import parquet_files
+from data_pipeline import pretraining
+from experiments.configs import data as data_configs
+from host import paths
+
+
+def _write(path, texts, *, column="text", row_group_size=None):
+  table = pa.table({"id": list(range(len(texts))), column: pa.array(texts, pa.string())})
+  pq.write_table(table, str(path), row_group_size=row_group_size)
+
+
+def _texts(prefix, n):
+  return [f"{prefix} article {i} opens here. Dr. Lee wrote it in 3.5 days.\n\n"
+          f"A second paragraph of {prefix} {i}! It ends." for i in range(n)]
+
+
+def test_rows_are_documents_and_null_or_empty_texts_are_counted_and_skipped(tmp_path):
+  """Fails if a row is not one paragraph- and sentence-split document, or a null or empty
+  text is yielded or goes uncounted."""
+  _write(tmp_path / "wiki.parquet", ["It opens. Dr. Lee came at 5 p.m. today? Yes.\n\nNew para.",
+                                     None, "", "  ", "Last row."])
+  stats = corpora.CorpusStats()
+  docs = list(corpora.read_documents(f"parquet:{tmp_path}/*.parquet", split="all", stats=stats,
+                                     sentence_splitter="blingfire"))
+  assert docs == [["It opens.", "Dr. Lee came at 5 p.m. today?", "Yes.", "New para."],
+                  ["Last row."]]
+  assert (stats.rows, stats.null_texts, stats.empty_documents, stats.documents) == (5, 1, 2, 2)
+
+
+def test_a_missing_or_non_text_column_is_one_refusal_line_listing_the_columns(tmp_path):
+  """Fails if a wrong data.text_field reads nothing silently, or its refusal is not one line
+  naming the file, the field and the file's columns."""
+  _write(tmp_path / "a.parquet", ["Some text."], column="content")
+  with pytest.raises(ValueError) as refusal:
+    list(corpora.read_documents(f"parquet:{tmp_path}/a.parquet", split="all"))
+  message = str(refusal.value)
+  assert "a.parquet" in message and "'text'" in message and "id, content" in message
+  assert "config.data.text_field" in message and "\n" not in message
+  with pytest.raises(ValueError, match=r"column 'id' .*is int64, not text"):
+    list(corpora.read_documents(f"parquet:{tmp_path}/a.parquet", split="all", text_field="id"))
+  (tmp_path / "b.parquet").write_text("not parquet at all\n")
+  with pytest.raises(ValueError, match=r"b.parquet: not a readable Parquet file"):
+    list(corpora.read_documents(f"parquet:{tmp_path}/b.parquet", split="all"))
+
+
+def test_files_in_sorted_order_and_two_processes_read_disjoint_shares(tmp_path):
+  """Fails if several files are not read in sorted order, or 2 processes' shares overlap or
+  miss a document -- by file with >= 2 files, by document with one file."""
+  for name in ("b", "a", "c"):
+    _write(tmp_path / f"{name}.parquet", _texts(name, 5), row_group_size=2)
+  pattern = f"parquet:{tmp_path}/*.parquet"
+  everything = list(corpora.read_documents(pattern, split="all"))
+  assert [d[0].split()[0] for d in everything] == ["a"] * 5 + ["b"] * 5 + ["c"] * 5
+  for corpus in (pattern, f"parquet:{tmp_path}/a.parquet"):
+    whole = list(corpora.read_documents(corpus, split="all"))
+    shares = [list(corpora.read_documents(corpus, split="all", process_index=p,
+                                          process_count=2)) for p in range(2)]
+    assert all(shares) and sorted(shares[0] + shares[1]) == sorted(whole)
+    assert not {json.dumps(d) for d in shares[0]} & {json.dumps(d) for d in shares[1]}
+
+
+def test_row_groups_read_as_pieces_of_the_whole_file(tmp_path):
+  """Fails if a store's row-group shards do not add up to the whole-file pass, in order."""
+  _write(tmp_path / "a.parquet", _texts("a", 7), row_group_size=3)
+  path = str(tmp_path / "a.parquet")
+  assert parquet_files.row_group_count(path) == 3
+  stats = corpora.CorpusStats()
+  whole = list(corpora.file_documents("parquet", path, max_line_bytes=1 << 20, stats=stats))
+  pieces = [d for g in range(3) for d in corpora.file_documents(
+      "parquet", path, max_line_bytes=1 << 20, stats=corpora.CorpusStats(),
+      row_groups=range(g, g + 1))]
+  assert pieces == whole and len(whole) == 7
+  with pytest.raises(ValueError, match="row groups, not a byte range"):
+    corpora.file_documents("parquet", path, max_line_bytes=1 << 20, stats=stats,
+                           byte_range=(0, 10))
+
+
+def test_an_overlong_text_is_skipped_and_the_fingerprint_covers_the_files(tmp_path):
+  """Fails if a text over max_line_bytes is read (a JSONL line that long is not), or the
+  corpus fingerprint a workdir records misses a changed Parquet file."""
+  _write(tmp_path / "a.parquet", ["Short. Text.", "x" * 5000 + ". Long."])
+  corpus = f"parquet:{tmp_path}/*.parquet"
+  stats = corpora.CorpusStats()
+  assert list(corpora.read_documents(corpus, split="all", max_line_bytes=4096, stats=stats)) == [
+      ["Short.", "Text."]]
+  assert stats.overlong_lines == 1
+  before = corpora.fingerprint(corpus)
+  assert before["files"] == 1 and before["bytes"] == (tmp_path / "a.parquet").stat().st_size
+  _write(tmp_path / "a.parquet", ["Short. Text. More text here."])
+  assert corpora.fingerprint(corpus) != before
+
+
+def test_a_parquet_file_in_a_bucket_reads_like_a_local_one(gcs_emulator, tmp_path):
+  """Fails if a gs:// Parquet file is not read through the path layer as the local one is."""
+  _write(tmp_path / "a.parquet", _texts("gcs", 4), row_group_size=2)
+  bucket = gcs_emulator.bucket("parquet-corpus")
+  paths.copy_file(str(tmp_path / "a.parquet"), f"{bucket}/wiki/a.parquet")
+  local = list(corpora.read_documents(f"parquet:{tmp_path}/a.parquet", split="all"))
+  remote = list(corpora.read_documents(f"parquet:{bucket}/wiki/*.parquet", split="all"))
+  assert remote == local and len(local) == 4
+
+
+def test_pretraining_batches_over_parquet_equal_those_over_the_same_jsonl(tmp_path, uncased_vocab):
+  """Fails if a parquet: corpus does not feed pretraining exactly as the same texts in a
+  jsonl: corpus do (same documents, sentences, pairs and masks)."""
+  words = [w for w in uncased_vocab.read_text().split("\n") if w.isalpha() and w.isascii()][:4000]
+  rng = np.random.default_rng(0)
+  texts = [" ".join(" ".join(rng.choice(words, rng.integers(4, 12))).capitalize() + "."
+                    for _ in range(rng.integers(2, 8))) for _ in range(120)]
+  texts[5] = None
+  _write(tmp_path / "corpus.parquet", texts, row_group_size=50)
+  (tmp_path / "corpus.jsonl").write_text(
+      "".join(json.dumps({"text": t}) + "\n" for t in texts if t is not None))
+  batches = {}
+  for kind in ("parquet", "jsonl"):
+    config = data_configs.data_config()
+    config.corpus = f"{kind}:{tmp_path}/corpus.{kind}"
+    config.vocab_file = str(uncased_vocab)
+    config.max_seq_length = 64
+    config.heldout_modulus = 10
+    source = pretraining.PretrainingInput(config, batch_size=16)
+    batches[kind] = [next(source) for _ in range(3)]
+  for got, want in zip(batches["parquet"], batches["jsonl"]):
+    assert got.keys() == want.keys()
+    for key in got:
+      np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+  assert batches["parquet"][0]["input_mask"].sum() > 16 * 32  # real text, not padding

@@ -1,0 +1,453 @@
+"""The tokenized-corpus store (data_pipeline/token_store.py, corpus_units.py, prepare_corpus.py).
+
+What must hold, and what would make each test fail:
+- its batches are the in-memory path's (data.tokenized_dir="none"), bit for bit, for
+  NSP, SOP, none, whole-word masking by the "##" rule and by gold Chinese words, both
+  phases, the held-out sets, one process and several (documents round-robin when
+  there are fewer files than processes, files round-robin otherwise), tfds corpora
+  split per process, and a position saved by the in-memory path resumes on it;
+- a preparation killed with kill -9 at a random shard and run again ends with the
+  same bytes as one never interrupted (and as one made by 2 worker processes);
+- a changed file (even of the same size), vocabulary or option is another store; an
+  option of the later stages (objective, heldout_modulus, lengths) is the same one;
+- a truncated, damaged or foreign shard is refused by name, and rebuilt by the run;
+- the in-memory path's refusals come the same from the store (a JSONL line's number
+  in a later shard, a binary file);
+- a process of 2 whose peer never comes prepares the rest itself;
+- a gs:// store (the GCS emulator) gives the same batches.
+The 2-process jax.distributed run and the resume of a workdir made before the store
+are the slow tests at the end.
+"""
+
+import json
+import logging
+import os
+import pathlib
+import random
+import re
+import shutil
+import socket
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from data_pipeline import corpora
+from data_pipeline import prepare
+from data_pipeline import prepare_corpus
+from data_pipeline import token_store
+from data_pipeline import tokenized_corpus
+from experiments import small_pretraining
+from host import paths
+from test_word_segmentation_pipeline import _config as segmented_config  # the toy's config
+from test_word_segmentation_pipeline import toy  # pylint: disable=unused-import  # a fixture
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHARD_BYTES = 4096  # the test corpus (~50 KB) in about a dozen shards, most of them byte ranges
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+  """(one-file corpus, the same documents in 3 files, vocab) of experiments/small_pretraining."""
+  root = tmp_path_factory.mktemp("store_corpus")
+  corpus, vocab = small_pretraining.write_corpus(root), small_pretraining.write_vocab(root)
+  documents = corpus.read_text().split("\n\n")
+  (root / "split").mkdir()
+  for i in range(3):
+    (root / "split" / f"part{i}.txt").write_text("\n\n".join(documents[i::3]).strip() + "\n")
+  return corpus, root / "split" / "*.txt", vocab
+
+
+@pytest.fixture(scope="module")
+def store_root(tmp_path_factory):
+  """One store directory for the module: stores differ by key, so tests share it."""
+  return tmp_path_factory.mktemp("stores")
+
+
+def _config(corpus, vocab, tokenized_dir, **overrides):
+  config = small_pretraining.config(corpus, vocab)
+  config.data.tokenized_dir = str(tokenized_dir)
+  config.data.shard_bytes = SHARD_BYTES
+  config.data.prepare_workers = 1
+  config.data.eval.num_examples = 48  # whole global batches of 8, 16 and 24
+  config.phase2.start_fraction = 0.5
+  config.phase2.max_seq_length = 48
+  config.phase2.max_predictions_per_seq = 7
+  config.update_from_flattened_dict(overrides)
+  return config
+
+
+def _data(config, process_index=0, process_count=1, total_steps=10):
+  from bert_jax.pretrain import phases  # pylint: disable=g-import-not-at-top
+  return prepare.PretrainingData.prepare(
+      config.data, process_index, process_count, batch_size=8 * process_count,
+      eval_batch_size=8 * process_count, total_steps=total_steps,
+      phase2=phases.phase2(config))
+
+
+def _everything(data) -> list[dict]:
+  """Both phases' first training batches, their positions after them, the eval sets."""
+  out = []
+  for step in (0, 5):
+    source = data.train_input(step)
+    out += [next(source) for _ in range(3)]
+    out.append({"state": np.array(json.dumps(source.get_state()))})
+    source.close()
+  for phase in (1, 2):
+    out += data.eval_batches("eval", phase)
+  return out
+
+
+def _assert_same(batches, others):
+  assert len(batches) == len(others)
+  for x, y in zip(batches, others):
+    assert x.keys() == y.keys()
+    for key in x:
+      np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+
+
+@pytest.mark.parametrize("objective,whole_word,layout,processes", [
+    ("nsp", False, "one", 1), ("sop", False, "one", 1), ("none", False, "one", 1),
+    ("nsp", True, "one", 1),  # whole-word masking, the "##" rule
+    ("nsp", False, "one", 3),  # fewer files than processes: documents round-robin
+    ("sop", False, "split", 2),  # whole files round-robin
+])
+def test_store_gives_the_in_memory_batches(files, store_root, objective, whole_word, layout,
+                                           processes):
+  """Fails if any batch, position or eval batch from the store differs from the in-memory
+  path's, in either phase, for any process."""
+  corpus = files[0] if layout == "one" else files[1]
+  overrides = {"data.objective": objective, "data.masking.whole_word": whole_word}
+  for p in range(processes):
+    stored = _data(_config(corpus, files[2], store_root, **overrides), p, processes)
+    memory = _data(_config(corpus, files[2], "none", **overrides), p, processes)
+    _assert_same(_everything(stored), _everything(memory))
+    assert stored.tokenized and all(c.num_tokens for c in stored.tokenized.values())
+
+
+def test_gold_chinese_words_from_the_store(toy, tmp_path):
+  """Gold whole-word masking: fails if the store's batches (word starts ride in the ids)
+  differ from the in-memory path's, or if "gold" on an unmarked corpus is not refused
+  the same way."""
+  root, _ = toy
+  batches = {}
+  for where in ("none", tmp_path):
+    config = segmented_config(root, "marked.txt", "gold")
+    config.tokenized_dir, config.prepare_workers = str(where), 1
+    config.heldout_modulus = 2  # a held-out set to build
+    config.eval.num_examples = 4
+    data = prepare.PretrainingData.prepare(config, batch_size=4, eval_batch_size=4,
+                                           total_steps=4)
+    source = data.train_input(0)
+    batches[str(where)] = [next(source) for _ in range(3)] + data.eval_batches()
+    source.close()
+  _assert_same(batches["none"], batches[str(tmp_path)])
+  for where in ("none", tmp_path):
+    config = segmented_config(root, "plain.txt", "gold")
+    config.tokenized_dir, config.prepare_workers = str(where), 1
+    config.heldout_modulus = 2
+    with pytest.raises(ValueError, match="no sentence whose gold words line up"):
+      prepare.PretrainingData.prepare(config, batch_size=4, eval_batch_size=4, total_steps=4)
+
+
+def _tiny_tfds(data_dir: pathlib.Path) -> None:
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  class StoreText(tfds.core.GeneratorBasedBuilder):
+    """A 150-article text dataset (~20 KB) in real tfds format."""
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(
+          builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+      rng = np.random.default_rng(0)
+      for i in range(150):
+        words = " ".join(rng.choice(small_pretraining.WORDS, 12))
+        yield i, {"text": f"Article {i} is here. {words}. It ends!\n\nMore {i}: {words}."}
+
+  StoreText(data_dir=str(data_dir)).download_and_prepare()
+
+
+def test_tfds_units_per_process_are_the_process_parts(tmp_path, files):
+  """Fails if a tfds store's training part of a process, or the held-out set, differs from
+  what the in-memory path reads (tfds.even_splits per process, the whole split for eval)."""
+  _tiny_tfds(tmp_path / "tfds")
+  config = _config("tfds:store_text", files[2], tmp_path / "store",
+                   **{"data.tfds_data_dir": str(tmp_path / "tfds"), "data.objective": "none"})
+  tokenizer = tokenized_corpus.load_tokenizer(config.data)
+  for p in range(2):
+    store = prepare_corpus.prepare_store(config.data, vocab_file=str(files[2]), spm_model_file="",
+                                         process_index=p, process_count=2, num_workers=1,
+                                         tokenizer=tokenizer, grace_s=0.1)
+    assert len(store.units) > 2  # several units per process
+    for split, index, count in (("train", p, 2), ("eval", 0, 1)):
+      got = prepare_corpus.read_selection(store, config.data, split=split, process_index=index,
+                                          process_count=count)
+      expected = tokenized_corpus.read_tokenized_corpus(
+          config.data, tokenizer, split=split, process_index=index, process_count=count)
+      for field in ("ids", "sentence_starts", "document_starts"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(expected, field))
+
+
+def test_a_position_saved_by_the_in_memory_path_resumes_on_the_store(files, store_root):
+  """A checkpoint written before the store existed holds an in-memory input's position:
+  fails if the store's input refuses it or continues with other batches."""
+  memory = _data(_config(files[0], files[2], "none")).train_input(0)
+  next(memory)
+  state = {"phase": 1, "input": memory.get_state()}
+  expected = [next(memory) for _ in range(2)]
+  memory.close()
+  resumed = _data(_config(files[0], files[2], store_root)).train_input(1, state)
+  _assert_same([next(resumed) for _ in range(2)], expected)
+  resumed.close()
+
+
+def _key_dir(config):
+  return token_store.store_dir(config.data, token_store.store_key(
+      config.data, config.data.vocab_file, "", 1))
+
+
+def test_a_changed_file_vocab_or_option_is_another_store(files, tmp_path):
+  """Fails if a change the shards depend on reuses a store (a stale hit), or if one they do
+  not depend on makes a new one."""
+  corpus = tmp_path / "corpus.txt"
+  shutil.copy(files[0], corpus)
+  base = _config(corpus, files[2], tmp_path / "stores")
+  store = prepare_corpus.prepare_store(base.data, vocab_file=str(files[2]), spm_model_file="",
+                                       num_workers=1)
+  assert store.directory == _key_dir(base) and store.prepared["units"] > 1
+  same = [{"data.objective": "sop"}, {"data.heldout_modulus": 7}, {"data.max_seq_length": 48},
+          {"data.masking.ratio": 0.3}, {"data.prepare_workers": 2}, {"data.eval.max_documents": 9}]
+  for change in same:
+    config = _config(corpus, files[2], tmp_path / "stores", **change)
+    again = prepare_corpus.prepare_store(config.data, vocab_file=str(files[2]), spm_model_file="",
+                                         num_workers=1)
+    assert again.directory == store.directory and again.prepared["units"] == 0, change
+  other_vocab = tmp_path / "vocab.txt"
+  other_vocab.write_text(files[2].read_text().replace("[unused0]", "[unused_x]"))
+  misses = {"vocab": _config(corpus, other_vocab, tmp_path / "stores"),
+            "option": _config(corpus, files[2], tmp_path / "stores",
+                              **{"data.max_sentences_per_document": 3}),
+            "splitter": _config(corpus, files[2], tmp_path / "stores",
+                                **{"data.sentence_splitter": "regex"}),
+            "shards": _config(corpus, files[2], tmp_path / "stores", **{"data.shard_bytes": 8192})}
+  for name, config in misses.items():
+    assert _key_dir(config) != store.directory, name
+  text = corpus.read_text()
+  time.sleep(0.01)  # a new mtime
+  corpus.write_text(text.replace("river", "stone", 1))  # the same size, other content
+  assert len(corpus.read_text()) == len(text)
+  assert _key_dir(base) != store.directory
+  changed = prepare_corpus.prepare_store(base.data, vocab_file=str(files[2]), spm_model_file="",
+                                         num_workers=1)
+  assert changed.prepared["units"] == store.prepared["units"]  # tokenized again, all of it
+
+
+def test_truncated_damaged_or_foreign_shards_are_refused_by_name_and_rebuilt(
+    files, tmp_path, caplog):
+  """Fails if a shard cut short, with a flipped byte, or from another store is read without
+  a refusal naming it, or if the run does not rebuild it and train on the same batches."""
+  config = _config(files[0], files[2], tmp_path)
+  expected = _everything(_data(config))
+  store = prepare_corpus.prepare_store(config.data, vocab_file=str(files[2]), spm_model_file="",
+                                       num_workers=1)
+  shard = pathlib.Path(store.directory) / token_store.shard_name(3)
+  good = shard.read_bytes()
+  other = _config(files[1], files[2], tmp_path)  # another store's shard 3
+  foreign = pathlib.Path(prepare_corpus.prepare_store(
+      other.data, vocab_file=str(files[2]), spm_model_file="", num_workers=1).directory)
+  damaged = bytearray(good)
+  header = token_store.Shard(str(shard), store.manifest["key"], 3)
+  damaged[header.data_start + header.header["arrays"]["ids"]["offset"] + 3] ^= 0xFF
+  for bad, why in ((good[:len(good) // 2], "truncated"), (bytes(damaged), "checksum"),
+                   ((foreign / token_store.shard_name(3)).read_bytes(), "another store")):
+    shard.write_bytes(bad)
+    with pytest.raises(token_store.ShardError, match=rf"{shard}.*{why}"):
+      store.select("train", 0, 1, 0, config.data.heldout_modulus)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+      _assert_same(_everything(_data(config)), expected)
+    assert any(str(shard) in r.getMessage() and "rebuilding" in r.getMessage()
+               for r in caplog.records), why
+    assert shard.read_bytes() == good
+
+
+def test_refusals_are_the_in_memory_paths(tmp_path, files):
+  """Fails if a bad JSONL line in a later shard is named with another line number than the
+  in-memory path's, or a binary file with another message."""
+  lines = [json.dumps({"text": f"Line {i} is text. It has two sentences."}) for i in range(400)]
+  lines[350] = '{"body": "no text"}'
+  (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
+  (tmp_path / "mixed").mkdir()
+  shutil.copy(files[0], tmp_path / "mixed" / "a.txt")
+  (tmp_path / "mixed" / "blob.bin").write_bytes(np.random.default_rng(0).bytes(1 << 14))
+  for corpus, named in ((f"jsonl:{tmp_path}/a.jsonl", "a.jsonl:351: "),
+                        (f"{tmp_path}/mixed/*", "corpus file .*blob.bin: .* are not UTF-8")):
+    messages = []
+    for where in ("none", tmp_path / "stores"):
+      config = _config(corpus, files[2], where, **{"data.objective": "none"})
+      with pytest.raises(ValueError) as refusal:
+        _data(config)
+      messages.append(str(refusal.value))
+    assert messages[0] == messages[1] and re.search(named, messages[0]), messages
+
+
+def test_a_process_whose_peer_never_comes_prepares_the_rest(files, tmp_path):
+  """Process 0 of 2 alone (a store on its own host's disk): fails if it does not take over
+  the other's shards after the grace period, or if the store differs from one process's."""
+  config = _config(files[0], files[2], tmp_path / "alone")
+  started = time.monotonic()
+  store = prepare_corpus.prepare_store(config.data, vocab_file=str(files[2]), spm_model_file="",
+                                       process_index=0, process_count=2, num_workers=1,
+                                       grace_s=0.5)
+  assert store.prepared["units"] == len(store.units) and time.monotonic() - started < 120
+  single = _config(files[0], files[2], tmp_path / "single")
+  prepare_corpus.prepare_store(single.data, vocab_file=str(files[2]), spm_model_file="",
+                               num_workers=1)
+  assert _tree(tmp_path / "alone") == _tree(tmp_path / "single")
+
+
+def _tree(root: pathlib.Path) -> dict[str, bytes]:
+  """Every file under `root` by relative path (temporary files included: none may be left)."""
+  return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+          if p.is_file() and "file_digests" not in p.parts}
+
+
+def _prepare_command(files, root, workers, **env):
+  args = [sys.executable, "-m", "data_pipeline.prepare_corpus",
+          "--config=experiments/configs/pretrain.py:tiny", f"--config.data.corpus={files[0]}",
+          f"--config.data.vocab_file={files[2]}", f"--config.data.tokenized_dir={root}",
+          f"--config.data.shard_bytes={SHARD_BYTES}", f"--num_workers={workers}"]
+  return args, {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", **env}
+
+
+@pytest.mark.slow
+def test_a_preparation_killed_at_a_random_shard_and_rerun_ends_byte_identical(files, tmp_path):
+  """The offline command, killed with kill -9 (its whole process group) once a random
+  number of shards is written, then run again: fails if the store's bytes differ from an
+  uninterrupted preparation's by 2 worker processes, if a temporary file is left, or if
+  the command does not print the store's path, size and tokens/s."""
+  args, env = _prepare_command(files, tmp_path / "reference", 2)
+  reference = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=600, check=False)
+  assert reference.returncode == 0, reference.stderr[-3000:]
+  assert re.search(r"tokens/s .*2 workers", reference.stdout), reference.stdout
+  assert re.search(r"store: \S+: [\d,]+ tokens, [\d.]+ MiB in \d+ shards", reference.stdout)
+  shards = len(list((tmp_path / "reference").rglob("*.tok")))
+  assert shards > 8  # so the kill lands mid-preparation, at a random one of them
+  args, env = _prepare_command(files, tmp_path / "killed", 1)
+  stop_at = random.Random().randint(1, shards - 2)
+  process = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+  deadline = time.time() + 600
+  while len(list((tmp_path / "killed").rglob("*.tok"))) < stop_at:
+    assert process.poll() is None and time.time() < deadline
+    time.sleep(0.005)
+  os.killpg(process.pid, signal.SIGKILL)
+  process.wait()
+  assert not list((tmp_path / "killed").rglob(token_store.MANIFEST)), "finished before the kill"
+  rerun = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+                         check=False)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert _tree(tmp_path / "killed") == _tree(tmp_path / "reference")
+
+
+def test_a_gs_store_on_the_emulator(gcs_emulator, files):
+  """A store in a bucket: fails if its batches differ from the in-memory path's, if a later
+  start tokenizes again, or if a truncated remote shard is read without a refusal naming
+  it."""
+  bucket = gcs_emulator.bucket("tokenized")
+  config = _config(files[0], files[2], f"{bucket}/stores")
+  _assert_same(_everything(_data(config)),
+               _everything(_data(_config(files[0], files[2], "none"))))
+  store = prepare_corpus.prepare_store(config.data, vocab_file=str(files[2]), spm_model_file="",
+                                       num_workers=1)
+  assert store.prepared["units"] == 0 and store.directory.startswith(f"{bucket}/stores/")
+  shard = paths.join(store.directory, token_store.shard_name(2))
+  paths.write_atomic(shard, paths.read_bytes(shard)[:200])
+  with pytest.raises(token_store.ShardError, match=re.escape(shard)):
+    store.select("train", 0, 1, 0, config.data.heldout_modulus)
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _run_pair(pretrain_subprocess, config, run: pathlib.Path, name: str) -> list[str]:
+  """A 2-process run (2 CPU devices each, jax.distributed on localhost); both logs."""
+  port, processes = _free_port(), []
+  for i in range(2):
+    config.distributed.update(enabled=True, coordinator_address=f"localhost:{port}",
+                              num_processes=2, process_id=i)
+    processes.append(pretrain_subprocess(config, run, devices=2, name=f"{name}_{i}"))
+  logs = [run.parent / f"{name}_{i}.log" for i in range(2)]
+  for process, log in zip(processes, logs):
+    assert process.wait(timeout=900) == 0, log.read_text()[-3000:]
+  return [log.read_text() for log in logs]
+
+
+def _losses(run) -> dict[int, float]:
+  rows = [json.loads(l) for l in (pathlib.Path(run) / "metrics.jsonl").read_text().splitlines()]
+  return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+@pytest.mark.slow
+def test_two_processes_prepare_disjoint_shares_then_train_as_without_the_store(
+    pretrain_test_config, pretrain_subprocess, files, tmp_path):
+  """2 processes on one store: fails if they tokenize overlapping shares (or leave one
+  out), or if their run's losses and weights differ from the same 2 processes' with
+  data.tokenized_dir="none"."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax.run import checkpoint  # pylint: disable=g-import-not-at-top
+  runs = {}
+  for name, where in (("memory", "none"), ("stored", str(tmp_path / "store"))):
+    config = pretrain_test_config(total_steps=12, **{
+        "data.corpus": str(files[1]), "data.tokenized_dir": where,
+        "data.shard_bytes": SHARD_BYTES, "data.prepare_workers": 1})
+    runs[name] = (tmp_path / name, _run_pair(pretrain_subprocess, config, tmp_path / name, name))
+  shares = [set(json.loads(m)) for log in runs["stored"][1]
+            for m in re.findall(r"tokenized shards (\[[\d, ]*\]) here", log)]
+  manifest = json.loads(next((tmp_path / "store").rglob(token_store.MANIFEST)).read_text())
+  assert len(shares) == 2 and not shares[0] & shares[1], shares
+  assert shares[0] | shares[1] == set(range(len(manifest["units"])))
+  assert _losses(runs["stored"][0]) == _losses(runs["memory"][0])
+  _, params = checkpoint.load_params_from_workdir(str(runs["stored"][0]))
+  _, expected = checkpoint.load_params_from_workdir(str(runs["memory"][0]))
+  jax.tree.map(np.testing.assert_array_equal, params, expected)
+
+
+@pytest.mark.slow
+def test_a_workdir_started_without_the_store_resumes_on_it_bit_identically(
+    pretrain_reference_run, pretrain_test_config, pretrain_subprocess, tmp_path):
+  """A run on the in-memory path (tokenized_dir="none") killed after its step-10 checkpoint,
+  resumed with the store: fails if the resume is refused or if its losses and weights
+  differ from the uninterrupted run's (which read the store)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax.run import checkpoint  # pylint: disable=g-import-not-at-top
+  run = tmp_path / "run"
+  process = pretrain_subprocess(pretrain_test_config(**{"data.tokenized_dir": "none"}), run,
+                                name="memory")
+  deadline = time.time() + 600
+  while not (run / "checkpoints" / "10" / "commit_success.txt").exists():
+    assert process.poll() is None, (tmp_path / "memory.log").read_text()[-3000:]
+    assert time.time() < deadline
+    time.sleep(0.01)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  assert not (run / "checkpoints" / "20").exists(), "finished before the kill"
+  resumed = pretrain_subprocess(pretrain_test_config(), run, name="stored")
+  assert resumed.wait(timeout=600) == 0, (tmp_path / "stored.log").read_text()[-3000:]
+  assert _losses(run) == _losses(pretrain_reference_run)
+  _, params = checkpoint.load_params_from_workdir(str(run))
+  _, expected = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
+  jax.tree.map(np.testing.assert_array_equal, params, expected)
