@@ -1,8 +1,8 @@
-"""Running one job: the trainer a config names, its exit code, and quiet logging.
+"""Running one job: the trainer a config names, its exit code, refusals and quiet logging.
 
-bert_jax.main parses flags and calls run(); anything else that starts jobs (the
-ablation, test runners) calls the same run() and configure_logging(), which
-define no flags.
+bert_jax.main parses flags (parse_flags) and calls run(); anything else that
+starts jobs (the ablation, test runners) calls the same run(), refuse(),
+parse_flags() and configure_logging(), which define no flags.
 
 Exit codes, for schedulers and bert_jax.launch (their values: bert_jax.exit_codes):
   0    the run finished (re-running the command does nothing more)
@@ -24,6 +24,7 @@ import os
 import sys
 import traceback
 
+from absl import flags
 from absl import logging
 
 from bert_jax import errors
@@ -107,6 +108,18 @@ def refuse(error: BaseException, message: str | None = None) -> int:
   print(f"error: {errors.one_line(message or str(error)) or repr(error)}", file=sys.stderr,
         flush=True)
   return exit_codes.REFUSED
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with every failure refused in one line (exit 1; worded by
+  errors.flag_message); returns the arguments left over, as absl's own parser does.
+  The flags_parser of every entry point (bert_jax.main, experiments.ablation)."""
+  if "--verbose" in argv:  # a refusal of the flags themselves honours it too
+    os.environ[errors.VERBOSE_ENV] = "1"
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    sys.exit(refuse(e, errors.flag_message(e, argv)))
 
 
 def configure_logging() -> None:

@@ -14,7 +14,6 @@ any other input: one line on stderr, exit 1 (bert_jax.jobs.refuse). `--verbose`
 """
 
 import os
-import re
 import sys
 
 from absl import app
@@ -31,45 +30,6 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and m
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show the traceback of a refusal "
                              f"(the environment variable {errors.VERBOSE_ENV}=1 does too).")
 flags.mark_flags_as_required(["config", "workdir"])
-
-
-def _innermost(error: BaseException) -> str:
-  """The message under the wrappers: ConfigDict wraps a KeyError's text in an AttributeError."""
-  while error.args and isinstance(error.args[0], BaseException):
-    error = error.args[0]
-  text = error.args[0] if len(error.args) == 1 and isinstance(error.args[0], str) else str(error)
-  return ". ".join(l.strip() for l in text.splitlines() if l.strip())
-
-
-def _flag_message(error: BaseException, argv: list[str]) -> str:
-  """One line for a flag that did not parse: the flag as typed, then the cause."""
-  text = str(error)
-  if isinstance(error, flags.Error) and "Traceback" in text:
-    # config_flags quotes the config file's traceback; its last line is the cause.
-    head = re.match(r"(flag \S+): ", text)
-    last = [l.strip() for l in text.splitlines() if l.strip()][-1]
-    cause = re.sub(r"^\w+(Error|Exception): ", "", last)
-    return f"{head.group(1)}: {cause}" if head else cause
-  if isinstance(error, flags.Error):
-    return errors.one_line(text)
-  # A --config.a.b override of a field the config lacks (a KeyError in an AttributeError).
-  cause = _innermost(error)
-  name = re.match(r"'([^']+)'", cause)
-  typed = [a for a in argv[1:] if a.startswith("--config.") and name
-           and name.group(1) in re.split(r"[.=]", a[2:])]
-  where = f"flag {typed[0]}" if typed else "a --config.* flag"
-  return f"{where}: the config has no field {cause}"
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with every failure refused in one line (exit 1); returns the
-  arguments left over, as absl's own parser does."""
-  if "--verbose" in argv:  # a refusal of the flags themselves honours it too
-    os.environ[errors.VERBOSE_ENV] = "1"
-  try:
-    return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
-    sys.exit(jobs.refuse(e, _flag_message(e, argv)))
 
 
 def main(argv):
@@ -90,4 +50,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=jobs.parse_flags)

@@ -305,6 +305,10 @@ def corpus_files(corpus: str, embedded_cache_dir: str = "") -> tuple[str, list[s
   that matches no file."""
   kind, pattern = _source_pattern(corpus, embedded_cache_dir)
   files = _files(pattern)
+  if not files and paths.is_dir(pattern):  # a glob matches files; a directory is none
+    prefix = corpus[:len(corpus) - len(pattern)]  # "raw:", "jsonl:", ... kept in the fix
+    raise ValueError(f"config.data.corpus={corpus!r} is a directory; give a glob of its "
+                     f"files, e.g. --config.data.corpus='{prefix}{paths.join(pattern, '*')}'")
   if not files:
     raise ValueError(f"corpus glob {pattern!r} (config.data.corpus) matches no file")
   return kind, files

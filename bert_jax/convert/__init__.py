@@ -28,6 +28,7 @@ This package face only names the public functions; the work is in load.py
 # pylint: disable=g-importing-member  # the package's public names, defined in its modules
 from bert_jax.convert.hf import export_hf
 from bert_jax.convert.hf import VOCAB_NAME
+from bert_jax.convert.load import checkpoint_spm
 from bert_jax.convert.load import checkpoint_vocab
 from bert_jax.convert.load import load_checkpoint
 from bert_jax.convert.load import load_for_finetuning

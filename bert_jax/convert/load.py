@@ -10,6 +10,7 @@ from absl import logging
 import numpy as np
 
 from bert_jax.run import checkpoint
+from bert_jax.run import workdir as workdir_lib
 from host import paths
 # Siblings by module path, not via the package: its __init__ imports this module.
 import bert_jax.convert.hf as convert_hf
@@ -172,6 +173,22 @@ def checkpoint_vocab(path) -> paths.Path | None:
   elif not path.is_dir():
     path = path.parent  # a TF checkpoint prefix
   return convert_hf.find_vocab(path)
+
+
+def checkpoint_spm(path) -> paths.Path | None:
+  """The SentencePiece model a checkpoint was trained with (spm.model, where
+  checkpoint_vocab looks: a pretraining workdir keeps its own there), or None."""
+  spm = _tokenizer_dir(path) / workdir_lib.SPM_FILE
+  return spm if spm.is_file() else None
+
+
+def _tokenizer_dir(path) -> paths.Path:
+  """The directory holding a checkpoint's tokenizer files (checkpoint_vocab's): it, its
+  workdir, or (a TF checkpoint prefix) its parent."""
+  path = paths.path(path)
+  if _is_workdir(path) and not convert_own.is_own_dir(path):
+    return _workdir_of(path)
+  return path if path.is_dir() else path.parent
 
 
 def load_checkpoint(path, target, allow_missing_heads, vocab_file, vocab_multiple=None):

@@ -34,8 +34,8 @@ import math
 import numpy as np
 
 PADDINGS = ("buckets", "fixed")
-# Filled into sequence outputs past a bucket's length: far below any real logit,
-# so a padded position never ranks among SQuAD's n-best (its scoring skips them anyway).
+# Filled into sequence outputs at every padded position (steps.predict): far below any
+# real logit, so a padded position never ranks among SQuAD's n-best.
 PAD_LOGIT = -1e9
 
 

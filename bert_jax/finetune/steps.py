@@ -187,7 +187,13 @@ def predict(programs: Programs, params, features: dict[str, np.ndarray], eval_ba
              mesh) -> dict[str, np.ndarray]:
   """Outputs for every feature row, in order, from length-bucketed batches
   (buckets.eval_batches): each batch padded with empty rows to its size, its
-  outputs put back at their rows, sequence outputs padded back to max_seq_length."""
+  outputs put back at their rows, sequence outputs padded back to max_seq_length.
+
+  A sequence output holds PAD_LOGIT (0 for integers) at every padded position of a
+  row, whatever the bucket: so no padded position competes for one of SQuAD's n-best
+  slots, and the outputs do not depend on the padding (with fixed padding a short
+  window's padding logits, computed, took slots a bucket's never could).
+  """
   max_len = programs.buckets[-1]
   unit = math.lcm(sharding.data_parallel_size(mesh), jax.process_count())
   per = jax.process_index()
@@ -200,10 +206,12 @@ def predict(programs: Programs, params, features: dict[str, np.ndarray], eval_ba
              [per * per_host:(per + 1) * per_host] for k, v in batch.items()}
     programs.eval_shapes.add((b.size, b.length))
     out = jax.device_get(programs.eval_step(params, sharding.global_batch(batch, mesh)))
+    real = features["input_mask"][b.rows, :b.length].astype(bool)
     for k, v in out.items():
       v = v[:len(b.rows)]
-      if k in programs.sequence_outputs and b.length < max_len:
+      if k in programs.sequence_outputs:
         fill = buckets_lib.PAD_LOGIT if np.issubdtype(v.dtype, np.floating) else 0
+        v = np.where(real.reshape(real.shape + (1,) * (v.ndim - 2)), v, v.dtype.type(fill))
         v = np.concatenate([v, np.full((len(v), max_len - b.length) + v.shape[2:], fill,
                                        v.dtype)], axis=1)
       if k not in outputs:

@@ -72,6 +72,7 @@ TrainState = state_lib.TrainState
 BEST_DIR = "best"
 RESULT_FILE = "result.json"
 SUMMARY_FILE = "summary.json"
+_VOCAB_CHANGE_FIX = "set config.allow_vocab_change=True if the change is intended"
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -84,7 +85,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """
   learning_rates = list(config.learning_rates) or [config.optimizer.learning_rate]
   seeds = list(config.seeds)
-  several = len(learning_rates) * len(seeds) > 1
+  runs = _runs(config, workdir, learning_rates, seeds)
   steps.use_compilation_cache()  # before any compile: a later sweep loads what this one compiles
   with errors.judging_input():  # every ValueError here is a refusal of the input
     if not seeds:
@@ -97,25 +98,22 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       with run_optimizer.unlocked():
         run_optimizer.learning_rate = lr
       optim.check_config(run_optimizer)
+    for _, _, run_config, run_dir in runs:  # a busy workdir, a contradicting record: no data yet
+      workdir_lib.check_before_data(run_dir, run_config, None,
+                                    vocab_file=config.vocab_file or None,
+                                    spm_model_file=config.spm_model_file or None,
+                                    lock_dir=workdir)
     prepared = prepare(config)  # every input read and checked before anything is written
   lock = workdir_lib.lock(workdir)  # one sweep per workdir; its runs share the lock
   by_lr, speed = {}, {}
   try:
-    for lr in learning_rates:
-      runs = {}
-      for seed in seeds:
-        run_config = copy.deepcopy(config)
-        with run_config.unlocked():
-          run_config.optimizer.learning_rate = lr
-          run_config.seed = seed
-        run_dir = paths.join(workdir, f"lr{lr:g}_seed{seed}") if several else workdir
-        run = finetune_run(run_config, run_dir, prepared, locked=True)
-        if run["preempted"]:  # SIGTERM: the run saved; the same command resumes the sweep
-          return {"preempted": True}
-        runs[seed] = run["final"]
-        speed[f"lr{lr:g}_seed{seed}"] = run["padding"]
-        speed["compiled"] = run["compiled"]  # the sweep's so far: the last run's is the total
-      by_lr[f"{lr:g}"] = runs
+    for lr, seed, run_config, run_dir in runs:
+      run = finetune_run(run_config, run_dir, prepared, locked=True)
+      if run["preempted"]:  # SIGTERM: the run saved; the same command resumes the sweep
+        return {"preempted": True}
+      by_lr.setdefault(f"{lr:g}", {})[seed] = run["final"]
+      speed[f"lr{lr:g}_seed{seed}"] = run["padding"]
+      speed["compiled"] = run["compiled"]  # the sweep's so far: the last run's is the total
   finally:
     if lock is not None:
       lock.release()
@@ -127,6 +125,23 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   logging.info("%s: %s median %.4f over seeds %s (lr %s picked on %s)", config.task.name,
                reported, summary[reported], seeds, summary["learning_rate"], main)
   return summary
+
+
+def _runs(config: ml_collections.ConfigDict, workdir: str, learning_rates: list[float],
+          seeds: list[int]) -> list[tuple[float, int, ml_collections.ConfigDict, str]]:
+  """(learning rate, seed, its config, its workdir) of every run of a sweep, in run order:
+  each in its own lr<rate>_seed<seed>/ when there are several, else `workdir` itself."""
+  several = len(learning_rates) * len(seeds) > 1
+  runs = []
+  for lr in learning_rates:
+    for seed in seeds:
+      run_config = copy.deepcopy(config)
+      with run_config.unlocked():
+        run_config.optimizer.learning_rate = lr
+        run_config.seed = seed
+      runs.append((lr, seed, run_config,
+                   paths.join(workdir, f"lr{lr:g}_seed{seed}") if several else workdir))
+  return runs
 
 
 def summarize(by_lr: dict[str, dict[Any, dict[str, float]]], main_metric: str) -> dict[str, Any]:
@@ -208,15 +223,29 @@ class Prepared:
   bert_config: model_lib.BertConfig
   loaded: tuple | None   # convert.load_for_finetuning's result, None for a random start
   task: task_kind.Task
+  spm_model_file: str  # the SentencePiece model it tokenizes with (config's or checkpoint's), or ""
   # Compiled programs shared by the sweep's runs (steps.build), by what they depend on.
   programs: dict = dataclasses.field(default_factory=dict)
 
 
-def check_vocab(config: ml_collections.ConfigDict, own_vocab: Any) -> None:
-  """Refuses a config.vocab_file that is not the vocabulary the checkpoint was trained with
-  (`own_vocab`, the vocab.txt beside it; our workdirs and exports keep theirs there): the
-  same ids would mean other words. config.allow_vocab_change=True says it is intended."""
-  if not config.vocab_file or own_vocab is None or config.allow_vocab_change:
+def check_vocab(config: ml_collections.ConfigDict, own_vocab: Any, own_spm: Any = None) -> None:
+  """Refuses a config.vocab_file or config.spm_model_file that is not what the checkpoint
+  was trained with (`own_vocab`, the vocab.txt beside it; `own_spm`, its spm.model; our
+  workdirs and exports keep theirs there), or is a tokenizer of the other kind: the same
+  ids would mean other words. config.allow_vocab_change=True says it is intended (the
+  run's record keeps that field and the hash of the tokenizer it ran with)."""
+  if config.allow_vocab_change:
+    return
+  for field, own, other in (("vocab_file", own_vocab, own_spm),
+                            ("spm_model_file", own_spm, own_vocab)):
+    if config[field] and own is None and other is not None:
+      raise errors.UsageError(
+          f"config.{field}={config[field]!r} is another kind of tokenizer than "
+          f"config.init_checkpoint={config.init_checkpoint!r} was trained with ({other}); "
+          f"drop config.{field} to use the checkpoint's, or {_VOCAB_CHANGE_FIX}")
+  if config.spm_model_file and own_spm is not None:
+    _check_spm(config, own_spm)
+  if not config.vocab_file or own_vocab is None:
     return
   if not paths.exists(config.vocab_file):
     raise errors.UsageError(f"config.vocab_file={config.vocab_file!r} does not exist")
@@ -229,25 +258,63 @@ def check_vocab(config: ml_collections.ConfigDict, own_vocab: Any) -> None:
         f"config.vocab_file={config.vocab_file!r} is not the vocabulary of "
         f"config.init_checkpoint={config.init_checkpoint!r} ({own_vocab}): {len(ours)} vs "
         f"{len(theirs)} entries, first difference at id {first}; drop config.vocab_file to "
-        "use the checkpoint's, or set config.allow_vocab_change=True if the change is intended")
+        f"use the checkpoint's, or {_VOCAB_CHANGE_FIX}")
+
+
+def _check_spm(config: ml_collections.ConfigDict, own_spm: Any) -> None:
+  """check_vocab for SentencePiece: the same model file, byte for byte (its pieces, scores
+  and normalisation all decide the ids); the refusal says where the pieces differ."""
+  import sentencepiece  # pylint: disable=g-import-not-at-top  # only to name the difference
+  if not paths.exists(config.spm_model_file):
+    raise errors.UsageError(f"config.spm_model_file={config.spm_model_file!r} does not exist")
+  ours, theirs = paths.read_bytes(config.spm_model_file), paths.read_bytes(str(own_spm))
+  if ours == theirs:
+    return
+  pieces = []
+  for proto in (ours, theirs):
+    processor = sentencepiece.SentencePieceProcessor()
+    try:
+      processor.LoadFromSerializedProto(proto)
+    except Exception:  # pylint: disable=broad-except  # a bare RuntimeError: not a model
+      pieces.append(None)
+      continue
+    pieces.append([processor.IdToPiece(i) for i in range(processor.GetPieceSize())])
+  if None in pieces:
+    how = "is not a SentencePiece model" if pieces[0] is None else "differs"
+  elif pieces[0] == pieces[1]:
+    how = f"has the same {len(pieces[0])} pieces but other scores or normalisation"
+  else:
+    first = next((i for i, (a, b) in enumerate(zip(*pieces)) if a != b),
+                 min(map(len, pieces)))
+    how = (f"differs: {len(pieces[0])} vs {len(pieces[1])} pieces, first difference at "
+           f"id {first}")
+  raise errors.UsageError(
+      f"config.spm_model_file={config.spm_model_file!r} is not the SentencePiece model of "
+      f"config.init_checkpoint={config.init_checkpoint!r} ({own_spm}): it {how}; drop "
+      f"config.spm_model_file to use the checkpoint's, or {_VOCAB_CHANGE_FIX}")
 
 
 def prepare(config: ml_collections.ConfigDict) -> Prepared:
   """Reads the checkpoint (if any) and its vocabulary, then the task data into features."""
   kind = registry.get_kind(config.task.kind)  # an unknown kind fails before any reading
   loaded = None
+  spm_model_file = config.spm_model_file
   if config.init_checkpoint:
     from bert_jax import convert  # pylint: disable=g-import-not-at-top  # only needed here
     loaded = convert.load_for_finetuning(
         config.init_checkpoint, task_heads=(kind.head_name,),
         vocab_file=config.vocab_file or None)
     loaded_config, _, _, vocab_path = loaded
-    check_vocab(config, convert.checkpoint_vocab(config.init_checkpoint))
-    if vocab_path is None and not config.spm_model_file:
-      raise ValueError(f"{config.init_checkpoint} has no vocab.txt; give config.vocab_file")
+    own_vocab = convert.checkpoint_vocab(config.init_checkpoint)
+    own_spm = convert.checkpoint_spm(config.init_checkpoint)
+    check_vocab(config, own_vocab, own_spm)
+    if not (config.vocab_file or spm_model_file) and own_vocab is None and own_spm is not None:
+      spm_model_file = str(own_spm)  # a SentencePiece checkpoint's own, as vocab.txt is used
+    if vocab_path is None and not spm_model_file:
+      raise ValueError(f"{config.init_checkpoint} has no vocab.txt or spm.model; give "
+                       "config.vocab_file (or config.spm_model_file)")
     tokenizer = tokenization.load_word_tokenizer(
-        "" if config.spm_model_file else str(vocab_path), config.spm_model_file,
-        config.do_lower_case)
+        "" if spm_model_file else str(vocab_path), spm_model_file, config.do_lower_case)
     bert_config = loaded_config.replace(**config.model.to_dict())
   else:
     tokenizer = tokenization.load_word_tokenizer(config.vocab_file, config.spm_model_file,
@@ -261,7 +328,7 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
     raise ValueError(f"config.max_seq_length={config.max_seq_length} exceeds the model's "
                      f"max_position_embeddings={bert_config.max_position_embeddings}")
   task = kind.build(config.task, bert_config, tokenizer, config.max_seq_length)
-  return Prepared(tokenizer, bert_config, loaded, task)
+  return Prepared(tokenizer, bert_config, loaded, task, spm_model_file)
 
 
 def finetune_run(config: ml_collections.ConfigDict, workdir: str,
@@ -300,10 +367,10 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
   model = task.model
 
   # ------------------------------------------------------------- workdir
-  vocab_file = None if config.spm_model_file else prepared.tokenizer.vocab_file
+  spm_model_file = prepared.spm_model_file or None
+  vocab_file = None if spm_model_file else prepared.tokenizer.vocab_file
   lock = workdir_lib.open_workdir(workdir, config, bert_config, vocab_file=vocab_file,
-                                  spm_model_file=config.spm_model_file or None,
-                                  take_lock=not locked)
+                                  spm_model_file=spm_model_file, take_lock=not locked)
   with contextlib.ExitStack() as cleanup:  # run in reverse order, whatever fails
     if lock is not None:
       cleanup.callback(lock.release)
@@ -334,7 +401,7 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
     # Set on a resumed state too: it is this run's rate whatever the checkpoint held.
     state = steps.with_learning_rate(state, config.optimizer.learning_rate, layout)
     step = int(state.step)
-    best = _Best(workdir, config, bert_config, vocab_file)
+    best = _Best(workdir, config, bert_config, vocab_file, spm_model_file)
     cleanup.callback(best.close)
 
     # ---------------------------------------------------------------- eval
@@ -436,20 +503,22 @@ def _merge_pretrained(loaded: tuple, bert_config: model_lib.BertConfig, head_nam
 class _Best:
   """The best evaluation so far by the main dev metric: params, metrics, predictions.
 
-  Kept in workdir/best as a workdir of its own (bert_config.json, vocab.txt,
+  Kept in workdir/best as a workdir of its own (bert_config.json, vocab.txt or spm.model,
   checkpoints/<step>), so bert_jax.convert and this trainer's init_checkpoint
   load it; metrics.json records the score, so a resumed run keeps comparing
   against it.
   """
 
-  def __init__(self, workdir: str, config, bert_config, vocab_file: str | None):
+  def __init__(self, workdir: str, config, bert_config, vocab_file: str | None,
+               spm_model_file: str | None = None):
     self.dir = paths.join(workdir, BEST_DIR)
     best_ckpt = copy.deepcopy(config.checkpoint)
     with best_ckpt.unlocked():
       best_ckpt.keep, best_ckpt.keep_period = 1, 0
     self.manager = checkpoint.make_manager(self.dir, best_ckpt)
     if jax.process_index() == 0:
-      workdir_lib.write_run_files(self.dir, config, bert_config, vocab_file=vocab_file)
+      workdir_lib.write_run_files(self.dir, config, bert_config, vocab_file=vocab_file,
+                                  spm_model_file=spm_model_file)
     record = _read_json(paths.join(self.dir, "metrics.json"))
     # Only trust a record whose checkpoint is complete (a kill can fall between the two).
     if record and record.get("step") == self.manager.latest_step():

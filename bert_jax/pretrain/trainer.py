@@ -12,7 +12,9 @@ Where a run starts, decided once (in "restore"):
 
 Validate everything, then write: the "validate" section judges the whole
 config without data first (so a typo is refused at once, before any corpus
-work), then prepares the run's data as one object
+work) and asks the workdir, reading only, whether it would refuse the run (a
+live run's lock, a record this config contradicts: workdir.check_before_data),
+then prepares the run's data as one object
 (data_pipeline.prepare.PretrainingData: vocabulary, every phase's corpus read
 and checked, kept for the inputs and eval sets, which talk to it only), checks
 the network against the vocabulary and reads a new run's init checkpoint, all
@@ -131,7 +133,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   with errors.judging_input():  # every ValueError here is a refusal of the input
     mesh, rules = state_lib.setup_mesh(config)
     # What needs no vocabulary first: a typo must not wait for the embedded corpus's harvest.
-    check_config(config, _provisional_bert_config(config), mesh)
+    provisional = _provisional_bert_config(config)
+    check_config(config, provisional, mesh)
+    # Nor may a busy workdir, or one whose record this config contradicts (read only; the
+    # lock is taken below, after the data, before the first write).
+    workdir_lib.check_before_data(workdir, config, provisional,
+                                  vocab_file=config.data.vocab_file or None,
+                                  spm_model_file=config.data.spm_model_file or None)
     # The run's data, once: the vocabulary (for the embedded corpus, made on first use),
     # every phase's corpus read and checked, kept for the inputs and eval sets.
     pretraining_data = prepare_lib.PretrainingData.prepare(

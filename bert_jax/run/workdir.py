@@ -18,6 +18,10 @@ is written. A difference that would make the checkpoints mean something else
 refused with one line naming the field, the recorded value and the new one.
 Fields in RESUMABLE may change on resume (how long, how often to log, evaluate
 and save, how to shard, how to launch); they are listed in one place below.
+The order of a start: check_before_data (reads only: the lock and the record,
+so a busy workdir or a contradicting config is refused before the corpus is
+read), then the data, then open_workdir (the lock taken, everything judged
+again, then the first write).
 
 The lock (bert_jax.run.lock) is taken by process 0 of the run; every
 change to it is a compare-and-swap (GCS generation preconditions), so of any
@@ -167,25 +171,30 @@ _RUNTIME_BERT_FIELDS = ("remat", "remat_policy", "attention_impl")
 _BERT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(model_lib.BertConfig)}
 
 
-def differences(recorded: dict, new: dict) -> list[tuple[str, Any, Any]]:
-  """(field, recorded value, new value) for every change that is not allowed on resume."""
+def differences(recorded: dict, new: dict, quiet: bool = False) -> list[tuple[str, Any, Any]]:
+  """(field, recorded value, new value) for every change that is not allowed on resume.
+
+  A vocabulary hash absent from `new` is not compared (check_before_data: not known
+  yet); `quiet` logs nothing (the same comparison is made again, and logged, later).
+  """
   diffs = []
   old_config, new_config = recorded.get("config", {}), new["config"]
   for key in sorted(set(old_config) | set(new_config)):
     if _resumable(key) or key in CONTENT_FIELDS:
       continue
     if key not in old_config and key in IMPLIED_WHEN_MISSING:
-      old_config = {**old_config, key: IMPLIED_WHEN_MISSING[key](old_config)}
+      old_config = {**old_config, key: IMPLIED_WHEN_MISSING[key](old_config, new_config)}
     if key not in old_config or key not in new_config:
       # A field only one code version knows: a newer version added (or an older one
       # dropped) it; its default keeps the old meaning, so it is logged, not refused.
-      logging.warning("config field %s is %s the workdir's record", key,
-                      "new to" if key not in old_config else "missing from this run, but in")
+      if not quiet:
+        logging.warning("config field %s is %s the workdir's record", key,
+                        "new to" if key not in old_config else "missing from this run, but in")
       continue
     if old_config[key] != new_config[key]:
       diffs.append((f"config.{key}", old_config[key], new_config[key]))
   for field in ("vocab_sha256", "spm_sha256"):
-    if recorded.get(field) != new[field]:
+    if field in new and recorded.get(field) != new[field]:
       name = "vocabulary" if field == "vocab_sha256" else "SentencePiece model"
       diffs.append((f"{name} (SHA-256)", recorded.get(field), new[field]))
   recorded_bert = recorded.get("bert_config")
@@ -237,12 +246,13 @@ def check_family(workdir: str, config: Any) -> None:
         f"--workdir (to start from its weights: --config.init_checkpoint={workdir})")
 
 
-def check_record(workdir: str, old: dict, new: dict) -> None:
-  """Refuses, in one message, a run whose record differs from the workdir's."""
-  if old.get("code_version") != new["code_version"]:
+def check_record(workdir: str, old: dict, new: dict, quiet: bool = False) -> None:
+  """Refuses, in one message, a run whose record differs from the workdir's (`quiet`:
+  nothing logged, see differences)."""
+  if not quiet and old.get("code_version") != new["code_version"]:
     logging.info("workdir %s was created by bert_jax %s; this is %s", workdir,
                  old.get("code_version"), new["code_version"])
-  diffs = differences(old, new)
+  diffs = differences(old, new, quiet)
   if not diffs:
     return
   field, was_value, value = diffs[0]
@@ -305,6 +315,44 @@ def lock(workdir: str) -> Lock | None:
   lock to release at the end (None on other processes).
   """
   return _on_process_zero(workdir, lambda held: None)
+
+
+def check_before_data(workdir: str, config: Any, bert_config: Any | None, *,
+                      vocab_file: str | None = None, spm_model_file: str | None = None,
+                      lock_dir: str | None = None) -> None:
+  """Refuses, reading only, a run `workdir` will refuse whatever its data: a lock a live run
+  holds (LockHeld), or a record.json whose config, network (its vocabulary size aside:
+  `bert_config` may be provisional; None when it comes from a checkpoint not read yet)
+  or vocabulary differ -- the vocabulary only when the run names its file
+  (`vocab_file` / `spm_model_file`; one made from the corpus is not known yet).
+
+  Called before a run reads its corpus, which takes minutes on a real one: a busy
+  workdir or a contradicting config is refused in seconds. It writes nothing and takes
+  no lock: open_workdir, after the data, judges everything again with the lock held.
+  `lock_dir`: the workdir whose lock covers this one (a fine-tuning sweep's, for its
+  runs), default `workdir`. Every process calls it; process 0 judges, the others learn
+  the outcome.
+  """
+  def judge():
+    Lock(lock_dir or workdir).check_free()
+    record_file = paths.join(workdir, RECORD_FILE)
+    if not paths.exists(record_file):  # new, or made before records: open_workdir judges it
+      return
+    old = json.loads(paths.read_text(record_file))
+    network = {k: v for k, v in dataclasses.asdict(bert_config).items()
+               if k != "vocab_size"} if bert_config is not None else {}
+    new = {"config": flatten(config), "bert_config": network, "data": {},
+           "code_version": code_version()}
+    if vocab_file or spm_model_file:
+      new.update(vocab_sha256=sha256_of(vocab_file), spm_sha256=sha256_of(spm_model_file))
+    check_record(workdir, old, new, quiet=True)
+  error = ""
+  if jax.process_index() == 0:
+    try:
+      judge()
+    except WorkdirError as e:
+      error = _as_text(e)
+  _raise_everywhere(error)
 
 
 def open_workdir(workdir: str, config: Any, bert_config: Any, *, vocab_file: str | None = None,
@@ -390,16 +438,26 @@ def _on_process_zero(workdir: str, action, take_lock: bool = True) -> Lock | Non
       if held is not None:
         held.release()
         held = None
-      # The kind travels with the text: a live holder (LockHeld) means "retry later".
-      error = ("H" if isinstance(e, LockHeld) else "W") + str(e)
+      error = _as_text(e)
     except BaseException:
       if held is not None:
         held.release()
       raise
+  _raise_everywhere(error)
+  return held
+
+
+def _as_text(error: WorkdirError) -> str:
+  """A refusal as text to broadcast: the kind travels with it (a live holder, LockHeld,
+  means "retry later")."""
+  return ("H" if isinstance(error, LockHeld) else "W") + str(error)
+
+
+def _raise_everywhere(error: str) -> None:
+  """Raises process 0's refusal (`error`, from _as_text; "" for none) on every process."""
   error = _broadcast_text(error)
   if error:
     raise (LockHeld if error[0] == "H" else WorkdirError)(error[1:])
-  return held
 
 
 def _broadcast_text(text: str) -> str:

@@ -24,7 +24,8 @@ Stages (--stage=all runs them in order; every one resumes):
   report    DIR/report.md, DIR/results.csv and DIR/plots/*.png (experiments/ablation/report.py)
 
 Exit codes as bert_jax.main: 0 done, 143 preempted (SIGTERM; re-run to resume),
-1 refused (a workdir of another run, or runs that differ in more than masks).
+1 refused, in one line on stderr (a flag that does not parse, a workdir of another run,
+runs that differ in more than masks), 75 a run's workdir locked by another live run.
 """
 
 import sys
@@ -33,6 +34,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from bert_jax import errors
 from experiments.ablation import plan as ablation_plan
 from experiments.ablation import stages
 from host import paths
@@ -52,21 +54,30 @@ def _define_flags() -> None:
 
 
 def main(argv):
-  """Parses the flags and runs the ablation (or prints its commands / dry run)."""
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  """Parses the flags and runs the ablation (or prints its commands / dry run); a refusal
+  is one line (bert_jax.jobs.refuse), as bert_jax.main's."""
   from bert_jax import jobs  # pylint: disable=g-import-not-at-top  # jax/tf only when running
   jobs.configure_logging()  # the trainers' terminal: progress and evaluation, orbax quiet
-  fv = flags.FLAGS
+  try:
+    sys.exit(_run(argv, flags.FLAGS))
+  except errors.UsageError as e:  # stages.AblationError is one
+    sys.exit(jobs.refuse(e))
+
+
+def _run(argv, fv) -> int:
+  """The command (module docstring); returns its exit code."""
+  if len(argv) > 1:
+    raise errors.UsageError(f"unexpected arguments: {argv[1:]} (every setting is a "
+                            "--config.* flag)")
   config, workdir = fv.config, fv.workdir
   if fv.print_commands or fv.dry_run:
     if config is None:
-      raise app.UsageError("--print_commands and --dry_run need --config")
+      raise errors.UsageError("--print_commands and --dry_run need --config")
     runs = stages.plan(config, workdir)
     if (fv.print_commands and config.budget.mode == "flops"
         and not ablation_plan.recorded(config, paths.join(workdir, stages.PLAN_FILE))):
       # The printed runs carry their step counts, which FLOP mode measures at prepare.
-      raise app.UsageError(
+      raise errors.UsageError(
           "--print_commands in FLOP mode (config.budget.mode='flops') needs the plan the "
           f"prepare stage measures: run it first (--stage=prepare --workdir={workdir}), then "
           "--print_commands with the same flags and --workdir")
@@ -78,10 +89,17 @@ def main(argv):
       print("\n".join(stages.commands(config, workdir, runs, own)))
     if fv.dry_run:
       print(ablation_plan.dry_run(config, runs))
-    return
-  sys.exit(stages.run_ablation(config, workdir, fv.stage))
+    return 0
+  return stages.run_ablation(config, workdir, fv.stage)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """bert_jax.main's flag parsing: a flag that does not parse (a misspelled
+  --config.field, a config whose data package is missing) is one line, exit 1."""
+  from bert_jax import jobs  # pylint: disable=g-import-not-at-top  # jax/tf only when running
+  return jobs.parse_flags(argv)
 
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -24,6 +24,7 @@ import json
 import re
 from typing import Any
 
+from bert_jax import errors
 from bert_jax.run import batch_log
 from bert_jax.run import metrics_io
 from bert_jax.run import workdir as workdir_lib
@@ -40,8 +41,9 @@ BUDGET_FIELDS = ("total_steps", "optimizer.warmup_steps")
 _PROCESS_FILE = re.compile(r"^batch_log\.(\d+)-of-(\d+)\.jsonl$")
 
 
-class AblationError(ValueError):
-  """A grid that must not be run or reported (bad settings, runs that differ in more than masks)."""
+class AblationError(errors.UsageError):
+  """A grid that must not be run or reported (bad settings, runs that differ in more than
+  masks): a refusal, one line (a ValueError, as it was)."""
 
 
 @dataclasses.dataclass

@@ -16,6 +16,7 @@ from typing import Any
 from absl import logging
 import ml_collections
 
+from bert_jax import errors
 from bert_jax import exit_codes
 from bert_jax.run import batch_log
 from bert_jax.run import checkpoint
@@ -473,7 +474,8 @@ def run_ablation(config: ml_collections.ConfigDict | None, workdir: str,
     if stage in ("all", "report"):
       written = ablation_report.write_report(workdir, written_plan, tuple(proof.unfinished))
       logging.info("report: %s", ", ".join(written))
-  except (AblationError, workdir_lib.WorkdirError) as e:
-    logging.error("%s", e)
-    return 1
+  except errors.UsageError as e:  # AblationError, WorkdirError, a trainer's refusal of a run
+    from bert_jax import jobs  # pylint: disable=g-import-not-at-top  # jax/tf only when running
+    code = jobs.refuse(e)  # one line, as bert_jax.main's
+    return exit_codes.LOCK_HELD if isinstance(e, workdir_lib.LockHeld) else code
   return 0
