@@ -33,6 +33,7 @@ from bert_jax.run import checkpoint
 from bert_jax.run import metrics_io
 from bert_jax.run import workdir as workdir_lib
 from data_pipeline import masking
+from experiments import figures
 from experiments.ablation import stats as ablation_stats
 from host import paths
 
@@ -487,11 +488,7 @@ def write_plots(workdir: str, rows: list[dict[str, Any]], tasks: list[str],
   written = []
 
   def save(fig, name):
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    paths.write_atomic(paths.join(workdir, "plots", f"{name}.png"), buffer.getvalue())
+    figures.write_png(fig, paths.join(workdir, "plots", f"{name}.png"), dpi=120)
     written.append(name)
 
   for name, index, label in (("mlm_accuracy_vs_step", 0, "training step"),

@@ -8,9 +8,9 @@ source. plots/suite.png has one panel per finished member (its main dev metric, 
 that chose the rate).
 """
 
-import io
 from typing import Any
 
+from experiments import figures
 from experiments.evaluate import table
 from host import paths
 
@@ -53,12 +53,8 @@ def write_plots(workdir: str, rows: list[dict[str, Any]]) -> list[str]:
   written = []
 
   def save(fig, name):
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
     target = paths.join(workdir, PLOTS_DIR, f"{name}.png")
-    paths.write_atomic(target, buffer.getvalue())
+    figures.write_png(fig, target, dpi=110)
     written.append(target)
 
   for row in done:
