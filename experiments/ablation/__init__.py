@@ -3,7 +3,7 @@
 `python -m experiments.ablation` (__main__: flags), stages (plan, prepare,
 pretrain, check, fine-tune, report; each resumes), plan (compute matching under
 a model-FLOP budget, --dry_run), proof (the runs of one seed read identical
-batches), stats (paired differences, bootstrap intervals) and report
-(report.md, results.csv, plots). Imports: anything of bert_jax,
+batches), stats (paired differences, t intervals, detectable differences), power
+(--plan_seeds) and report (report.md, results.csv, plots). Imports: anything of bert_jax,
 data_pipeline and experiments; nothing imports it.
 """

@@ -4,6 +4,8 @@ r"""The masking ablation as one command: plan, pretrain, check, fine-tune, repor
   ... --dry_run          the runs, their FLOPs and expected times (nothing is written)
   ... --print_commands   one `python -m bert_jax.main` command per run, to run them in parallel
   python -m experiments.ablation --workdir=DIR --stage=report    (from DIR alone)
+  python -m experiments.ablation --workdir=DIR --plan_seeds      seeds for 80% power, from
+                                                                  DIR's report (power.py)
 
 Stages (--stage=all runs them in order; every one resumes):
   prepare   the corpus (config.prepare_corpus) and DIR/plan.json, the list of runs
@@ -36,6 +38,7 @@ from ml_collections import config_flags
 
 from bert_jax import errors
 from experiments.ablation import plan as ablation_plan
+from experiments.ablation import power as ablation_power
 from experiments.ablation import stages
 from host import paths
 
@@ -50,6 +53,8 @@ def _define_flags() -> None:
   flags.DEFINE_bool("print_commands", False,
                     "Print one bert_jax.main command per run instead of running.")
   flags.DEFINE_bool("dry_run", False, "List the runs, FLOPs and expected times.")
+  flags.DEFINE_bool("plan_seeds", False, "From the report in --workdir (a pilot), the "
+                    "pretraining seeds each comparison needs for 80% power.")
   flags.mark_flags_as_required(["workdir"])
 
 
@@ -70,6 +75,9 @@ def _run(argv, fv) -> int:
     raise errors.UsageError(f"unexpected arguments: {argv[1:]} (every setting is a "
                             "--config.* flag)")
   config, workdir = fv.config, fv.workdir
+  if fv.plan_seeds:
+    print(ablation_power.plan_seeds(workdir))
+    return 0
   if fv.print_commands or fv.dry_run:
     if config is None:
       raise errors.UsageError("--print_commands and --dry_run need --config")

@@ -15,7 +15,8 @@ Every number comes from files the runs wrote (nothing is re-run):
                             config.task.test_fraction; else on dev) at the learning rate
                             with the best dev median
   what it can support       experiments/ablation/stats.py: paired differences to the baseline
-                            with bootstrap intervals, the random-init floor, lr warnings
+                            with t intervals and the smallest difference the seeds detect,
+                            the random-init floor, lr warnings
 """
 
 import csv

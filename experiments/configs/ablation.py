@@ -183,7 +183,7 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   # --- what differs between runs ---
   config.settings = ml_collections.ConfigDict(_settings(arg))  # name -> pretrain.data.masking fields
   # pretrain.seed and pretrain.data.seed: three at least wherever a difference is claimed
-  # (paired bootstrap intervals over seeds; one seed can separate nothing).
+  # (paired t intervals over seeds; one seed can separate nothing; --plan_seeds sizes them).
   config.pretrain_seeds = (0,) if smoke else (0, 1, 2)
   # Fine-tune every downstream task from random init too, with the same sweep: the floor.
   config.random_init = True
@@ -226,5 +226,5 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   config.report.fallback_gflops = 45.0
   # "<device kind in PEAK_TFLOPS>:<devices>" estimated by --dry_run (a v4-8 slice is 4 chips).
   config.report.targets = ("TPU v4:4", "NVIDIA H200:1")
-  config.report.baseline = "r15"  # differences (with bootstrap intervals) are taken to this setting
+  config.report.baseline = "r15"  # differences (with t intervals) are taken to this setting
   return config

@@ -1,0 +1,147 @@
+"""Seeds planned for power (experiments/ablation/power.py, stats.detectable_difference).
+
+Fails if a planned seed count does not detect its difference about 80% of the time
+under the report's own decision rule (simulated on synthetic paired results with a
+known spread), if that rule's false-positive rate is not its nominal 5%, if
+detectable_difference and seeds_needed stop being inverses, if report.md stops
+saying per comparison which difference its seeds could not see, or if --plan_seeds
+misreads a pilot or refuses in more than one line.
+"""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from bert_jax import errors
+from experiments.ablation import power as ablation_power
+from experiments.ablation import stats as ablation_stats
+
+STUDIES = 2000  # simulated studies: the hit rate's standard error is ~0.009 at 80%
+
+
+def _separated(diffs: np.ndarray) -> np.ndarray:
+  """Per simulated study (a row of paired differences): did the report separate the
+  setting from the baseline? The report's own path: t_interval, then verdict."""
+  out = []
+  for d in diffs:
+    _, low, high = ablation_stats.t_interval(list(d))
+    out.append(not ablation_stats.verdict("x", "base", low, high, len(d)).startswith("cannot"))
+  return np.array(out)
+
+
+@pytest.mark.parametrize("sd, planned_for", [(0.01, 4), (0.004, 7)])
+def test_the_planned_seeds_detect_d_about_80_percent_of_the_time(sd, planned_for):
+  d = ablation_stats.detectable_difference(sd, planned_for)
+  n = ablation_stats.seeds_needed(d, sd)
+  assert n == planned_for
+  rng = np.random.default_rng(0)
+  hits = _separated(rng.normal(d, sd, (STUDIES, n))).mean()
+  assert 0.75 <= hits <= 0.85, hits
+  # One seed fewer falls short: the plan is the smallest count, not a safe overshoot.
+  assert _separated(rng.normal(d, sd, (STUDIES, n - 1))).mean() < 0.75
+
+
+def test_a_round_difference_gets_at_least_80_percent():
+  sd, d = 0.01, 0.01  # D equal to the spread: about ten seeds
+  n = ablation_stats.seeds_needed(d, sd)
+  assert ablation_stats.power_at(d, sd, n) >= 0.8 > ablation_stats.power_at(d, sd, n - 1)
+  hits = _separated(np.random.default_rng(1).normal(d, sd, (STUDIES, n))).mean()
+  assert 0.75 <= hits <= 0.9, (n, hits)
+
+
+def test_the_rule_is_wrong_5_percent_of_the_time_when_nothing_differs():
+  null = np.random.default_rng(2).normal(0.0, 0.01, (STUDIES, 3))
+  assert 0.03 <= _separated(null).mean() <= 0.07
+  # The bootstrap rule the report used before: with 3 seeds it "separates" whenever the
+  # three differences share a sign, a quarter of the time (why the report uses t).
+  boot = [ablation_stats.excludes_zero(*ablation_stats.bootstrap_interval(
+      list(d), resamples=1000)[1:], 3) for d in null[:400]]
+  assert np.mean(boot) > 0.15
+
+
+@pytest.mark.parametrize("sd", [0.003, 1.0, 42.0])
+def test_detectable_difference_and_seeds_needed_are_inverses(sd):
+  for n in range(2, 13):
+    d = ablation_stats.detectable_difference(sd, n)
+    assert ablation_stats.seeds_needed(d, sd) == n
+    assert ablation_stats.seeds_needed(-d, sd) == n  # either sign
+    assert ablation_stats.seeds_needed(0.99 * d, sd) == n + 1
+  for d in (0.5 * sd, 1.3 * sd, 3 * sd):
+    n = ablation_stats.seeds_needed(d, sd)
+    assert ablation_stats.detectable_difference(sd, n) <= d
+    if n > 2:
+      assert ablation_stats.detectable_difference(sd, n - 1) > d
+  assert ablation_stats.detectable_difference(sd, 3) == pytest.approx(3.2640 * sd, rel=1e-4)
+
+
+def test_degenerate_inputs():
+  assert ablation_stats.detectable_difference(0.0, 3) == 0.0
+  assert ablation_stats.seeds_needed(0.01, 0.0) == 2
+  with pytest.raises(ValueError):
+    ablation_stats.detectable_difference(0.01, 1)
+  with pytest.raises(ValueError):
+    ablation_stats.seeds_needed(0.0, 0.01)
+
+
+def _rows(r40_minus_r15, seeds=(0, 1, 2)):
+  """Finished-run rows as the report builds them; r40 = r15 + the given per-seed differences."""
+  rows = []
+  for seed, diff in zip(seeds, r40_minus_r15):
+    base = 0.14 + 0.01 * seed  # the seed's own luck, shared by both settings
+    for setting, acc in (("r15", base), ("r40", base + diff)):
+      rows.append({"run": f"{setting}_seed{seed}", "setting": setting, "seed": seed,
+                   "eval_mlm_accuracy": acc, "downstream": {}})
+  return rows
+
+
+def test_the_report_says_which_difference_its_seeds_could_not_see():
+  # sd of (0.004, -0.003, 0.001) is 0.003512; 3 seeds detect 3.264 sd = 0.0115.
+  md = ablation_stats.comparison_markdown(_rows([0.004, -0.003, 0.001]), [], "r15", {})
+  line = ("cannot separate r40 from r15 at this budget; a difference below 0.0115 would go "
+          "unseen with 3 seeds")
+  assert f"| {line} |" in md and f"- {ablation_stats.MLM_LABEL}: {line}." in md
+  assert "| detectable (80% power) |" in md
+  # A separated comparison states it in its row too (here 3.264 x sd 0.001).
+  md = ablation_stats.comparison_markdown(_rows([0.004, 0.005, 0.006]), [], "r15", {})
+  assert "| r40 | 3 | +0.0050 [+0.0025, +0.0075] | 0.00326 | r40 beats r15 |" in md
+  single = ablation_stats.comparison_markdown(_rows([0.05], seeds=(0,)), [], "r15", {})
+  assert "one seed gives no spread" in single
+
+
+def _pilot(tmp_path, diffs, *, finished=True):
+  """A reported pilot: plan.json and results.csv with r15 and r40 over len(diffs) seeds."""
+  (tmp_path / "plan.json").write_text(json.dumps({"baseline": "r15", "tasks": {"sent": {}}}))
+  with open(tmp_path / "results.csv", "w", newline="") as f:
+    w = csv.DictWriter(f, ["run", "setting", "seed", "steps", "total_steps",
+                           "eval_mlm_accuracy", "sent_median"])
+    w.writeheader()
+    for seed, diff in enumerate(diffs):
+      for setting, acc in (("r15", 0.14 + 0.01 * seed), ("r40", 0.14 + 0.01 * seed + diff)):
+        w.writerow({"run": f"{setting}_seed{seed}", "setting": setting, "seed": seed,
+                    "steps": 10 if finished else 5, "total_steps": 10,
+                    "eval_mlm_accuracy": acc, "sent_median": 0.7 + 2 * acc})
+  return str(tmp_path)
+
+
+def test_plan_seeds_prints_the_pilots_spread_and_the_table(tmp_path):
+  text = ablation_power.plan_seeds(_pilot(tmp_path, [0.004, -0.003, 0.001]))
+  assert "## held-out MLM accuracy at 15%: r40 minus r15" in text
+  assert "## sent (downstream): r40 minus r15" in text
+  assert "sd of the paired differences 0.00351" in text
+  assert "the smallest difference 3 seeds detect: 0.0115" in text
+  sd = float(np.std([0.004, -0.003, 0.001], ddof=1))
+  assert f"| 0.01 | {ablation_stats.seeds_needed(0.01, sd)} |" in text
+  assert f"| 0.001 | {ablation_stats.seeds_needed(0.001, sd)} |" in text
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda p: str(p), "results.csv is missing"),
+    (lambda p: _pilot(p, [0.004, 0.001], finished=False), "has no finished run"),
+    (lambda p: _pilot(p, [0.004]), "no setting has 2 pretraining seeds"),
+])
+def test_plan_seeds_refuses_in_one_line(tmp_path, make, says):
+  with pytest.raises(errors.UsageError) as e:
+    ablation_power.plan_seeds(make(tmp_path))
+  assert says in str(e.value) and "\n" not in str(e.value)
