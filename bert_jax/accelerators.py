@@ -92,6 +92,13 @@ def canonical(accelerator_type: str) -> str:
   return f"{parsed[0].name}-{parsed[1]}" if parsed else accelerator_type
 
 
+def one_host_type(accelerator_type: str) -> str:
+  """The largest slice of the same generation on one VM: 'v4-32' -> 'v4-8' (the type itself
+  when it is not a known <generation>-<number>)."""
+  parsed = parse(accelerator_type)
+  return f"{parsed[0].name}-{parsed[0].single_host_max}" if parsed else accelerator_type
+
+
 def devices(generation: Generation, number: int) -> int:
   """JAX devices of a slice: v4-32 -> 16 (megacore chips), v3-32 -> 32 (cores), v6e-8 -> 8."""
   return max(1, int(number * generation.devices_per_unit))

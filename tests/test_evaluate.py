@@ -3,6 +3,7 @@ the figures chosen from summaries, the table and the leaderboard zip (fast; the 
 is tests/test_evaluate_suite.py)."""
 
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -299,3 +300,49 @@ def test_the_command_refuses_in_one_line_and_writes_nothing(tmp_path, minilm_dir
     assert message in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
   assert not (tmp_path / "w").exists()
+
+
+def test_dry_run_and_print_commands_say_what_will_run_and_write_nothing(minilm_dir, glue_dir,
+                                                                       tmp_path):
+  """Fails if --dry_run's table lacks a member, its examples, runs or steps per run
+  ((train // batch) x epochs), or the FLOPs per step of the checkpoint's encoder; if
+  --print_commands does not give one bert_jax.main per member carrying that member's
+  protocol; or if either writes anything."""
+  from experiments.evaluate import estimate  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "suite"
+  planned = plan.members(suites.get_config("glue"), _flags(minilm_dir, glue_dir, epochs=2,
+                                                           seeds=(0, 1)), str(workdir))
+  text = estimate.dry_run(planned, str(workdir), {}, "glue", mfu=0.4, peak_tflops=0.0)
+  rows = {line.split(" | ")[1]: line.split(" | ") for line in text.splitlines()
+          if line.startswith("| ") and line.split(" | ")[1] in ("cola", "mrpc", "stsb")}
+  assert set(rows) == {"cola", "mrpc", "stsb"}, text
+  # write_glue's sets: 32 train examples (MRPC cut to 8 by the fixture), 16 dev; batch 32.
+  assert rows["cola"][2:5] == ["32 / 16", "6", "2"], rows["cola"]  # 2 epochs x 1 batch
+  assert rows["mrpc"][2:5] == ["8 / 16", "6", "0"], rows["mrpc"]
+  assert float(rows["cola"][5]) > 1e9  # MiniLM (22M parameters) at 32 x 128 tokens
+  assert "L=6 H=384 A=12" in text and "to run:" in text
+  lines = estimate.commands(planned, str(workdir), ["--suite=glue"])
+  mains = [l for l in lines if l.startswith("python -m bert_jax.main")]
+  assert len(mains) == 3 and all("--config.num_epochs=2" in l and "--config.seeds=(0,1,)"
+                                 in l for l in mains), mains
+  assert any(f"--workdir={workdir / 'cola'}" in l for l in mains)
+  assert not workdir.exists()
+
+
+@pytest.mark.slow  # two fresh processes (each imports JAX and TensorFlow)
+def test_under_a_launcher_the_suite_records_its_job_state(minilm_dir, glue_dir, tmp_path):
+  """bert_jax.launch --job=evaluate watches DIR/job_state.json as it does a training job's:
+  fails if a suite started with a launcher's job identity does not end with 'done' (exit 0)
+  there, or a refused one with 'failed' (exit 1), each with its attempt."""
+  env = dict(os.environ, BERT_JAX_JOB_ID="tpu:p/z/suite", BERT_JAX_JOB_ATTEMPT="7")
+  args = [sys.executable, "-m", "experiments.evaluate", "--suite=glue", "--members=cola",
+          f"--glue_dir={glue_dir}", "--stage=plan", f"--workdir={tmp_path / 'suite'}"]
+  for extra, code, state in (([f"--init_checkpoint={minilm_dir}"], 0, "done"),
+                             ([f"--init_checkpoint={tmp_path / 'nothing'}"], 1, "failed")):
+    result = subprocess.run(args + extra, cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == code, result.stderr[-2000:]
+    record = json.loads((tmp_path / "suite" / "job_state.json").read_text())
+    assert (record["state"], record["exit_code"], record["attempt"], record["job_id"]) == (
+        state, code, 7, "tpu:p/z/suite")
+  assert (tmp_path / "suite" / "suite.json").exists()

@@ -17,6 +17,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -169,6 +170,41 @@ def test_one_job_per_worker_with_the_lock_identity_in_its_environment(gcloud):
   log = (gcloud.root / "worker_2" / "bert_jax_job.log").read_text()
   assert f"=== attempt {attempt}" in log and "worker 2 finished" in log
   assert "worker 2 finished" not in result.stdout
+
+
+def test_a_suite_runs_as_one_job_on_a_one_host_slice(gcloud):
+  """--job=evaluate (the paper's tables on a slice): fails if the job started is not
+  `python -m experiments.evaluate --workdir=WORKDIR` with the flags after `--`, if it is not
+  watched to its record and the slice deleted like a training job's, if the training job's
+  preflight or store check runs for it, or if a multi-host slice or a --config is accepted."""
+  base = [sys.executable, "-m", "bert_jax.launch", f"--name={NAME}", "--project=proj",
+          "--zone=us-central2-b", "--workdir=gs://bucket/run1", "--job=evaluate",
+          "--poll_s=0.05", "--retry_s=0.01", "--preemption_window_s=0", "--stale_after_s=30",
+          "--start_timeout_s=20", f"--logdir={gcloud.logdir}", "--nofollow_logs"]
+  suite = ["--suite=glue", "--init_checkpoint=gs://bucket/bert-base/checkpoints",
+           "--glue_dir=gs://bucket/glue_data"]
+
+  def launch(*flags):  # the fake's slice is one VM, as a v4-8 is
+    return subprocess.run(base + list(flags), cwd=REPO, env={**gcloud.env, "FAKE_WORKERS": "1"},
+                          capture_output=True, text=True, timeout=120)
+
+  pod = launch("--accelerator_type=v4-32", "--", *suite)
+  assert pod.returncode == 1 and _error_line(pod) == (
+      "error: --job=evaluate runs on one host; v4-32 has 4 workers: use a one-host slice of "
+      "the generation (e.g. v4-8), reading the same gs:// checkpoint"), pod.stderr
+  config = launch("--accelerator_type=v4-8", "--config=experiments/configs/pretrain.py:base",
+                  "--", *suite)
+  assert config.returncode == 1 and "not --config" in _error_line(config), config.stderr
+  assert not gcloud.log.exists()  # both refused before any gcloud call
+  done = launch("--accelerator_type=v4-8", "--", *suite)
+  assert done.returncode == 0, done.stderr
+  (start,) = gcloud.starts()
+  assert start["argv"] == ["-m", "experiments.evaluate", "--workdir=gs://bucket/run1", *suite]
+  record = json.loads(gcloud.record.read_text())
+  assert (record["state"], record["attempt"]) == ("done", start["attempt"])
+  assert gcloud.commands()[-1] == DELETE
+  assert "preflight" not in done.stdout + done.stderr
+  assert "tokenized store" not in done.stdout + done.stderr
 
 
 def test_v5e_is_sent_as_v5litepod_and_autocheckpoint_uses_the_alpha_track(gcloud):
@@ -459,7 +495,7 @@ def test_the_install_makes_and_uses_a_python_3_11_environment(tmp_path):
       "jax.__version__, jax.devices())" in script
   assert "python3 " not in script and " python3 -m" not in launch_plan.start_script("j", 1, [])
   assert "setsid nohup $HOME/bert_jax_venv/bin/python -m bert_jax.main" in (
-      launch_plan.start_script("j", 1, []))
+      launch_plan.start_script("j", 1, launch_plan.main_args("c.py", "gs://b/w", [])))
   python311 = shutil.which("python3.11")
   assert python311, "the dev environment has python3.11"
   bin_dir = tmp_path / "bin"

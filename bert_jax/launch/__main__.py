@@ -50,6 +50,11 @@ failure gets.
 A failed job (record 'failed') stops the launcher with the log's last lines and
 leaves the slice for inspection (`--action=logs`, then `--action=delete`).
 
+`--job=evaluate` runs `python -m experiments.evaluate --workdir=WORKDIR <the flags after
+--> ` instead of bert_jax.main (the paper's tables from a checkpoint, docs/evaluation.md),
+on a one-host slice, with no preflight or store check: the same create, start, watch,
+relaunch and delete, on the suite's own WORKDIR/job_state.json.
+
 `--action=status` prints the queued resource's state and the job record,
 `--action=logs --worker=N` prints and follows worker N's job log,
 `--action=delete` deletes the slice, `--dry_run` prints the gcloud commands of
@@ -79,6 +84,10 @@ from bert_jax.launch.state import LaunchError, LostContact
 
 _ACTION = flags.DEFINE_enum("action", "run", ["run", "status", "logs", "delete"],
                             "What to do with the slice.")
+_JOB = flags.DEFINE_enum(
+    "job", "main", ["main", "evaluate"], "main: bert_jax.main --config=... (pretraining or one "
+    "fine-tuning sweep); evaluate: python -m experiments.evaluate with the flags after `--` "
+    "(--suite, --init_checkpoint, --glue_dir, ...), the paper's tables on a one-host slice.")
 _NAME = flags.DEFINE_string("name", None, "Queued resource and TPU node name.")
 _PROJECT = flags.DEFINE_string("project", None, "Google Cloud project.")
 _ZONE = flags.DEFINE_string("zone", None, "Zone of the slice, e.g. us-central2-b.")
@@ -139,7 +148,8 @@ def main(argv: list[str]) -> None:
     sys.exit(f"error: unexpected arguments {stray}: give bert_jax.main's flags as --config.X=VALUE")
   missing = [f"--{f.name}" for f in (_NAME, _PROJECT, _ZONE) if not f.value]
   if _ACTION.value == "run":
-    missing += [f"--{f.name}" for f in (_ACCELERATOR_TYPE, _CONFIG, _WORKDIR) if not f.value]
+    needed = (_ACCELERATOR_TYPE, _WORKDIR) + ((_CONFIG,) if _JOB.value == "main" else ())
+    missing += [f"--{f.name}" for f in needed if not f.value]
   if missing:
     sys.exit(f"error: --action={_ACTION.value} needs {', '.join(missing)}")
   workdir = _WORKDIR.value or ""
@@ -158,6 +168,17 @@ def main(argv: list[str]) -> None:
             launch_plan.num_workers(accelerator_type) if accelerator_type else 0))
   except ValueError as e:
     sys.exit(f"error: {e}")
+  if _JOB.value == "evaluate":
+    if _CONFIG.value or any(a.startswith("--config.") for a in extra):
+      sys.exit("error: --job=evaluate takes experiments.evaluate's flags after `--` (--suite, "
+               "--init_checkpoint, ...), not --config: each member's config comes from the suite")
+    if tpu.num_workers > 1:
+      # The suite's record, times and report are written by its one process; fine-tuning a
+      # BERT-Large on GLUE needs one host's chips, not a pod.
+      sys.exit(f"error: --job=evaluate runs on one host; {accelerator_type} has "
+               f"{tpu.num_workers} workers: use a one-host slice of the generation (e.g. "
+               f"{accelerators.one_host_type(accelerator_type)}), reading the same gs:// "
+               "checkpoint")
   source_dir = _SOURCE_DIR.value or launcher_lib.SOURCE_ROOT
   judge = launch_state.Judge(window_s=_PREEMPTION_WINDOW_S.value,
                              stale_after_s=_STALE_AFTER_S.value,
@@ -168,9 +189,10 @@ def main(argv: list[str]) -> None:
                                    follow_logs=_FOLLOW_LOGS.value,
                                    logdir=_LOGDIR.value or os.path.join(
                                        tempfile.gettempdir(), "bert_jax_launch", tpu.name))
-  args = launch_plan.main_args(_CONFIG.value, workdir, extra)
+  args = (launch_plan.main_args(_CONFIG.value, workdir, extra) if _JOB.value == "main"
+          else launch_plan.evaluate_args(workdir, extra))
   if _DRY_RUN.value:
-    if _ACTION.value == "run" and not _SKIP_PREFLIGHT.value:
+    if _ACTION.value == "run" and not _SKIP_PREFLIGHT.value and _JOB.value == "main":
       # On stderr: stdout stays the commands alone, a script to read or run.
       print("[launch] --dry_run prints the gcloud commands only; it also skips the preflight "
             "that a real launch runs first: `python -m bert_jax.preflight "
@@ -181,7 +203,10 @@ def main(argv: list[str]) -> None:
       print(shlex.join(command))
     return
   overrides = [a for a in extra if a.startswith("--config.")]
-  preflight = None if _SKIP_PREFLIGHT.value else (
+  # A suite compiles fine-tuning steps of its members' shapes, which pretraining's preflight
+  # does not cover: it has none (its --dry_run prices it; a member that does not fit is its
+  # first member's refusal, before the others run).
+  preflight = None if _SKIP_PREFLIGHT.value or _JOB.value == "evaluate" else (
       lambda: launcher_lib.preflight(_CONFIG.value, overrides, accelerator_type, launcher.logdir,
                                      source_dir))
   try:
@@ -195,8 +220,8 @@ def main(argv: list[str]) -> None:
     elif _ACTION.value == "delete":
       print(f"{tpu.name}: {'deleting' if launcher.delete(wait=False) else 'not found'}")
     else:
-      # Before a slice exists: whether its first start tokenizes the corpus.
-      launch_state.say(launcher_lib.store_status(_CONFIG.value, overrides, tpu.num_workers))
+      if _JOB.value == "main":  # before a slice exists: whether its first start tokenizes
+        launch_state.say(launcher_lib.store_status(_CONFIG.value, overrides, tpu.num_workers))
       launcher.run(args, _MAX_RELAUNCHES.value, _KEEP.value, preflight)
   except LostContact as e:  # NotAuthorized too: at once, nothing retried
     left = launcher.aftermath() if _ACTION.value == "run" else "nothing was changed"

@@ -190,9 +190,17 @@ def install_command(s: Slice) -> list[str]:
 
 
 def main_args(config: str, workdir: str, extra: list[str]) -> list[str]:
-  """bert_jax.main's argv on every worker; the same gs:// workdir makes a relaunch resume."""
-  return ([f"--config={config}", f"--workdir={workdir}", "--config.distributed.enabled=True"]
-          + list(extra))
+  """The python argv of a bert_jax.main job on every worker; the same gs:// workdir makes a
+  relaunch resume."""
+  return (["-m", "bert_jax.main", f"--config={config}", f"--workdir={workdir}",
+           "--config.distributed.enabled=True"] + list(extra))
+
+
+def evaluate_args(workdir: str, extra: list[str]) -> list[str]:
+  """The python argv of an experiments.evaluate job (a suite of fine-tuning tasks, one table)
+  on a one-host slice: its flags as given (--suite, --init_checkpoint, --glue_dir, ...); the
+  same gs:// workdir makes a relaunch resume the suite."""
+  return ["-m", "experiments.evaluate", f"--workdir={workdir}"] + list(extra)
 
 
 def _stop_previous() -> str:
@@ -204,7 +212,8 @@ def _stop_previous() -> str:
 
 
 def start_script(job_id: str, attempt: int, args: list[str], replace: bool = False) -> str:
-  """What every worker runs to start the job detached (unless its last one still runs).
+  """What every worker runs to start the job, `python ARGS` (main_args, evaluate_args),
+  detached (unless its last one still runs).
 
   With `replace` (a relaunch: the launcher judged the previous attempt gone), a
   process of that attempt that still lingers (exiting, or hung on a dead peer)
@@ -217,7 +226,7 @@ def start_script(job_id: str, attempt: int, args: list[str], replace: bool = Fal
   # env, setsid and nohup each exec the next, so $! is the job's own pid (what kill -0 checks).
   job = (shlex.join(["env", f"BERT_JAX_JOB_ID={job_id}", f"BERT_JAX_JOB_ATTEMPT={attempt}",
                      "setsid", "nohup"])
-         + f" $HOME/{VENV_DIR}/bin/python " + shlex.join(["-m", "bert_jax.main"] + args))
+         + f" $HOME/{VENV_DIR}/bin/python " + shlex.join(args))
   pid, log = f"$HOME/{JOB_PID}", f"$HOME/{JOB_LOG}"
   return ((_stop_previous() if replace else _unless_running())
           + f"cd $HOME/{REMOTE_DIR} || exit 1; "

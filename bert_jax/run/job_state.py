@@ -161,24 +161,31 @@ class Tracker:
       logging.warning("could not write %s: %s", STATE_FILE, e)
 
 
-def tracked(run: Callable[[Any, str], int]) -> Callable[[Any, str], int]:
-  """Decorates bert_jax.jobs.run(config, workdir) -> exit code: records the job's state.
+def track(workdir: str, distributed: bool, body: Callable[[], int]) -> int:
+  """Runs `body` (-> exit code) with its state recorded in `workdir` for the launcher: the
+  whole job of any command a launcher starts (bert_jax.jobs.run, experiments.evaluate).
 
-  Does nothing unless the launcher set BERT_JAX_JOB_ID.
+  Does nothing more than call it unless the launcher set BERT_JAX_JOB_ID.
   """
+  job_id, attempt = identity()
+  if job_id is None:
+    return body()
+  tracker = Tracker(workdir, distributed, job_id, attempt)
+  tracker.start()
+  code = None
+  try:
+    code = body()
+    return code
+  finally:
+    tracker.finish(code)
+
+
+def tracked(run: Callable[[Any, str], int]) -> Callable[[Any, str], int]:
+  """Decorates bert_jax.jobs.run(config, workdir) -> exit code: records the job's state (track)."""
 
   @functools.wraps(run)
   def wrapper(config, workdir_path: str) -> int:
-    job_id, attempt = identity()
-    if job_id is None:
-      return run(config, workdir_path)
-    tracker = Tracker(workdir_path, bool(config.distributed.enabled), job_id, attempt)
-    tracker.start()
-    code = None
-    try:
-      code = run(config, workdir_path)
-      return code
-    finally:
-      tracker.finish(code)
+    return track(workdir_path, bool(config.distributed.enabled),
+                 lambda: run(config, workdir_path))
 
   return wrapper

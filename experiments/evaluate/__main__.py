@@ -156,22 +156,34 @@ def _run(fv) -> int:
   return 0
 
 
+def _command(fv) -> int:
+  """_run with its refusals as exit codes (one line each): the whole job."""
+  from bert_jax import jobs  # pylint: disable=g-import-not-at-top
+  from bert_jax.run import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  try:
+    return _run(fv)
+  except workdir_lib.LockHeld as e:
+    jobs.refuse(e)
+    return exit_codes.LOCK_HELD
+  except errors.UsageError as e:
+    return jobs.refuse(e)
+
+
 def main(argv):
-  """Runs the suite (or prints its commands / dry run); exits with the code of _run."""
+  """Runs the suite (or prints its commands / dry run); exits with the code of _run. Started
+  by bert_jax.launch (--job=evaluate), its state goes to DIR/job_state.json as a training
+  job's does, so the launcher watches, relaunches and deletes the slice the same way."""
   if len(argv) > 1:
     sys.exit(_refuse(errors.UsageError(f"unexpected arguments: {argv[1:]}")))
   from bert_jax import jobs  # pylint: disable=g-import-not-at-top
-  from bert_jax.run import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.run import job_state  # pylint: disable=g-import-not-at-top
   jobs.configure_logging()
   if flags.FLAGS.verbose:
     os.environ[errors.VERBOSE_ENV] = "1"
-  try:
-    sys.exit(_run(flags.FLAGS))
-  except workdir_lib.LockHeld as e:
-    jobs.refuse(e)
-    sys.exit(exit_codes.LOCK_HELD)
-  except errors.UsageError as e:
-    sys.exit(jobs.refuse(e))
+  fv = flags.FLAGS
+  if fv.dry_run or fv.print_commands:  # prints only: no job for a launcher to watch
+    sys.exit(_command(fv))
+  sys.exit(job_state.track(fv.workdir, False, lambda: _command(fv)))
 
 
 def _refuse(error: BaseException) -> int:
