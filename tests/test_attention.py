@@ -42,6 +42,8 @@ def _loss_and_grads(fn, q, k, v, mask):
 # ----------------------------------------------------------------------------- padding forms
 
 def test_padding_forms():
+  """Fails if a key mask's lengths (an all-padding row kept at 1, int32 for cuDNN) or its segment
+  ids differ from the hand-written ones."""
   mask = jnp.asarray(np.array([[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]], bool))[:, None, None]
   np.testing.assert_array_equal(attention.kv_lengths(mask), [4, 2, 1])  # an empty row keeps 1
   assert attention.kv_lengths(mask).dtype == jnp.int32  # cuDNN checks the dtype
@@ -61,6 +63,8 @@ def test_segment_ids_are_exact_for_a_mask_with_holes():
 
 @pytest.mark.parametrize("impl", ["xla", "splash"])
 def test_kernels_match_einsum_forward_and_backward(impl):
+  """Fails if the kernel's weighted loss or any of its q/k/v gradients differs from the einsum
+  path's on padded inputs."""
   q, k, v, mask = _qkv(batch=4)
   want_loss, want_grads = _loss_and_grads(attention.einsum_attention, q, k, v, mask)
   loss, grads = _loss_and_grads(attention.KERNELS[impl], q, k, v, mask)
@@ -139,6 +143,8 @@ def test_model_trains_the_same_through_each_kernel(impl, length, monkeypatch):
 
 
 def test_auto_keeps_the_paper_path_when_probabilities_are_dropped():
+  """Fails if `auto` with attention dropout 0.1 gives another loss than einsum with the same
+  dropout, or the same loss as einsum with no attention dropout."""
   cfg, params, batch = _model_case(24)
   paper = cfg.replace(attention_probs_dropout_prob=0.1)
   auto = _pretraining_loss(paper.replace(attention_impl="auto"), params, batch,
@@ -167,6 +173,8 @@ def test_auto_keeps_the_paper_path_when_probabilities_are_dropped():
     ("tpu", "TPU v5 lite", "bfloat16", 128, True, 0.1, "einsum"),
 ])
 def test_auto_choice(monkeypatch, device, kind, dtype, length, training, rate, want):
+  """Fails if `auto` (or None) resolves to another implementation than the table's for this device,
+  dtype, length, mode and dropout rate."""
   monkeypatch.setattr(attention, "platform", lambda: device)
   monkeypatch.setattr(attention, "_device_kind", lambda: kind)
   for impl in ("auto", None):
@@ -176,6 +184,8 @@ def test_auto_choice(monkeypatch, device, kind, dtype, length, training, rate, w
 
 @pytest.mark.parametrize("impl,named", [("cudnn", "NVIDIA GPU"), ("splash", "TPU")])
 def test_kernels_this_device_lacks_are_refused(impl, named):
+  """Fails if asking for a kernel this CPU cannot run does not raise a ValueError naming the device
+  it needs and the auto/xla/einsum alternatives."""
   cfg, params, batch = _model_case(24)
   with pytest.raises(ValueError, match=rf"config.model.attention_impl='{impl}' cannot run "
                      rf"here: .*{named}.*'auto'.*'xla'.*'einsum'"):
@@ -183,6 +193,7 @@ def test_kernels_this_device_lacks_are_refused(impl, named):
 
 
 def test_cudnn_refuses_float32_on_a_gpu(monkeypatch):
+  """Fails if cuDNN on a GPU accepts float32, or refuses bfloat16."""
   monkeypatch.setattr(attention, "platform", lambda: "gpu")
   monkeypatch.setattr(attention, "_device_kind", lambda: "NVIDIA H200")
   with pytest.raises(ValueError, match="bfloat16/float16 and config.model.dtype is float32"):
@@ -192,6 +203,8 @@ def test_cudnn_refuses_float32_on_a_gpu(monkeypatch):
 
 @pytest.mark.parametrize("impl", attention.FUSED)
 def test_fused_kernels_refuse_attention_dropout_in_training(impl):
+  """Fails if a fused kernel trains with attention dropout instead of refusing with the rate and
+  einsum named, or (xla) refuses the same config in evaluation."""
   cfg, params, batch = _model_case(24)
   paper = cfg.replace(attention_impl=impl, attention_probs_dropout_prob=0.1)
   with pytest.raises(ValueError, match=rf"attention_impl='{impl}' has no dropout.*"
@@ -202,6 +215,7 @@ def test_fused_kernels_refuse_attention_dropout_in_training(impl):
 
 
 def test_config_accepts_every_implementation_and_refuses_others():
+  """Fails if BertConfig refuses a listed implementation or None, or accepts "flash"."""
   for impl in attention.IMPLEMENTATIONS + (None,):
     BertConfig(attention_impl=impl)
   with pytest.raises(ValueError, match="attention_impl"):

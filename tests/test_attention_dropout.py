@@ -120,6 +120,8 @@ def test_training_output_with_the_same_rng_is_reproducible_and_depends_on_the_fl
 
 
 def test_non_bool_is_refused():
+  """Fails if BertConfig accepts a non-bool attention_dropout_shared ("yes") without a
+  ValueError."""
   with pytest.raises(ValueError, match="attention_dropout_shared must be a bool"):
     model_lib.BertConfig(attention_dropout_shared="yes")
 

@@ -160,6 +160,8 @@ def hf_dir(tmp_path_factory, reference):
 # ----------------------------------------------------------------------------- HF import / export
 
 def test_hf_import_matches_reference_logits(hf_dir, reference, batch):
+  """Fails if an imported Hugging Face directory gives other MLM/NSP logits than the reference,
+  misses its vocab.txt or sizes, or its tree's shapes differ from the ones our model initialises."""
   config, params, vocab = convert.load_pretrained(hf_dir)
   assert vocab == hf_dir / "vocab.txt"
   assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size) == (2, 32, 37)
@@ -173,6 +175,8 @@ def test_hf_import_matches_reference_logits(hf_dir, reference, batch):
 
 
 def test_hf_export_loads_in_reference(hf_dir, reference, batch, tmp_path):
+  """Fails if the HF export loses the vocab or the BertForPreTraining architecture, or transformers
+  reloads it with any weight or logit differing from the reference's."""
   config, params, vocab = convert.load_pretrained(hf_dir)
   out = convert.export_hf(params, config, tmp_path / "export", vocab)
   assert (out / "vocab.txt").read_text() == vocab.read_text()
@@ -268,6 +272,9 @@ def test_masked_lm_layout_needs_consent_for_pooler_and_nsp(tmp_path, reference, 
 
 
 def test_safetensors_writer_reads_back_with_reference_library(tmp_path):
+  """Fails if a file from our safetensors writer (float32, bfloat16, an empty float16 tensor) reads
+  back with other values through the safetensors library, or other values, dtypes or metadata
+  through our reader."""
   import ml_dtypes
   tensors = {"a": np.arange(6, dtype=np.float32).reshape(2, 3),
              "b": np.array([1.5, -2], ml_dtypes.bfloat16), "c": np.zeros((0, 4), np.float16)}
@@ -310,6 +317,8 @@ def _write_tf_checkpoint(directory, variables, config):
 
 
 def test_tf_checkpoint_import_matches_reference(tmp_path, reference, batch):
+  """Fails if a TF1 checkpoint, named by directory or by prefix, imports with other logits than the
+  reference or without its vocab, or an encoder import keeps the MLM head or drops the pooler."""
   import tensorflow as tf
   _write_tf_checkpoint(tmp_path, _tf_variables(reference.params), reference.config)
   names = {n for n, _ in tf.train.list_variables(str(tmp_path / "model.ckpt-1000"))}
@@ -349,6 +358,8 @@ def test_tf_fine_tuned_checkpoint_task_head(tmp_path, reference, script, head, n
 # ----------------------------------------------------------------------------- bad input
 
 def test_missing_unused_and_misshapen_tensors_are_named(tmp_path, reference):
+  """Fails if the refusal does not name the missing tensor, the unused tensor and the misshapen
+  tensor with its shape and the expected one."""
   state = _pytorch_state(reference.params)
   del state["cls.predictions.transform.LayerNorm.bias"]
   state["bert.encoder.layer.2.output.dense.weight"] = np.zeros((32, 37), np.float32)
@@ -366,6 +377,8 @@ def test_missing_unused_and_misshapen_tensors_are_named(tmp_path, reference):
 
 @pytest.mark.parametrize("corruption", ["header_too_long", "not_json", "short_data"])
 def test_corrupt_safetensors_is_refused(tmp_path, hf_dir, corruption):
+  """Fails if a safetensors file with an oversized header length, a header that is not JSON, or
+  truncated data loads instead of raising "corrupt safetensors file" with its path."""
   raw = (hf_dir / "model.safetensors").read_bytes()
   header_len = int.from_bytes(raw[:8], "little")
   if corruption == "header_too_long":
@@ -383,6 +396,8 @@ def test_corrupt_safetensors_is_refused(tmp_path, hf_dir, corruption):
 
 
 def test_unknown_path_is_refused(tmp_path):
+  """Fails if an empty directory is not refused as "not a checkpoint", or a directory holding only
+  pytorch_model.bin is not refused naming model.safetensors and pytorch_model.bin."""
   with pytest.raises(ValueError, match="not a checkpoint"):
     convert.load_pretrained(tmp_path)
   (tmp_path / "config.json").write_text("{}")
@@ -392,6 +407,8 @@ def test_unknown_path_is_refused(tmp_path):
 
 
 def test_broken_config_is_named(tmp_path, hf_dir):
+  """Fails if a config.json that is not JSON, or one whose num_attention_heads does not divide the
+  hidden size, loads instead of raising an error naming it."""
   (tmp_path / "model.safetensors").write_bytes((hf_dir / "model.safetensors").read_bytes())
   (tmp_path / "config.json").write_text('{"hidden_size": 32,')
   with pytest.raises(ValueError, match=r"config\.json is not valid JSON"):
@@ -406,6 +423,9 @@ def test_broken_config_is_named(tmp_path, hf_dir):
 # ----------------------------------------------------------------------------- own format
 
 def test_own_format_round_trip(hf_dir, reference, batch, tmp_path, caplog):
+  """Fails if the own-format export does not reload to the same config, vocab, weights and logits, a
+  scanned tree does not reload per layer (warning of no vocab.txt), an encoder import keeps the
+  heads, or a tree missing a weight is written instead of refused by name."""
   config, params, vocab = convert.load_pretrained(hf_dir)
   out = convert.export_own(params, config, tmp_path / "own", vocab)
   assert (out / "vocab.txt").read_text() == vocab.read_text()
@@ -436,6 +456,8 @@ def test_own_format_round_trip(hf_dir, reference, batch, tmp_path, caplog):
 
 
 def test_albert_switches_round_trip_own_format_only(tmp_path):
+  """Fails if an ALBERT-style config (embedding_size, share_layers) does not round-trip through the
+  own format, or exports to HF instead of refusing by embedding_size."""
   config = model_lib.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3,
                                 num_attention_heads=4, intermediate_size=64,
                                 embedding_size=16, share_layers=True)
@@ -477,6 +499,9 @@ def test_training_workdir_imports_through_checkpoint_module(hf_dir, tmp_path, re
 # ----------------------------------------------------------------------------- command line
 
 def test_cli_converts_hf_to_own(hf_dir, tmp_path, reference, batch):
+  """Fails if `python -m bert_jax.convert` HF-to-own does not exit 0 with its summary, the given
+  vocab and the reference's logits, or a missing input does not exit 1 naming the path without a
+  traceback."""
   vocab = _write_vocab(tmp_path / "other_vocab.txt", 99)
   result = subprocess.run(
       [sys.executable, "-m", "bert_jax.convert", f"--input={hf_dir}",

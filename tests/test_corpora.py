@@ -32,6 +32,8 @@ def _bert_corpus(root: pathlib.Path, num_files: int, docs_per_file: int) -> list
 
 
 def test_split_sentences_latin_and_cjk():
+  """Fails if Latin and CJK text splits into other sentences than the listed ones, or a full stop
+  inside a number or a token ends a sentence."""
   text = 'He said "Stop!" Then he left.  Really?  Yes. 今天天气很好。我们去公园！好吗？'
   assert corpora.split_sentences(text) == [
       'He said "Stop!"', "Then he left.", "Really?", "Yes.", "今天天气很好。", "我们去公园！",
@@ -41,12 +43,16 @@ def test_split_sentences_latin_and_cjk():
 
 
 def test_bert_format_glob_reads_all_documents_in_sorted_order(tmp_path):
+  """Fails if a glob of BERT-format files yields other documents, or yields them out of sorted-file
+  order."""
   expected = _bert_corpus(tmp_path, num_files=3, docs_per_file=4)
   got = list(corpora.read_documents(str(tmp_path / "part-*.txt"), split="all"))
   assert got == expected
 
 
 def test_raw_and_jsonl_documents_are_sentence_split(tmp_path):
+  """Fails if raw: or jsonl: documents split into other sentences than the listed ones (a jsonl line
+  wrap is no paragraph break), or a jsonl line without "text" is not refused by file:line."""
   _write(tmp_path / "raw.txt", "First doc. Two sentences!\n\nSecond doc? Yes.\n")
   assert list(corpora.read_documents(f"raw:{tmp_path}/raw.txt", split="all")) == [
       ["First doc.", "Two sentences!"], ["Second doc?", "Yes."]]
@@ -60,6 +66,8 @@ def test_raw_and_jsonl_documents_are_sentence_split(tmp_path):
 
 
 def test_tfds_dataset_from_local_data_dir(tmp_path):
+  """Fails if a tfds dataset in a local data_dir reads as other documents, or two processes' parts
+  overlap or do not cover it."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   class TinyText(tfds.core.GeneratorBasedBuilder):
@@ -89,6 +97,8 @@ def test_tfds_dataset_from_local_data_dir(tmp_path):
 
 @pytest.mark.parametrize("num_files", [5, 1])  # by file (>= P files), by document (< P files)
 def test_processes_read_disjoint_parts_covering_the_corpus(tmp_path, num_files):
+  """Fails if, by file or by document, any of three processes reads nothing, two read the same
+  document, or together they do not read exactly the corpus."""
   expected = _bert_corpus(tmp_path, num_files=num_files, docs_per_file=12 // num_files)
   parts = [list(corpora.read_documents(str(tmp_path / "*.txt"), split="all", process_index=p,
                                        process_count=3)) for p in range(3)]
@@ -99,6 +109,8 @@ def test_processes_read_disjoint_parts_covering_the_corpus(tmp_path, num_files):
 
 
 def test_heldout_split_is_disjoint_and_deterministic(tmp_path):
+  """Fails if either split is empty, train and eval share a document, together they are not the
+  corpus, a re-read gives another eval split, or two processes' eval parts differ from it."""
   expected = _bert_corpus(tmp_path, num_files=2, docs_per_file=60)
   pattern = str(tmp_path / "*.txt")
   train = list(corpora.read_documents(pattern, split="train", heldout_modulus=5))
@@ -115,6 +127,8 @@ def test_heldout_split_is_disjoint_and_deterministic(tmp_path):
 
 
 def test_bad_input_is_skipped_and_counted(tmp_path):
+  """Fails if an undecodable line, an overlong line, an empty file, extra blank lines or an overlong
+  document are not skipped or split as listed, or any CorpusStats count differs."""
   _write(tmp_path / "a.txt", b"Good one.\nGood two.\n\xff\xfe broken bytes.\nGood three.\n\n\n\n"
                              b"Single sentence doc.\n\n")
   _write(tmp_path / "b.txt", b"")
@@ -140,6 +154,7 @@ def test_bad_input_is_skipped_and_counted(tmp_path):
 
 
 def test_empty_corpus_is_a_clear_error(tmp_path):
+  """Fails if a glob matching no file, or a file with no document, is not refused by name."""
   with pytest.raises(ValueError, match=r"nothing-\*\.txt.*matches no file"):
     list(corpora.read_documents(str(tmp_path / "nothing-*.txt")))
   _write(tmp_path / "empty.txt", "\n\n\n")
@@ -184,6 +199,9 @@ def _fake_site(root: pathlib.Path) -> pathlib.Path:
 
 
 def test_embedded_harvest_is_deterministic_prose_only(tmp_path):
+  """Fails if two harvests differ, the corpus is not the listed prose documents (doctest, code,
+  one-sentence docstrings, broken and non-Python files dropped; repeats kept once), or a size cap
+  does not give a shorter prefix of the full corpus."""
   site = _fake_site(tmp_path)
   html = _write(tmp_path / "html" / "lib" / "page.html",
                 "<html><body><h1>Title</h1><p>The first paragraph.\nIt wraps lines.</p>"
@@ -252,6 +270,8 @@ def test_statement_walk_finds_the_definitions_of_ast_walk_in_its_order():
 
 
 def test_embedded_harvest_is_atomic(tmp_path, monkeypatch):
+  """Fails if a harvest killed mid-way leaves the corpus or a temp file behind, embedded_corpus_path
+  harvests again when a cache exists, or it ignores BERT_JAX_CACHE."""
   site = _fake_site(tmp_path)
   out = tmp_path / "cache" / "corpus.txt"
   real = corpora._python_file_documents  # pylint: disable=protected-access
@@ -284,6 +304,8 @@ def test_embedded_harvest_is_atomic(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_real_embedded_corpus_is_tens_of_mb_and_deterministic(tmp_path):
+  """Fails if the real embedded corpus is under 10 MB or over 36 MB, a 2 MB cap is not its prefix,
+  or it has 10000 documents or fewer, or a document of one sentence."""
   full = corpora.harvest_embedded_corpus(tmp_path / "full" / "corpus.txt")
   size = full.stat().st_size
   assert 10 << 20 <= size <= (32 << 20) + (4 << 20), size

@@ -31,6 +31,8 @@ from experiments.configs import pretrain
 
 
 def test_device_sets_count_jax_devices():
+  """Fails if a device set resolves to another device kind or JAX device count than listed (v4
+  megacore chips, v3 TensorCores), or an unknown one is accepted."""
   assert cost.device_set("v4-32") == ("TPU v4", 16)  # 32 TensorCores = 16 megacore chips
   assert cost.device_set("v3-32") == ("TPU v3", 32)  # each v3 TensorCore is a device
   assert cost.device_set("v5litepod-16") == ("TPU v5 lite", 16)
@@ -97,6 +99,9 @@ def _conventions(cfg: BertConfig, params, batch: int, seq_len: int, predictions:
 ])
 def test_model_flops_are_the_traced_matmuls_plus_their_conventions(fields, batch, seq_len,
                                                                    predictions):
+  """Fails if the traced step is not 3x the forward's matmuls, step_flops differs from the traced
+  matmuls plus the named conventions, or (no factorised embedding) XLA's count of the compiled step
+  is below them or over 1.05x."""
   cfg = BertConfig(**fields, max_position_embeddings=64)
   loss, params, args = _traced(cfg, batch, seq_len, predictions)
   forward = _matmul_flops(jax.make_jaxpr(loss)(params, *args).jaxpr)

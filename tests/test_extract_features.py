@@ -68,6 +68,8 @@ def test_matches_the_model_on_transformers_token_ids(tmp_path, minilm_dir):
     (b"", "no input lines"),
 ])
 def test_bad_input_names_the_line(tmp_path, content, message):
+  """Fails if an undecodable line or an empty line is not refused by its line number, or an empty
+  file is not refused as having no input lines."""
   path = tmp_path / "in.txt"
   path.write_bytes(content)
   with pytest.raises(ValueError, match=message):

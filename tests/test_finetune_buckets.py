@@ -16,6 +16,9 @@ def _lengths(n=1000, seed=0, low=4, high=128):
 
 
 def test_bucket_lengths():
+  """Fails if a max length and bucket step give other bucket lengths than listed (the max always
+  last, "fixed" one length), padding='none' is accepted, or a length maps to another bucket than the
+  smallest holding it."""
   assert buckets.bucket_lengths(128, 32, "buckets") == (32, 64, 96, 128)
   assert buckets.bucket_lengths(100, 32, "buckets") == (32, 64, 96, 100)
   assert buckets.bucket_lengths(128, 32, "fixed") == (128,)
@@ -105,6 +108,9 @@ def test_train_batches_cut_sequences_to_the_bucket():
 
 
 def test_eval_batches_cover_every_row_within_the_token_budget():
+  """Fails if eval batches miss or repeat a row, a batch exceeds a full batch's tokens, holds a row
+  longer than its length or a size not a multiple of 8, length-32 batches do not reach 256 rows, or
+  fixed padding's batch sizes differ from the listed ones."""
   lengths = _lengths(2000, seed=2)
   plan = buckets.eval_batches(lengths, (32, 64, 96, 128), 64, unit=8)
   rows = np.concatenate([b.rows for b in plan])
@@ -123,6 +129,8 @@ def test_eval_batches_cover_every_row_within_the_token_budget():
 
 
 def test_padding_stats():
+  """Fails if padding_stats reports other real or padded token counts, or other bucketed and fixed
+  pad fractions, than those of two rows of 10 and 30 tokens in 32-token buckets."""
   stats = buckets.padding_stats(np.array([10, 30]), np.array([32, 32]), 128)
   assert stats["real_tokens"] == 40 and stats["padded_tokens"] == 64
   assert stats["pad_fraction"] == pytest.approx(1 - 40 / 64)

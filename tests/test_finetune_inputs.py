@@ -79,6 +79,8 @@ def test_header_only_dev_csv_fails_before_anything_is_written(toy_files, tmp_pat
 
 
 def test_non_utf8_csv_and_tsv_name_file_and_line(tmp_path):
+  """Fails if a Latin-1 byte deep in a CSV, or in a GLUE TSV, is not refused with the file, its line
+  and the byte, or a UTF-8 BOM hides the CSV header."""
   # The bad byte sits past the text layer's first decoded chunk, which cannot say where it is.
   rows = "".join(f"sentence {i},1\n" for i in range(2000))
   csv_file = _write(tmp_path / "train.csv", b"sentence,label\n" + rows.encode()
@@ -112,6 +114,8 @@ def test_csv_errors_name_the_physical_line(tmp_path):
 
 
 def test_empty_splits_name_file_and_split(tmp_path):
+  """Fails if a header-only GLUE dev.tsv, a QQP train file of only short rows, or an empty custom
+  train file is not refused naming the file and the empty split."""
   # GLUE TSV directory: a dev.tsv with only its header.
   sst = tmp_path / "sst"
   sst.mkdir()
@@ -135,6 +139,8 @@ def test_empty_splits_name_file_and_split(tmp_path):
 
 
 def test_broken_jsonl_line(tmp_path):
+  """Fails if a truncated JSON line, or a Latin-1 byte, in a custom task's JSONL dev file is not
+  refused with the file and its line."""
   _write(tmp_path / "train.jsonl", '{"t": "a", "y": "x"}\n')
   dev = _write(tmp_path / "dev.jsonl", '{"t": "a", "y": "x"}\n\n{"t": "b", "y": "x"\n')
   task = glue.custom_task("mine", train_file="train.jsonl", dev_file="dev.jsonl", text_a="t",
@@ -166,6 +172,8 @@ def build(uncased_vocab):
 
 
 def test_empty_conll_dev_file(build, allennlp_fixtures, tmp_path):
+  """Fails if an empty or DOCSTART-only CoNLL dev file, or one with a Latin-1 byte, is not refused
+  with the file (and line), or a real dev file builds fewer than 2 rows."""
   train = allennlp_fixtures / "conll2003.txt"
   for content in ("", "-DOCSTART- -X- O O\n\n"):
     dev = _write(tmp_path / "dev.txt", content)
@@ -180,6 +188,8 @@ def test_empty_conll_dev_file(build, allennlp_fixtures, tmp_path):
 
 
 def test_squad_files(build, allennlp_fixtures, tmp_path):
+  """Fails if malformed, empty, non-UTF-8, question-less or context-less SQuAD dev files, or a train
+  file whose answers all miss their offsets, are not refused with the file and the reason."""
   fixture = allennlp_fixtures / "squad.json"
   broken = _write(tmp_path / "dev.json", '{"data": [\n  {"paragraphs": [}\n]}')
   with pytest.raises(ValueError,
@@ -220,6 +230,9 @@ def gcs_bucket(gcs_emulator):
 
 
 def test_custom_csv_and_squad_from_gcs(gcs_bucket, allennlp_fixtures, tmp_path):
+  """Fails if CSV, SQuAD or CoNLL files read from gs:// differ from the local reads (guids naming
+  the gs:// file and line), or a bad byte, an empty dev file or a missing file is not refused naming
+  the gs:// path."""
   local = tmp_path / "csv"
   local.mkdir()
   _write(local / "train.csv", 'text,label\n"naïve, café",pos\n"two\nlines",neg\n')
@@ -264,6 +277,8 @@ def test_custom_csv_and_squad_from_gcs(gcs_bucket, allennlp_fixtures, tmp_path):
 
 
 def test_predictions_written_to_gcs(gcs_bucket):
+  """Fails if classification or SQuAD predictions written to gs:// read back otherwise, or an nbest
+  file is written when none was given."""
   out = f"{gcs_bucket}/run/predictions/8"
   rows = [{"guid": "a:2", "prediction": "pos", "label": "pos"}]
   classification_task.KIND.write_predictions(None, out, "dev", rows)

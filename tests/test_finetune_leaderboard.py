@@ -80,6 +80,9 @@ def glue_dir(tmp_path) -> pathlib.Path:
 
 
 def test_test_splits_are_read_unlabelled_with_their_index(glue_dir, caplog):
+  """Fails if test splits read with labels or without their index, MNLI lacks AX, test files are
+  read without test=True, a task with no test split is accepted, a missing diagnostic file gives no
+  warning, or a missing MNLI test file is not refused."""
   cola = glue.load_task("cola", glue_dir / "CoLA", test=True)
   assert [(e.index, e.text_a, e.label) for e in cola.test["test"]] == [
       ("0", "The tree grew.", None), ("1", "Grew tree the.", None)]
@@ -106,6 +109,9 @@ def test_test_splits_are_read_unlabelled_with_their_index(glue_dir, caplog):
 
 
 def test_leaderboard_rows_and_file():
+  """Fails if STS-B rows are not clipped to [0, 5] with three decimals, unindexed rows are not
+  numbered, a prediction count mismatch is accepted, or a GLUE task's leaderboard file names differ
+  from the listed ones."""
   stsb = glue.get_task("stsb")
   examples = [records.Example(f"t:{i}", "a", "b", None, str(10 + i)) for i in range(4)]
   rows = glue.leaderboard_rows(stsb, examples, [-0.4, 2.51234, 5.7, 4.9996])
@@ -175,6 +181,8 @@ def test_kind_writes_mnli_ax_and_stsb_files(build, glue_dir, tmp_path):
 
 
 def test_tfds_test_splits_and_ax(tmp_path):
+  """Fails if MNLI's test splits read from (mocked) tfds lack AX, or AX's premises and indices
+  differ from tfds' glue/ax rows."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   with tfds.testing.mock_data(num_examples=4):
     data = glue.load_task("mnli", f"tfds:{tmp_path}", test=True)

@@ -29,6 +29,8 @@ def _random_pairs(seed, n, k):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_classification_metrics_match_sklearn(seed):
+  """Fails if accuracy or Matthews correlation (2 and 3 classes) or binary F1 on random labels
+  differs from sklearn's."""
   for k in (2, 3):
     p, y = _random_pairs(seed, 37 + seed, k)
     assert metrics.accuracy(p, y) == pytest.approx(sklearn.metrics.accuracy_score(y, p))
@@ -39,6 +41,8 @@ def test_classification_metrics_match_sklearn(seed):
 
 
 def test_classification_metrics_hand_computed():
+  """Fails if accuracy, binary F1 or MCC on a five-example case differ from the hand-computed
+  values, or F1 ignores a positive label given by name."""
   # tp=2, fp=1, fn=1, tn=1 -> F1 = 4/6; MCC = (2*1 - 1*1)/sqrt(3*3*2*2) = 1/6.
   p = [1, 1, 1, 0, 0]
   y = [1, 1, 0, 1, 0]
@@ -50,6 +54,8 @@ def test_classification_metrics_hand_computed():
 
 
 def test_classification_metric_edge_cases():
+  """Fails if a constant predictor's MCC or an F1 without true positives is not 0, perfect or
+  inverted predictions are not MCC +1/-1, or mismatched lengths or no examples are accepted."""
   # A constant predictor: MCC 0 (sklearn convention), F1 0 with no true positive.
   assert metrics.matthews_corrcoef([1, 1, 1], [0, 1, 0]) == 0.0
   assert sklearn.metrics.matthews_corrcoef([0, 1, 0], [1, 1, 1]) == 0.0
@@ -64,6 +70,7 @@ def test_classification_metric_edge_cases():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_correlations_match_scipy_with_ties(seed):
+  """Fails if Pearson, Spearman or average ranks on tied STS-B-like scores differ from scipy's."""
   rng = np.random.default_rng(seed)
   # STS-B gold scores come in steps of 0.2, so ties are the normal case.
   y = np.round(rng.uniform(0, 5, 60) * 5) / 5
@@ -74,6 +81,8 @@ def test_correlations_match_scipy_with_ties(seed):
 
 
 def test_spearman_hand_computed_ties():
+  """Fails if tied values do not share their mean rank, Spearman of a monotone pair is not +1/-1, or
+  Pearson of a constant is not NaN."""
   # Ranks of [1, 2, 2, 3] are [1, 2.5, 2.5, 4]: the tie shares the mean rank.
   np.testing.assert_array_equal(metrics.average_ranks([3, 2, 1, 2]), [4, 2.5, 1, 2.5])
   assert metrics.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
@@ -95,10 +104,14 @@ def test_spearman_hand_computed_ties():
     ("a.the", "athe"),    # punctuation goes first, so "athe" is no article
 ])
 def test_normalize_answer(text, expected):
+  """Fails if SQuAD answer normalisation gives another string than the official scripts' for this
+  text (case, articles as whole words, ASCII punctuation, whitespace)."""
   assert metrics.normalize_answer(text) == expected
 
 
 def test_squad_f1_hand_computed():
+  """Fails if SQuAD F1 or exact match differ from the hand-computed values (token multiplicity,
+  empty against empty 1 in v2.0 but 0 in v1.1)."""
   # pred tokens [quick, brown, fox, jumps], gold [quick, fox]: p=2/4, r=2/2 -> F1 2/3.
   assert metrics.squad_f1("the quick brown fox jumps", "Quick fox") == pytest.approx(2 / 3)
   # Repeated tokens count with multiplicity: common = min counts.
@@ -112,6 +125,8 @@ def test_squad_f1_hand_computed():
 
 
 def test_squad_v11_max_over_gold_and_missing_prediction():
+  """Fails if v1.1 scores are not the max over gold answers, or a missing prediction is not scored 0
+  and kept in the total."""
   gold = {"q1": ["Denver Broncos", "The Denver Broncos", "Broncos"],
           "q2": ["Santa Clara, California"],
           "q3": ["1882"]}
@@ -123,6 +138,8 @@ def test_squad_v11_max_over_gold_and_missing_prediction():
 
 
 def test_squad_v20_unanswerable_and_breakdown():
+  """Fails if v2.0 exact, F1, totals or the HasAns/NoAns breakdown differ from the hand count (an
+  answer normalising to "" counts as HasAns but scores as unanswerable)."""
   gold = {"a1": ["Paris"], "a2": ["the Seine river", "Seine"],
           "n1": [], "n2": [],
           "t1": ["the"]}   # an answer that normalises to "": scored as unanswerable
@@ -140,11 +157,15 @@ def test_squad_v20_unanswerable_and_breakdown():
 
 
 def test_squad_v20_missing_prediction_left_out():
+  """Fails if a v2.0 question without a prediction is counted in the total."""
   out = metrics.squad_evaluate({"a": ["x"], "b": ["y"]}, {"a": "x"}, version="2.0")
   assert out["total"] == 1 and out["exact"] == 100.0
 
 
 def test_squad_v20_no_answer_threshold_and_best_thresh():
+  """Fails if na_prob_thresh does not turn predictions above it into "no answer", the threshold
+  sweep gives another best_exact or best_exact_thresh, or na_probs missing a question is
+  accepted."""
   gold = {"a1": ["Paris"], "a2": ["Seine"], "n1": [], "n2": []}
   preds = {"a1": "Paris", "a2": "Loire", "n1": "Lyon", "n2": ""}
   na = {"a1": 0.1, "a2": 0.6, "n1": 0.8, "n2": 0.3}
@@ -162,6 +183,8 @@ def test_squad_v20_no_answer_threshold_and_best_thresh():
 
 @pytest.mark.parametrize("with_na_probs", [False, True])
 def test_squad_v20_matches_transformers_port_of_official_script(with_na_probs):
+  """Fails if any v2.0 score, with or without na_probs, differs from transformers' port of the
+  official script, or the set of keys differs."""
   from transformers.data.metrics import squad_metrics
   rng = random.Random(int(with_na_probs))
   pool = ["Paris", "the Paris", "river Seine", "the", "Seine", "a river", "France!", "", "an"]
@@ -188,6 +211,7 @@ def test_squad_v20_matches_transformers_port_of_official_script(with_na_probs):
 
 
 def test_squad_evaluate_rejects_bad_arguments():
+  """Fails if an unknown SQuAD version, or predictions for no question, is accepted."""
   with pytest.raises(ValueError, match="version"):
     metrics.squad_evaluate({}, {}, version="3")
   with pytest.raises(ValueError, match="no question has a prediction"):
@@ -211,11 +235,14 @@ def _seqeval_entities(tags):
     (["O", "O"], []),
 ])
 def test_get_entities_hand_computed(tags, expected):
+  """Fails if the chunks read from IOB1, IOB2 or IOBES tags differ from the hand-written ones or
+  from seqeval's."""
   assert sorted(metrics.get_entities(tags)) == sorted(expected)
   assert sorted(metrics.get_entities(tags)) == _seqeval_entities(tags)
 
 
 def test_entities_match_seqeval_on_random_sequences():
+  """Fails if, on 500 random mixed-scheme tag sequences, the chunks differ from seqeval's."""
   rng = random.Random(0)
   vocab = ["O", "B-PER", "I-PER", "E-PER", "S-PER", "B-LOC", "I-LOC", "I-ORG", "B-ORG"]
   for _ in range(500):
@@ -224,6 +251,8 @@ def test_entities_match_seqeval_on_random_sequences():
 
 
 def test_entity_scores_match_seqeval():
+  """Fails if entity precision, recall, F1, or a type's F1 or support differs from seqeval's on
+  random noisy predictions."""
   rng = random.Random(1)
   vocab = ["O", "O", "O", "B-PER", "I-PER", "B-LOC", "I-LOC", "I-MISC"]
   true, pred = [], []
@@ -244,6 +273,8 @@ def test_entity_scores_match_seqeval():
 
 
 def test_entity_scores_hand_computed_and_sentence_boundaries():
+  """Fails if a missed entity does not halve recall, an entity merges across a sentence boundary, or
+  precision with nothing predicted is not 0."""
   true = [["B-PER", "I-PER", "O"], ["I-LOC"]]
   # PER matched; LOC predicted with the wrong extent is a miss (and a false positive).
   pred = [["B-PER", "I-PER", "O"], ["O"]]
@@ -258,6 +289,8 @@ def test_entity_scores_hand_computed_and_sentence_boundaries():
 
 
 def test_entity_scores_bad_input():
+  """Fails if a sentence or sentence-count mismatch between gold and predicted, or a tag without a
+  valid prefix, is accepted."""
   with pytest.raises(ValueError, match="sentence 0 has 2 gold tags but 1 predicted"):
     metrics.entity_scores([["O", "O"]], [["O"]])
   with pytest.raises(ValueError, match="1 gold sentences but 2 predicted"):

@@ -28,6 +28,8 @@ def _write(path: pathlib.Path, text: str) -> pathlib.Path:
 
 
 def test_read_squad_fixture(allennlp_fixtures):
+  """Fails if the SQuAD fixture reads as other ids, words or answers, a training span's words do not
+  hold its answer, or the Quoref sample reads as other questions or answers."""
   path = allennlp_fixtures / "squad.json"
   raw = json.loads(path.read_text())
   train = squad.read_squad(path, is_training=True)
@@ -56,6 +58,9 @@ def _fixture_features(allennlp_fixtures, hf_tokenizer, is_training=True):
 
 
 def test_squad_features_on_fixture(allennlp_fixtures, hf_tokenizer):
+  """Fails if a window's ids, query prefix or segments differ from transformers' tokenizer, its
+  max-context tokens together are not the whole context once, or a training target is not exactly
+  the answer's wordpieces."""
   examples, features = _fixture_features(allennlp_fixtures, hf_tokenizer)
   raw = json.loads((allennlp_fixtures / "squad.json").read_text())
   contexts = {qa["id"]: p["context"] for a in raw["data"] for p in a["paragraphs"]
@@ -87,6 +92,9 @@ def test_squad_features_on_fixture(allennlp_fixtures, hf_tokenizer):
 
 
 def test_squad_round_trip_with_perfect_logits(allennlp_fixtures, hf_tokenizer, tmp_path):
+  """Fails if logits peaked on the gold span do not give back every original answer text (EM and F1
+  100), an n-best list's probabilities do not sum to 1, or predictions.json differs (or a
+  null_odds.json appears) in v1.1."""
   examples, features = _fixture_features(allennlp_fixtures, hf_tokenizer)
   results = {}
   for f in features:
@@ -127,6 +135,9 @@ _TOY_VOCAB = {t: i for i, t in enumerate(["[PAD]", "[CLS]", "[SEP]", "q"] +
 
 
 def test_squad_windows_hand_computed():
+  """Fails if 10 pieces in 8-token windows, stride 2, give other windows, other max-context pieces
+  or other answer targets than the hand-computed ones, or a window with no room for context is
+  accepted."""
   # Window of 8 = [CLS] q [SEP] + 4 pieces + [SEP]; stride 2 over 10 pieces:
   # windows start at 0, 2, 4, 6; each piece is scored where it is most central.
   feats = squad.convert_examples_to_features(
@@ -145,6 +156,8 @@ def test_squad_windows_hand_computed():
 
 
 def test_improve_answer_span(hf_tokenizer):
+  """Fails if an answer inside a word ("1895" in "(1895-1943).") targets more pieces than its
+  own."""
   # The answer "1895" lies inside the word "(1895-1943)."; its pieces are
   # "( 1895 - 1943 ) .", and the target must be the single piece "1895".
   context = "Born (1895-1943). He"
@@ -157,6 +170,9 @@ def test_improve_answer_span(hf_tokenizer):
 
 
 def test_squad_postprocess_null_threshold_and_filters():
+  """Fails if post-processing picks a span in the question or ending before its start, gives another
+  null-odds score, ignores the null threshold or max_answer_length, or accepts a missing feature
+  result."""
   [f] = squad.convert_examples_to_features(
       [_toy_example(n_words=4)], tokenize_word=_toy_tokenize, vocab=_TOY_VOCAB,
       max_seq_length=16, doc_stride=4, max_query_length=8, is_training=False)
@@ -194,6 +210,9 @@ def _squad_file(tmp_path, qas, context="The cat sat on the mat.", version="2.0")
 
 
 def test_squad_bad_input(tmp_path, caplog):
+  """Fails if malformed JSON, a missing context, a non-int offset, a duplicate id or a training
+  question with no answer is not refused by place, or answers missing their offsets are not skipped
+  (with a warning) in training and kept in evaluation."""
   path = _write(tmp_path / "bad.json", '{"data": [\n  {"paragraphs": [}\n]}')
   with pytest.raises(ValueError, match=r"bad\.json:2:\d+: malformed JSON"):
     squad.read_squad(path, is_training=True)
@@ -224,6 +243,8 @@ def test_squad_bad_input(tmp_path, caplog):
 
 
 def test_squad_v2_unanswerable(tmp_path):
+  """Fails if an impossible v2.0 question is read with answers or a span, its windows do not target
+  [CLS], an answerable one's span is off, or the gold answers differ."""
   path = _squad_file(tmp_path, [
       {"id": "n", "question": "Who?", "answers": [], "is_impossible": True,
        "plausible_answers": [{"text": "cat", "answer_start": 4}]},
@@ -242,6 +263,8 @@ def test_squad_v2_unanswerable(tmp_path):
 @pytest.mark.parametrize("version_2", [False, True])
 def test_squad_postprocess_matches_transformers(allennlp_fixtures, hf_tokenizer, version_2,
                                                 tmp_path):
+  """Fails if predictions, n-best texts and probabilities, or (v2.0) null odds differ from
+  transformers' port of run_squad's write_predictions, or v2.0 does not predict both kinds."""
   # transformers ports run_squad's write_predictions (and its get_final_text,
   # built on BasicTokenizer rather than on our wordpiece projection).
   from transformers.data.metrics import squad_metrics

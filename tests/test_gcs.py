@@ -33,6 +33,9 @@ def _losses(run: str) -> dict[int, float]:
 
 
 def test_paths_read_write_list_and_lock_on_the_bucket(gcs_emulator, tmp_path):
+  """Fails if, on the emulated bucket, globbing, a bounded readline, exclusive creation (one of two
+  wins), copying a tree down, or the workdir lock (refused while held, gone on release) behaves
+  otherwise."""
   bucket = gcs_emulator.bucket("paths")
   paths.write_atomic(f"{bucket}/a/one.txt", "1\n2\n")
   paths.write_atomic(f"{bucket}/a/b/two.txt", "x" * 50 + "\n")
@@ -72,6 +75,10 @@ def test_batch_log_resumed_in_a_bucket_keeps_the_rows_up_to_its_step(gcs_emulato
 def test_pretraining_in_a_bucket_killed_and_resumed_is_bit_identical(
     gcs_emulator, pretrain_reference_run, pretrain_test_config, pretrain_subprocess, toy_files,
     tmp_path):
+  """Fails if a pretraining run in a bucket, killed after step 5 and resumed, differs from the
+  reference in weights or losses, lacks a run file, TensorBoard events or the gs:// corpus in its
+  record, leaves its lock or writes to the working directory, or fine-tuning from it does not start
+  from its encoder and write its workdir in the bucket."""
   bucket = gcs_emulator.bucket("bert-run")
   local = pretrain_test_config()
   paths.copy_file(local.data.corpus, f"{bucket}/data/corpus.txt")

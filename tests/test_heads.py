@@ -95,6 +95,8 @@ def pretraining(config, inputs):
 
 
 def test_encoder_and_pretraining_heads_match_transformers(hf_config, inputs, pretraining):
+  """Fails if our MLM/NSP logits at the gathered positions, or the encoder's unpadded sequence
+  output and pooled output, differ from transformers' Flax BERT on the same random weights."""
   model, params, positions = pretraining
   hf_bert = _to_hf_encoder(params["bert"])
   mlm = params["mlm_head"]
@@ -118,6 +120,8 @@ def test_encoder_and_pretraining_heads_match_transformers(hf_config, inputs, pre
 
 
 def test_mlm_gather_equals_full_sequence_then_gather(inputs, pretraining):
+  """Fails if MLM logits computed at the positions differ from the full sequence's logits gathered
+  there, or either has another shape."""
   model, params, positions = pretraining
   gathered = model.apply({"params": params}, *inputs, positions)["mlm_logits"]
   full = model.apply({"params": params}, *inputs, None)["mlm_logits"]
@@ -127,6 +131,7 @@ def test_mlm_gather_equals_full_sequence_then_gather(inputs, pretraining):
 
 
 def test_mlm_cost_follows_predictions_not_length(config, inputs, pretraining):
+  """Fails if the traced MLM decoder's output is [B, T, V] rather than [B, P, V]."""
   model, params, positions = pretraining
   # The V-wide decoder runs on B*P rows: its dot has P (4), not T (16), in its shape.
   jaxpr = str(jax.make_jaxpr(lambda p: model.apply({"params": p}, *inputs, positions))(params))
@@ -134,6 +139,8 @@ def test_mlm_cost_follows_predictions_not_length(config, inputs, pretraining):
 
 
 def test_mlm_decoder_is_tied_to_word_embeddings(inputs, pretraining):
+  """Fails if the MLM head holds parameters besides transform, layer_norm and output_bias (its own
+  decoder), or halving the word embeddings leaves the MLM logits unchanged."""
   model, params, positions = pretraining
   assert set(params["mlm_head"]) == {"transform", "layer_norm", "output_bias"}
   bumped = jax.tree.map(lambda x: x, params)
@@ -145,6 +152,7 @@ def test_mlm_decoder_is_tied_to_word_embeddings(inputs, pretraining):
 
 
 def test_without_nsp_head(config, inputs):
+  """Fails if nsp_head=False still creates NSP parameters or returns anything but mlm_logits."""
   model = heads.BertForPreTraining(config, nsp_head=False)
   positions = np.zeros((2, 3), np.int32)
   params = _random_params(model, *inputs, positions)
@@ -154,6 +162,8 @@ def test_without_nsp_head(config, inputs):
 
 @pytest.mark.parametrize("num_labels", [3, 1])
 def test_sequence_classification_matches_transformers(config, inputs, num_labels):
+  """Fails if sequence-classification logits (3 labels, or 1 for regression) differ in shape, dtype
+  or value from transformers', or the tree holds more than bert and classifier."""
   model = heads.BertForSequenceClassification(config, num_labels=num_labels)
   params = _random_params(model, *inputs)
   assert set(params) == {"bert", "classifier"}
@@ -176,6 +186,8 @@ def _full_rows_classifier(model, params, inputs):
 @pytest.mark.parametrize("variant", [{}, {"remat_policy": "full"}, {"share_layers": True}])
 def test_classification_last_layer_computes_only_cls_with_the_same_logits_and_gradients(
     config, inputs, variant):
+  """Fails if the one-row last layer (plain, full remat, shared layers) gives other logits or
+  gradients than computing every row, or its last FFN no longer runs on [B, 1, I]."""
   # Fails if the one-row last layer changed the logits or the gradients (e.g. the
   # keys/values cut to one row too, or the residual taken from the wrong row), or if it
   # no longer saved work: the last FFN must run on [B,1,I], not [B,T,I].
@@ -196,6 +208,8 @@ def test_classification_last_layer_computes_only_cls_with_the_same_logits_and_gr
 
 
 def test_token_classification_matches_transformers(config, inputs):
+  """Fails if token-classification logits differ in shape, dtype or (unpadded) value from
+  transformers'."""
   model = heads.BertForTokenClassification(config, num_labels=5)
   params = _random_params(model, *inputs)
   out = model.apply({"params": params}, *inputs)
@@ -209,6 +223,8 @@ def test_token_classification_matches_transformers(config, inputs):
 
 
 def test_question_answering_matches_transformers(hf_config, config, inputs):
+  """Fails if start/end logits differ in shape, dtype or (unpadded) value from transformers', or the
+  tree holds more than bert and qa_outputs."""
   model = heads.BertForQuestionAnswering(config)
   params = _random_params(model, *inputs)
   assert set(params) == {"bert", "qa_outputs"}
@@ -224,6 +240,8 @@ def test_question_answering_matches_transformers(hf_config, config, inputs):
 
 
 def test_task_heads_dropout_only_in_training(config, inputs):
+  """Fails if two dropout seeds give different logits in evaluation, or the same logits in
+  training."""
   model = heads.BertForSequenceClassification(config.replace(attention_probs_dropout_prob=0.0))
   params = _random_params(model, *inputs)
   run = lambda det, seed: model.apply({"params": params}, *inputs, deterministic=det,

@@ -68,11 +68,15 @@ def test_phase_2_needs_fewer_longer_sequences():
 
 
 def test_a_batch_that_does_not_split_over_the_hosts_is_refused():
+  """Fails if a batch of 258 on v4-32 is accepted instead of refused as not splitting over its 4
+  hosts."""
   with pytest.raises(errors.UsageError, match="does not split over the 4 hosts of v4-32"):
     _phase1("v4-32", batch_size=258)
 
 
 def test_a_gpu_set_needs_its_hosts_named():
+  """Fails if a 16xH100 set is shaped without --hosts, or with hosts=2 gives another device kind,
+  device count or host count."""
   with pytest.raises(errors.UsageError, match="pass --hosts"):
     pipeline.slice_shape("16xH100")
   assert pipeline.slice_shape("16xH100", hosts=2) == ("NVIDIA H100 80GB HBM3", 16, 2)

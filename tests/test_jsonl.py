@@ -22,6 +22,9 @@ def _rows(steps, **extra):
 
 
 def test_a_torn_last_line_is_dropped_and_a_malformed_one_before_it_is_an_error():
+  """Fails if a torn last line is not dropped, a malformed line before it, a complete last line that
+  is not an object, or a row is_row rejects is not refused by name and line, or an empty text gives
+  rows."""
   text = _rows([1, 2])
   assert [r["step"] for r in jsonl.parse_rows(text + '{"step": 3, "lo', "m")] == [1, 2]
   with pytest.raises(jsonl.MalformedLine, match=r"^m:2: malformed line"):
@@ -44,6 +47,8 @@ def test_a_damaged_log_is_a_one_line_refusal_that_says_what_to_do():
 
 
 def test_metrics_resume_drops_later_rows_and_the_torn_line(tmp_path):
+  """Fails if resuming metrics.jsonl at step 2 keeps a later row or the torn line, or recorded() and
+  read_metrics disagree with the rows kept."""
   path = tmp_path / metrics_io.METRICS_FILE
   path.write_text(_rows([1, 2, 3, 4], loss=1.0) + '{"step": 5, "lo')
   writer = metrics_io.MetricWriter(str(tmp_path), start_step=2)
@@ -54,6 +59,8 @@ def test_metrics_resume_drops_later_rows_and_the_torn_line(tmp_path):
 
 
 def test_batch_log_resume_drops_later_rows_and_the_torn_line(tmp_path):
+  """Fails if resuming the batch log at step 2 keeps a later row or the torn line, or read() sees
+  other rows."""
   row = {"batch": "ab", "tokens": 3, "predictions": 1}
   path = tmp_path / batch_log.FILE_NAME
   path.write_text(_rows([1, 2, 3], **row) + '{"step": 4, "ba')
@@ -63,6 +70,8 @@ def test_batch_log_resume_drops_later_rows_and_the_torn_line(tmp_path):
 
 
 def test_both_logs_refuse_a_damaged_middle_line_naming_file_and_line(tmp_path):
+  """Fails if a damaged middle line in metrics.jsonl or the batch log is skipped by a writer's
+  resume or a reader instead of refused naming the file and line 2."""
   (tmp_path / metrics_io.METRICS_FILE).write_text(_rows([1]) + "{oops\n" + _rows([2]))
   with pytest.raises(jsonl.MalformedLine, match=r"metrics\.jsonl:2: malformed"):
     metrics_io.MetricWriter(str(tmp_path), start_step=2)

@@ -150,6 +150,8 @@ def test_release_deletes_only_its_own_version_on_a_store_that_checks_it():
 
 @pytest.mark.parametrize("where", ["local", "gcs"])
 def test_a_holder_whose_lock_was_taken_stops_within_one_heartbeat(where, tmp_path, request):
+  """Fails if a holder whose lock a relaunch took keeps passing `due` beyond one heartbeat, stops
+  with another message, still saves, or writes over or deletes the new holder's lock."""
   workdir = (str(tmp_path / "run") if where == "local"
              else f"{request.getfixturevalue('gcs_emulator').bucket('lock-lost')}/run")
   holder = workdir_lock.Lock(workdir, heartbeat_s=0.2, job={"id": "j", "attempt": 0})
@@ -190,6 +192,9 @@ def test_a_holder_whose_lock_was_taken_stops_within_one_heartbeat(where, tmp_pat
 
 
 def test_a_later_attempt_of_the_same_job_takes_over_at_once_other_jobs_are_refused(tmp_path):
+  """Fails if another job, the same or an earlier attempt, or no job takes a live lock, a later
+  attempt of the same job cannot take it at once, or the old attempt's heartbeat does not then stop
+  it naming the new holder."""
   workdir = str(tmp_path / "run")
   first = workdir_lock.Lock(workdir, heartbeat_s=3600, job={"id": "job-7", "attempt": 2})
   first.acquire()
@@ -214,6 +219,8 @@ def test_a_later_attempt_of_the_same_job_takes_over_at_once_other_jobs_are_refus
 
 
 def test_the_job_comes_from_the_launcher_or_slurm(monkeypatch):
+  """Fails if the job identity is not None without variables, SLURM's job id with its restart count
+  (0 before any requeue), or the launcher's id and attempt when both are set."""
   for var in ("BERT_JAX_JOB_ID", "BERT_JAX_JOB_ATTEMPT", "SLURM_JOB_ID", "SLURM_RESTART_COUNT"):
     monkeypatch.delenv(var, raising=False)
   assert workdir_lock.job_identity() is None
@@ -239,6 +246,8 @@ def test_a_lock_held_by_a_live_run_exits_75(monkeypatch, tmp_path):
 
 
 def test_conditional_writes_refuse_a_stale_generation(tmp_path, gcs_emulator):
+  """Fails if, locally or on the emulated bucket, a create over an existing file, a replace naming
+  an old generation, or (locally) a remove naming one succeeds, or a current one fails."""
   for where in (str(tmp_path / "f"), f"{gcs_emulator.bucket('cas')}/f"):
     generation = paths.create_if_absent(where, "one")
     assert generation is not None and paths.create_if_absent(where, "two") is None

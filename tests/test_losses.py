@@ -23,6 +23,8 @@ def mlm_case():
 
 
 def test_masked_lm_loss_matches_numpy(mlm_case):
+  """Fails if the masked-LM loss differs from NumPy's weighted cross-entropy, or the prediction
+  count is not the 7 weighted slots."""
   logits, ids, weights = mlm_case
   logp = _np_log_softmax(logits)
   xent = -np.take_along_axis(logp, ids[..., None], -1)[..., 0]
@@ -33,6 +35,8 @@ def test_masked_lm_loss_matches_numpy(mlm_case):
 
 
 def test_padding_predictions_do_not_count(mlm_case):
+  """Fails if huge wrong logits or other ids at weight-0 slots change the masked-LM loss or
+  accuracy."""
   logits, ids, weights = mlm_case
   garbage = logits.copy()
   garbage[weights == 0] = 1e3 * np.sign(garbage[weights == 0])  # huge, wrong logits
@@ -46,12 +50,14 @@ def test_padding_predictions_do_not_count(mlm_case):
 
 
 def test_all_padding_batch_gives_zero_not_nan(mlm_case):
+  """Fails if a batch whose weights are all 0 gives a loss or count other than 0 (NaN included)."""
   logits, ids, _ = mlm_case
   loss, num = losses.masked_lm_loss(logits, ids, np.zeros(ids.shape, np.float32))
   assert float(loss) == 0.0 and float(num) == 0.0
 
 
 def test_masked_lm_accuracy_matches_numpy(mlm_case):
+  """Fails if masked-LM accuracy differs from NumPy's weighted argmax accuracy."""
   logits, ids, weights = mlm_case
   ids = ids.copy()
   ids[0, :2] = logits[0, :2].argmax(-1)  # make some predictions right
@@ -61,6 +67,8 @@ def test_masked_lm_accuracy_matches_numpy(mlm_case):
 
 
 def test_nsp_loss_and_accuracy_match_numpy():
+  """Fails if the NSP loss differs from NumPy's mean cross-entropy, or its accuracy (ties to the
+  first class) is not 0.5."""
   logits = np.array([[2.0, -1.0], [0.5, 0.7], [-3.0, 1.0], [0.0, 0.0]], np.float32)
   labels = np.array([0, 0, 1, 1], np.int32)
   logp = _np_log_softmax(logits)
@@ -71,6 +79,8 @@ def test_nsp_loss_and_accuracy_match_numpy():
 
 
 def test_pretraining_loss_sums_mlm_and_nsp(mlm_case):
+  """Fails if the pretraining loss is not MLM + NSP on [B, 1] labels, its metrics differ in value or
+  keys, or without NSP logits it is not MLM alone with no NSP metric."""
   logits, ids, weights = mlm_case
   nsp_logits = np.array([[1.0, 0.0], [0.0, 2.0], [0.3, 0.1]], np.float32)
   labels = np.array([[0], [1], [1]], np.int32)  # google-research's [B,1] layout

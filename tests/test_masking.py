@@ -154,6 +154,8 @@ def test_fixed_strategy_predicts_exactly_round_ratio_per_sequence(ratio):
 
 @pytest.mark.parametrize("ratio", [0.05, 0.15, 0.4, 0.6, 0.8])
 def test_bernoulli_strategy_masks_ratio_on_average(ratio):
+  """Fails if Bernoulli masking's overall fraction is more than 4 binomial std from the ratio, or
+  its per-sequence counts barely vary (as a fixed count would)."""
   out = _run(masking.bert_masking(ratio=ratio, strategy="bernoulli"))
   counts = out["masked_lm_weights"].sum(1)
   _within(counts.sum(), DATA[1].sum(), ratio, "fraction masked")
@@ -162,6 +164,7 @@ def test_bernoulli_strategy_masks_ratio_on_average(ratio):
 
 
 def test_masks_are_nested_across_ratios_for_the_same_seed():
+  """Fails if, with the same seed, a position masked at ratio 0.15 is not also masked at 0.4."""
   low = _selected(_run(masking.bert_masking(ratio=0.15)), DATA[0].shape)
   high = _selected(_run(masking.bert_masking(ratio=0.4)), DATA[0].shape)
   assert not (low & ~high).any()
@@ -172,6 +175,8 @@ def test_masks_are_nested_across_ratios_for_the_same_seed():
 
 @pytest.mark.parametrize("probs", [(0.8, 0.1, 0.1), (0.5, 0.25, 0.25)])
 def test_mask_random_keep_split(probs):
+  """Fails if the [MASK], random-replacement or kept shares of predicted tokens are more than 4
+  binomial std from the configured probabilities (a random draw may hit the original id)."""
   mask_prob, random_prob, keep_prob = probs
   out = _run(masking.bert_masking(ratio=0.4, mask_prob=mask_prob,
                                  random_prob=random_prob, keep_prob=keep_prob))
@@ -188,6 +193,8 @@ def test_mask_random_keep_split(probs):
 
 
 def test_random_replacements_are_uniform_over_non_special_ids():
+  """Fails if a random replacement draws a special or [MASK] id, or the draws fail a chi-square test
+  of uniformity over the allowed ids."""
   vocab, specials, mask_id = 64, [0, 1, 2, 3, 17, 40], 4
   data = _synthetic(num=600, low=41, high=64, seed=1)
   out = _run(masking.bert_masking(ratio=0.5, mask_prob=0.0, random_prob=1.0, keep_prob=0.0),
@@ -224,6 +231,9 @@ def _check_whole_words(out, data):
 
 @pytest.mark.parametrize("strategy", ["fixed", "bernoulli"])
 def test_whole_word_masking_groups_pieces_and_decisions(strategy):
+  """Fails if whole-word masking masks part of a word, decides per piece (over 2 mixed words), its
+  [MASK] share of words is off by 4 std, or its counts overshoot the target, fall short in over 3%
+  of sequences (fixed) or miss the ratio on average (Bernoulli)."""
   spec = masking.bert_masking(ratio=0.15, whole_word=True, strategy=strategy)
   out = _run(spec)
   masked_words, mixed, mask_words = _check_whole_words(out, DATA)
@@ -240,6 +250,8 @@ def test_whole_word_masking_groups_pieces_and_decisions(strategy):
 
 
 def test_span_lengths_follow_truncated_geometric():
+  """Fails if a span length falls outside [1, 10] or the lengths fail a chi-square test against
+  Geometric(0.2) truncated at 10."""
   spec = masking.bert_masking(ratio=0.15, span=True)
   lengths = masking.sample_span_lengths(tf.constant([3, 4]), 20000, spec).numpy()
   pmf = scipy.stats.geom(0.2).pmf(np.arange(1, 11))
@@ -249,6 +261,9 @@ def test_span_lengths_follow_truncated_geometric():
 
 
 def test_span_masking_masks_contiguous_whole_word_spans():
+  """Fails if span masking masks part of a word, overshoots the target or falls short in over 10% of
+  sequences, its runs average 2.5 words or fewer (or token masking's 1.5 or more), or over 10% of
+  runs mix [MASK] with other decisions."""
   spec = masking.bert_masking(ratio=0.15, span=True, whole_word=True)
   out = _run(spec)
   _check_whole_words(out, DATA)
@@ -293,6 +308,8 @@ def test_span_masking_masks_contiguous_whole_word_spans():
 
 
 def test_max_predictions_derived_from_ratio():
+  """Fails if max_predictions for a ratio and length differs from the listed value (20 for 0.15 at
+  128, the full length for Bernoulli, an explicit cap kept)."""
   assert masking.bert_masking(ratio=0.15).max_predictions(128) == 20  # BERT's value
   assert masking.bert_masking(ratio=0.15).max_predictions(512) == 77
   assert masking.bert_masking(ratio=0.1).max_predictions(30) == 3
@@ -307,11 +324,15 @@ def test_max_predictions_derived_from_ratio():
     (dict(ratio=0.15, strategy="bernoulli", max_predictions_per_seq=20), 128),
 ])
 def test_max_predictions_too_small_is_an_error(kwargs, length):
+  """Fails if an explicit max_predictions_per_seq below what the ratio (or Bernoulli's tail) needs
+  is accepted."""
   with pytest.raises(ValueError, match="max_predictions_per_seq"):
     masking.bert_masking(**kwargs).max_predictions(length)
 
 
 def test_bernoulli_cap_accepted_exactly_when_overflow_is_negligible():
+  """Fails if a Bernoulli cap whose overflow probability exceeds 2e-9 is accepted, or one under
+  0.5e-9 is refused or changed."""
   for cap in range(19, 128):
     tail = scipy.stats.binom.sf(cap, 128, 0.15)
     spec = masking.bert_masking(ratio=0.15, strategy="bernoulli", max_predictions_per_seq=cap)
@@ -323,6 +344,7 @@ def test_bernoulli_cap_accepted_exactly_when_overflow_is_negligible():
 
 
 def test_mask_tokens_rejects_too_small_max_predictions():
+  """Fails if mask_tokens accepts max_predictions=15 where ratio 0.15 of the sequence needs more."""
   spec = masking.bert_masking(ratio=0.15)
   with pytest.raises(ValueError, match="max_predictions_per_seq"):
     masking.mask_tokens(DATA[0][0], DATA[1][0], None, [1, 2], spec, mask_id=MASK,
@@ -352,11 +374,14 @@ def _config(**overrides):
     (dict(max_predictions_per_seq=5), "max_predictions_per_seq"),
 ])
 def test_invalid_config_names_the_field(overrides, field):
+  """Fails if an out-of-range or mistyped masking field is accepted, or refused without its name."""
   with pytest.raises(ValueError, match=field):
     masking.MaskingSpec.from_config(_config(**overrides), 128)
 
 
 def test_from_config_reads_every_field_and_requires_it():
+  """Fails if from_config builds another spec than bert_masking with the same fields, or accepts a
+  config missing "span"."""
   spec = masking.MaskingSpec.from_config(_config(ratio=0.4, whole_word=True), 128)
   assert spec == masking.bert_masking(ratio=0.4, whole_word=True)
   config = _config().to_dict()
@@ -366,6 +391,8 @@ def test_from_config_reads_every_field_and_requires_it():
 
 
 def test_whole_word_without_word_starts_is_an_error():
+  """Fails if whole-word masking without word starts is accepted instead of refused naming
+  word_starts."""
   with pytest.raises(ValueError, match="word_starts"):
     masking.mask_tokens(DATA[0][0], DATA[1][0], None, [1, 2],
                         masking.bert_masking(ratio=0.15, whole_word=True), mask_id=MASK,
@@ -378,6 +405,8 @@ def test_whole_word_without_word_starts_is_an_error():
 @pytest.mark.parametrize("kwargs", [dict(ratio=0.15), dict(ratio=0.3, whole_word=True),
                                     dict(ratio=0.3, span=True, strategy="bernoulli")])
 def test_same_seed_same_masks_in_eager_graph_and_tf_data(kwargs):
+  """Fails if eager, tf.function and tf.data give different masks for the same seed, a rerun
+  differs, or another base seed leaves 10% or more of the sequences' positions unchanged."""
   spec = masking.bert_masking(**kwargs)
   subset = tuple(a[:50] for a in DATA)
   via_data = _run(spec, data=subset, base_seed=7)
@@ -404,6 +433,8 @@ def test_same_seed_same_masks_in_eager_graph_and_tf_data(kwargs):
 
 
 def test_example_seed_depends_on_every_input():
+  """Fails if two of the 12 (seed, epoch, index) combinations give the same example seed, or one
+  combination gives two."""
   seeds = {tuple(masking.example_seed(s, e, i).numpy().tolist())
            for s in (0, 1) for e in (0, 1) for i in (0, 1, 2)}
   assert len(seeds) == 12
@@ -414,6 +445,8 @@ def test_example_seed_depends_on_every_input():
 
 
 def test_schedule_ratio_at_every_step():
+  """Fails if linear, cosine or constant schedules give another ratio at any step than the formulas
+  (clamped past the end), max_ratio or end_ratio is wrong, or total_steps 0 is accepted."""
   linear = masking.bert_masking(ratio=0.4, schedule="linear", final_ratio=0.1)
   cosine = masking.bert_masking(ratio=0.4, schedule="cosine", final_ratio=0.1)
   constant = masking.bert_masking(ratio=0.3)
@@ -437,6 +470,8 @@ def test_schedule_ratio_at_every_step():
 
 
 def test_schedule_sizes_predictions_for_its_largest_ratio():
+  """Fails if a rising schedule sizes max_predictions for its first ratio rather than its largest,
+  or an explicit cap too small for the largest is accepted."""
   rising = masking.bert_masking(ratio=0.15, schedule="cosine", final_ratio=0.6)
   assert rising.max_predictions(128) == 77  # ceil(0.6 * 128), not 20
   assert masking.bert_masking(ratio=0.6).max_predictions(128) == 77
@@ -452,6 +487,8 @@ def test_schedule_sizes_predictions_for_its_largest_ratio():
     (dict(schedule="cosine", final_ratio=1.0), "final_ratio"),
 ])
 def test_invalid_schedule_names_the_field(overrides, field):
+  """Fails if an unknown schedule, a final ratio without a schedule, or a final ratio of 0 or 1 is
+  accepted, or refused without naming the field."""
   with pytest.raises(ValueError, match=field):
     masking.MaskingSpec.from_config(_config(**overrides), 128)
 

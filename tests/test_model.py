@@ -65,6 +65,8 @@ def _n(tree):
 
 @pytest.mark.parametrize("size,lha", list(model_config.SIZES.items()))
 def test_size_table(size, lha):
+  """Fails if a named size gets other layers, hidden size or heads than the table, or other than
+  BERT's intermediate size, vocab, positions, type vocab, dropout or LayerNorm epsilon."""
   cfg = BertConfig.from_size(size)
   assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads) == lha
   assert cfg.intermediate_size == 4 * cfg.hidden_size
@@ -88,16 +90,20 @@ def test_size_table(size, lha):
     (dict(share_layers="yes"), "share_layers"),
 ])
 def test_config_refuses_impossible_values(fields, named):
+  """Fails if BertConfig accepts this impossible value, or refuses it without naming the field."""
   with pytest.raises(ValueError, match=named):
     BertConfig(**fields)
 
 
 def test_config_unknown_size():
+  """Fails if from_size accepts an unknown size name."""
   with pytest.raises(ValueError, match="size"):
     BertConfig.from_size("huge")
 
 
 def test_hf_dict_round_trip_through_transformers():
+  """Fails if our config does not survive a round trip through transformers' BertConfig, or
+  transformers' defaults do not read as our (BERT-Base) defaults."""
   cfg = BertConfig.from_size("mini", hidden_dropout_prob=0.2)
   hf = transformers.BertConfig(**cfg.to_hf_dict())
   assert hf.hidden_act == "gelu" and hf.num_hidden_layers == 4 and hf.hidden_dropout_prob == 0.2
@@ -107,6 +113,8 @@ def test_hf_dict_round_trip_through_transformers():
 
 
 def test_hf_dict_refuses_other_activations_and_models():
+  """Fails if an HF config with gelu_new or relative position embeddings is read, or a share_layers
+  config is written as an HF config."""
   d = transformers.BertConfig(hidden_act="gelu_new").to_dict()
   with pytest.raises(ValueError, match="hidden_act"):
     BertConfig.from_hf_dict(d)
@@ -118,6 +126,8 @@ def test_hf_dict_refuses_other_activations_and_models():
 
 
 def test_tf_dict():
+  """Fails if google-research's BERT-Base bert_config.json does not read as our base config, or one
+  missing vocab_size or with another activation is accepted."""
   # The bert_config.json google-research/bert ships with BERT-Base uncased.
   d = {"attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
        "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
@@ -156,6 +166,8 @@ def test_parameter_counts_equal_transformers_models(size, encoder, pretraining):
 
 
 def test_parameter_tree_and_logical_names():
+  """Fails if a kernel's shape, a parameter's logical names or float32 dtype differ from the listed
+  layout, or any parameter is not logically partitioned."""
   cfg = BertConfig(**TINY)
   ids, mask, seg = _inputs()
   boxed = jax.eval_shape(lambda: BertModel(cfg).init(_key(), ids, mask, seg))["params"]
@@ -174,6 +186,8 @@ def test_parameter_tree_and_logical_names():
 
 
 def test_layer_sharing_divides_encoder_params_by_num_layers():
+  """Fails if share_layers keeps more than one layer's parameters (a third of three layers'), or
+  changes the embeddings."""
   cfg = BertConfig(**{**TINY, "num_hidden_layers": 3})
   args = _inputs()
   separate = _init(BertModel(cfg), *args)
@@ -184,6 +198,8 @@ def test_layer_sharing_divides_encoder_params_by_num_layers():
 
 
 def test_albert_factorised_embedding_shapes():
+  """Fails if embedding_size does not shrink the embedding tables, LayerNorm and MLM transform to E
+  with an E-to-H projection, or a projection exists without it."""
   cfg = BertConfig(**TINY, embedding_size=8)
   ids, mask, seg = _inputs()
   params = _init(BertForPreTraining(cfg), ids, mask, seg, np.zeros((2, 3), np.int32))
@@ -209,6 +225,8 @@ def tiny():
 
 
 def test_padding_mask_masks(tiny):
+  """Fails if changing a padded token moves a real output or the pooled output, or changing a real
+  token does not move the real outputs."""
   cfg, params, (ids, mask, seg) = tiny
   seq, pooled = _apply(BertModel(cfg), params, ids, mask, seg)
   changed = ids.copy()
@@ -224,6 +242,8 @@ def test_padding_mask_masks(tiny):
 
 
 def test_dropout_only_when_not_deterministic(tiny):
+  """Fails if dropout seeds change deterministic outputs, training with dropout equals evaluation or
+  ignores its seed, or training with dropout off differs from evaluation."""
   cfg, params, args = tiny
   model = BertModel(cfg)
   run = lambda det, seed=0: _apply(model, params, *args, deterministic=det, seed=seed)[0]
@@ -237,6 +257,8 @@ def test_dropout_only_when_not_deterministic(tiny):
 
 
 def test_attention_dropout_path_agrees_with_dot_product_attention(tiny):
+  """Fails if training with a vanishing attention-dropout rate differs from evaluation (padding
+  included), or attention dropout 0.5 leaves the training output unchanged."""
   cfg, params, args = tiny
   # With a vanishing rate the explicit softmax + dropout path drops nothing, so it
   # must reproduce jax.nn.dot_product_attention, padding mask included.
@@ -297,6 +319,9 @@ def test_bfloat16_forward_close_to_float32(tiny):
 
 
 def test_scanned_layers_match_per_layer(tiny):
+  """Fails if stacked layers differ in layout from what the scanned model initialises, the scanned
+  (remat) model's outputs differ from the per-layer model's, unstacking does not give the params
+  back, or stacking with the wrong layer count is accepted."""
   cfg, params, args = tiny
   ref = _apply(BertModel(cfg), params, *args)
   stacked = model_lib.stack_layers(params, cfg.num_hidden_layers)
@@ -339,6 +364,7 @@ def test_dense_keeps_dense_generals_parameters_and_outputs(features, axis, axes,
 
 
 def test_scanned_logical_names_get_a_layers_axis(tiny):
+  """Fails if a scanned kernel's logical names do not lead with a "layers" axis."""
   cfg, _, args = tiny
   boxed = jax.eval_shape(
       lambda: BertModel(cfg.replace(scan_layers=True)).init(_key(), *args))["params"]
@@ -347,6 +373,7 @@ def test_scanned_logical_names_get_a_layers_axis(tiny):
 
 
 def test_shared_scanned_layers_match_shared_loop(tiny):
+  """Fails if shared layers under scan give other outputs than the shared loop."""
   cfg, _, args = tiny
   shared = cfg.replace(share_layers=True)
   params = _init(BertModel(shared), *args)
@@ -357,6 +384,7 @@ def test_shared_scanned_layers_match_shared_loop(tiny):
 
 
 def test_too_long_sequence_is_refused(tiny):
+  """Fails if a sequence longer than max_position_embeddings is accepted."""
   cfg, params, _ = tiny
   ids, mask, seg = _inputs(length=30)
   with pytest.raises(ValueError, match="max_position_embeddings"):

@@ -86,6 +86,9 @@ def _assert_same_run(run, reference):
 @pytest.mark.slow
 def test_both_processes_killed_then_restarted_end_bit_identical(
     uninterrupted, multihost_config, pretrain_subprocess, tmp_path):
+  """Fails if a 2-process run killed after step 3 and restarted ends with other losses or weights
+  than the uninterrupted run, its final checkpoint does not hold two distinct process positions, or
+  a 1-process resume is not refused (exit 1) saying to resume with 2."""
   run = tmp_path / "run"
   processes = _start_pair(pretrain_subprocess, multihost_config(), run, "killed")
   deadline = time.time() + 600

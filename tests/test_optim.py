@@ -41,6 +41,8 @@ def _opt_config(**overrides):
 
 
 def test_weight_decay_mask_spares_layer_norm_and_biases():
+  """Fails if the weight-decay mask leaves out an embedding table or a kernel, or includes a
+  LayerNorm parameter or a bias."""
   mask = optim.weight_decay_mask(_params())
   assert mask["bert"]["embeddings"]["word_embeddings"]["embedding"]
   assert mask["bert"]["encoder"]["layer_0"]["attention"]["query"]["kernel"]
@@ -52,6 +54,8 @@ def test_weight_decay_mask_spares_layer_norm_and_biases():
 
 
 def test_schedule_warmup_then_linear_decay():
+  """Fails if the schedule is not 0 at step 0, linear to the peak at the end of warmup, and linear
+  down to the end rate at the last step."""
   schedule = optim.learning_rate_schedule(
       _opt_config(learning_rate=1.0, warmup_steps=10, end_learning_rate=0.0), total_steps=110)
   np.testing.assert_allclose([schedule(s) for s in (0, 5, 10, 60, 110)],
@@ -59,6 +63,8 @@ def test_schedule_warmup_then_linear_decay():
 
 
 def test_schedule_polynomial_power_and_google_variant():
+  """Fails if decay power 2 is not 0.25 halfway, or google-research's variant (decay counted from
+  step 0, under the warmup) gives other rates at steps 5, 10 and 50."""
   schedule = optim.learning_rate_schedule(
       _opt_config(learning_rate=1.0, warmup_steps=0, decay_power=2.0), total_steps=100)
   np.testing.assert_allclose(schedule(50), 0.25, atol=1e-6)
@@ -211,6 +217,8 @@ def test_no_bias_correction_first_step_is_not_sign_of_the_gradient():
 
 
 def test_unknown_optimizer_is_refused():
+  """Fails if an unknown optimizer name ("sgd") is accepted, or refused without naming
+  config.optimizer.name."""
   with pytest.raises(ValueError, match="config.optimizer.name"):
     optim.make_optimizer(_opt_config(name="sgd"), total_steps=10)
 
@@ -225,5 +233,7 @@ def test_unknown_optimizer_is_refused():
     ("warmup_steps", -5, "warmup_steps=-5 must be >= 0"),
 ])
 def test_impossible_optimizer_values_are_refused_by_name(field, value, message):
+  """Fails if this impossible optimizer value is accepted, or refused without the field, its value
+  and the allowed range."""
   with pytest.raises(ValueError, match=re.escape(f"config.optimizer.{message}")):
     optim.make_optimizer(_opt_config(**{field: value}), total_steps=10)

@@ -116,6 +116,8 @@ def _documents(config, split="train"):
 
 
 def test_features_follow_the_contract(corpus_dir, uncased_vocab):
+  """Fails if a batch's features differ in name, shape or dtype from the contract (10 predictions at
+  length 64), or a row lacks one [CLS] first and exactly two [SEP]."""
   config = _config(corpus_dir, uncased_vocab)
   batch = _batches(config, 1, batch_size=8)[0]
   p = specs.max_predictions(config)
@@ -133,6 +135,8 @@ def test_features_follow_the_contract(corpus_dir, uncased_vocab):
 
 def test_nsp_balance_positive_follows_negative_from_other_document(
     corpus_dir, uncased_vocab, reference):
+  """Fails if NSP labels are not near half random, an IsNext B does not follow its A in the same
+  document, or a random B comes from A's document (over 100 of each checked)."""
   config = _config(corpus_dir, uncased_vocab)
   locator = _Locator(_documents(config), reference)
   rows = [r for b in _batches(config, 12) for r in _segments(b)]
@@ -154,6 +158,8 @@ def test_nsp_balance_positive_follows_negative_from_other_document(
 
 
 def test_sop_swaps_half_of_the_pairs(corpus_dir, uncased_vocab, reference):
+  """Fails if SOP labels are not near half swapped, a pair's segments come from two documents, or
+  the order of A and B does not match the label (over 200 checked)."""
   config = _config(corpus_dir, uncased_vocab, objective="sop")
   locator = _Locator(_documents(config), reference)
   rows = [r for b in _batches(config, 10) for r in _segments(b)]
@@ -171,6 +177,9 @@ def test_sop_swaps_half_of_the_pairs(corpus_dir, uncased_vocab, reference):
 
 
 def test_none_objective_packs_full_sentences_across_documents(corpus_dir, uncased_vocab, reference):
+  """Fails if objective "none" sets segment ids or labels, a row does not open with [CLS] and end
+  with [SEP], a [SEP] inside a row is not a document end followed by a document start, or the rows
+  are not full to within a sentence."""
   config = _config(corpus_dir, uncased_vocab, objective="none")
   documents = _documents(config)
   locator = _Locator(documents, reference)
@@ -193,6 +202,9 @@ def test_none_objective_packs_full_sentences_across_documents(corpus_dir, uncase
 
 
 def test_deterministic_across_runs_and_across_masking_ratios(corpus_dir, uncased_vocab):
+  """Fails if two runs give different batches, another masking ratio or whole-word masking changes
+  the pairs rather than only the masks (or does not mask more), or a new epoch repeats the first's
+  pairs."""
   base = _batches(_config(corpus_dir, uncased_vocab), 4)
   again = _batches(_config(corpus_dir, uncased_vocab), 4)
   for x, y in zip(base, again):
@@ -216,6 +228,9 @@ def test_deterministic_across_runs_and_across_masking_ratios(corpus_dir, uncased
 
 def test_eval_set_is_fixed_heldout_and_independent_of_training(corpus_dir, uncased_vocab,
                                                                reference):
+  """Fails if the eval set changes with the training masking, its masked share is 0.02 or more
+  off 0.15, two hosts' halves do not make the same batches, or an eval segment is found in
+  training text or not in held-out text."""
   config = _config(corpus_dir, uncased_vocab)
   evals = pretraining.make_eval_batches(config, batch_size=16)
   assert len(evals) == 4
@@ -248,6 +263,8 @@ def test_eval_set_is_fixed_heldout_and_independent_of_training(corpus_dir, uncas
 
 
 def test_hosts_get_disjoint_documents_and_their_share_of_the_batch(corpus_dir, uncased_vocab):
+  """Fails if either of two hosts has no documents, they share one, together they miss one of the
+  whole run's, or a host's batch is not its half."""
   config = _config(corpus_dir, uncased_vocab)
 
   def doc_set(source):
@@ -306,6 +323,8 @@ def test_exact_resume_in_a_fresh_process(corpus_dir, uncased_vocab, tmp_path):
 
 
 def test_bad_input_never_crashes_an_epoch(corpus_dir, uncased_vocab, tmp_path):
+  """Fails if undecodable, overlong, empty, literal-special or control-character input stops two
+  epochs, or a row lacks one [CLS] and two [SEP], or holds a [PAD] id inside its text."""
   for name in ("docs-0.txt", "docs-1.txt"):
     (tmp_path / name).write_bytes((corpus_dir / name).read_bytes())
   (tmp_path / "empty.txt").write_bytes(b"")
@@ -325,6 +344,9 @@ def test_bad_input_never_crashes_an_epoch(corpus_dir, uncased_vocab, tmp_path):
 
 
 def test_clear_errors(corpus_dir, uncased_vocab, tmp_path):
+  """Fails if a glob matching nothing, an unknown objective, an empty vocab_file, a too-small
+  max_predictions_per_seq or a corpus of one-sentence documents is accepted, or refused without
+  naming it."""
   with pytest.raises(ValueError, match=r"missing-\*\.txt"):
     pretraining.PretrainingInput(_config(tmp_path, uncased_vocab, corpus=str(tmp_path / "missing-*.txt")),
                                  batch_size=4)
@@ -343,6 +365,8 @@ def test_clear_errors(corpus_dir, uncased_vocab, tmp_path):
 
 def test_preview_writes_the_batches_and_shows_the_masks(corpus_dir, uncased_vocab, tmp_path,
                                                         capsys):
+  """Fails if the preview's saved batches differ from the pipeline's, or its printout lacks [MASK]
+  followed by the original of each prediction of the first row."""
   from data_pipeline import preview  # pylint: disable=g-import-not-at-top
   config = _config(corpus_dir, uncased_vocab)
   output = tmp_path / "batches.npz"
@@ -409,6 +433,9 @@ def _counts_at(spec, step, total, batch):
 
 
 def test_schedule_masks_every_batch_at_its_steps_ratio(corpus_dir, uncased_vocab):
+  """Fails if a scheduled batch's counts are not round(ratio at its step x maskable), a stream
+  started at step 3 does not start there, the pairs or fingerprints differ from a constant run's,
+  another seed keeps the fingerprint, or a schedule without total_steps is accepted."""
   config = _schedule_config(corpus_dir, uncased_vocab)
   spec = specs.masking_spec(config)
   assert specs.max_predictions(config) == 39  # ceil(0.6 * 64): the schedule's largest
@@ -492,6 +519,9 @@ def test_exact_resume_across_a_schedule_change_in_a_fresh_process(corpus_dir, un
 
 
 def test_heldout_masks_do_not_depend_on_the_schedule(corpus_dir, uncased_vocab):
+  """Fails if the held-out batches change with the training schedule, eval_own does not mask the
+  same pairs at the schedule's end ratio, or under constant masking differs from the held-out
+  set."""
   constant = _config(corpus_dir, uncased_vocab)
   scheduled = _schedule_config(corpus_dir, uncased_vocab)
   heldout = pretraining.make_eval_batches(constant, batch_size=16)

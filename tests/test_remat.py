@@ -78,6 +78,8 @@ def test_policies_give_the_same_loss_and_gradients(policy, no_remat_gradient):
 
 
 def test_scanned_layers_take_the_policy_too():
+  """Fails if save_qkv_out_proj under scanned layers changes the loss, does not keep less than no
+  remat and more than full, or keeps other than q, k, v and the attention output beyond full."""
   params, batch = _case()
   stacked = dict(params, bert=model_lib.stack_layers(params["bert"], CFG.num_hidden_layers))
   scanned = CFG.replace(scan_layers=True)
@@ -97,6 +99,9 @@ def test_scanned_layers_take_the_policy_too():
 
 
 def test_policies_keep_different_residuals():
+  """Fails if the policies' kept residual bytes are not strictly ordered none > dots_saveable >
+  dots_with_no_batch_dims_saveable > save_qkv_out_proj > full, the named policy keeps other than the
+  four projections per layer, or full keeps a named one."""
   params, batch = _case()
   kept = {p: _activation_residuals(params, batch, CFG.replace(remat_policy=p))
           for p in model_lib.REMAT_POLICIES}
@@ -115,6 +120,8 @@ def test_policies_keep_different_residuals():
 
 
 def test_older_remat_switch_reads_as_full():
+  """Fails if remat=True does not read as the "full" policy (or its absence as "none"), remat=True
+  with another policy is not refused as a contradiction, or an unknown policy is accepted."""
   assert CFG.replace(remat=True).effective_remat_policy == "full"
   assert CFG.effective_remat_policy == "none"
   assert CFG.replace(remat=True, remat_policy="full").effective_remat_policy == "full"

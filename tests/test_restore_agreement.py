@@ -57,6 +57,8 @@ def _failing(monkeypatch, causes_of_step_2):
 
 
 def test_a_transient_error_is_retried_and_the_step_is_not_moved(tmp_path, monkeypatch):
+  """Fails if one 503 on the newest step is not retried into restoring it, or moves the step
+  aside."""
   abstract = _saved(tmp_path)
   calls = _failing(monkeypatch, [OSError("HTTP status code: 503: backend unavailable")])
   step, state, data_state = checkpoint.restore_latest(_manager(tmp_path / "run"), abstract)
@@ -67,6 +69,8 @@ def test_a_transient_error_is_retried_and_the_step_is_not_moved(tmp_path, monkey
 
 
 def test_the_same_failure_every_attempt_moves_the_step_aside(tmp_path, monkeypatch):
+  """Fails if the same read error on all three attempts does not move the newest step aside and
+  restore the one before."""
   abstract = _saved(tmp_path)
   damage = [ValueError('Error reading "w": byte range [0, 64) is not valid')] * 3
   calls = _failing(monkeypatch, damage)
@@ -101,6 +105,8 @@ def test_one_damaged_file_read_through_different_arrays_is_the_same_failure(tmp_
     [OSError("UNAVAILABLE: HTTP status code: 503")] * 3])  # the storage never answered
 def test_a_step_unreadable_but_not_judged_damaged_stops_the_run_and_is_kept(
     tmp_path, monkeypatch, errors):
+  """Fails if three different errors, or three storage timeouts, on the newest step do not stop the
+  restore with the message saying nothing was moved and to run again, or the step is moved aside."""
   abstract = _saved(tmp_path)
   _failing(monkeypatch, errors)
   with pytest.raises(checkpoint.CheckpointError,
@@ -120,6 +126,9 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_only_process_1_cannot_restore_the_newest_step_both_resume_from_the_same_one(tmp_path):
+  """Fails if, when only process 1 of 2 cannot read the newest step, the processes hang or do not
+  both resume from step 1 with their own shards and positions, the logs do not say which process
+  failed, or the step is not moved aside once."""
   port = _free_port()
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
              JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")

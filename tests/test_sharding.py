@@ -45,6 +45,9 @@ def _losses(workdir) -> dict[int, float]:
 
 
 def test_mesh_shape_takes_the_rest_and_refuses_mismatches():
+  """Fails if a -1 axis does not take the remaining devices, or a mesh needing other than the device
+  count, not dividing it, with two -1 axes or with a 0 axis is accepted or refused with another
+  message."""
   assert sharding.mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == (4, 2, 1)
   assert sharding.mesh_shape({"data": 2, "fsdp": 2, "tensor": 2}, 8) == (2, 2, 2)
   with pytest.raises(ValueError, match="needs 4 devices but 8 are available"):
@@ -58,6 +61,9 @@ def test_mesh_shape_takes_the_rest_and_refuses_mismatches():
 
 
 def test_parameters_follow_the_logical_rules():
+  """Fails if a parameter's partition spec differs from the listed one under the logical rules,
+  tiny's parameters do not divide a 2x2x2 mesh, or splitting 2 heads 8 ways is not refused naming
+  the axis."""
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
   rules = pretrain.get_config("tiny").logical_axis_rules
@@ -80,6 +86,8 @@ def test_parameters_follow_the_logical_rules():
 
 
 def test_global_batch_is_split_over_data_and_fsdp():
+  """Fails if the global batch changes the values, is not sharded over (data, fsdp), or a device
+  holds other than its 4 rows."""
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   local = {"input_ids": np.arange(16 * 3, dtype=np.int32).reshape(16, 3)}
   batch = sharding.global_batch(local, mesh)
@@ -109,6 +117,9 @@ class _CountingInput:
 
 
 def test_device_prefetch_reads_ahead_but_reports_the_batch_given_out():
+  """Fails if prefetching reads more than one batch ahead, reports the state or fingerprint of the
+  batch read ahead rather than of the one given out, skips or repeats a batch, places it off (data,
+  fsdp), or close does not close the source."""
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   source = _CountingInput()
   data = sharding.DevicePrefetch(source, mesh)
@@ -132,6 +143,8 @@ def test_device_prefetch_reads_ahead_but_reports_the_batch_given_out():
 @pytest.mark.parametrize("mesh", [(8, 1, 1), (2, 4, 1), (2, 2, 2)])
 def test_meshes_follow_the_single_device_run(mesh, pretrain_reference_run, pretrain_test_config,
                                               tmp_path):
+  """Fails if a 20-step run on this mesh records other steps, or its losses or final weights differ
+  from the single-device run's beyond float tolerance."""
   data, fsdp, tensor = mesh
   config = pretrain_test_config(**{"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor})
   pretrain_lib.train_and_evaluate(config, str(tmp_path))
@@ -233,6 +246,8 @@ def compiled_meshes():
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh", FOUR_MESHES)
 def test_train_step_compiles_with_a_batch_split_activation_layout(mesh, compiled_meshes):
+  """Fails if tiny's compiled train step on this mesh lowers no sharding constraint, all-reduces a
+  whole-batch activation, or falls back to a full rematerialisation."""
   row = compiled_meshes[mesh]
   assert row["constraints"] > 0
   # No device sums whole-batch [B, T, H] activations, and GSPMD never falls back to
@@ -242,6 +257,8 @@ def test_train_step_compiles_with_a_batch_split_activation_layout(mesh, compiled
 
 
 def test_benchmark_parses_meshes_and_collectives():
+  """Fails if mesh flags parse into other triples (a malformed one accepted), or a hand-written
+  HLO's collective bytes or batch-activation all-reduces are counted otherwise."""
   assert bench.parse_meshes(["1,8,1", "1,4,2;2,2,2", "8,1,1,1,2,4"]) == [
       (1, 8, 1), (1, 4, 2), (2, 2, 2), (8, 1, 1), (1, 2, 4)]
   with pytest.raises(ValueError, match="triples"):

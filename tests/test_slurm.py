@@ -233,6 +233,9 @@ def _free_slurm_job_id() -> tuple[int, int]:
 
 @pytest.mark.slow
 def test_sbatch_runs_a_two_process_pretraining(tmp_path, pretrain_test_config):
+  """Fails if the sbatch's 2-task pretraining (config file plus --config flags) does not exit 0 on
+  both tasks, jax.distributed does not join both on the job id's port, the last checkpoint is not
+  the flag's step 4, or the job asks scontrol for anything."""
   config = pretrain_test_config(**{"total_steps": 20, "checkpoint.every_steps": 10})
   config_file = tmp_path / "tiny_test_config.py"
   config_file.write_text("import json\nimport ml_collections\n\n\ndef get_config():\n"

@@ -12,6 +12,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_every_pipeline_module_takes_tensorflow_from_tf_cpu():
+  """Fails if a data_pipeline module (tf_cpu.py aside) or bert_jax/run/metrics_io.py has a line
+  `import tensorflow`, `import tensorflow as ...` or `from tensorflow import ...`."""
   offenders = []
   for path in sorted((ROOT / "data_pipeline").glob("*.py")) + [ROOT / "bert_jax/run/metrics_io.py"]:
     if path.name == "tf_cpu.py":

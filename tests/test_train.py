@@ -94,6 +94,9 @@ def test_gradient_accumulation_matches_the_large_batch():
 
 
 def test_bad_configs_are_refused_before_compiling(pretrain_test_config, tmp_path):
+  """Fails if any listed impossible config (batch, accumulation, mesh, length, vocab, eval size,
+  attention kernel, generator) trains instead of raising its message, or writes a checkpoint
+  directory first."""
   cases = [
       ({"batch_size": 12}, "not divisible by the data-parallel size"),
       ({"grad_accum_steps": 2}, "grad_accum_steps=2"),
@@ -116,6 +119,7 @@ def test_bad_configs_are_refused_before_compiling(pretrain_test_config, tmp_path
 
 
 def test_unwritable_workdir_fails_before_training(pretrain_test_config, tmp_path):
+  """Fails if a workdir under a regular file is not refused as not writable."""
   (tmp_path / "file").write_text("")
   with pytest.raises(ValueError, match="is not writable"):
     pretrain_lib.train_and_evaluate(pretrain_test_config(), str(tmp_path / "file" / "workdir"))
@@ -124,6 +128,8 @@ def test_unwritable_workdir_fails_before_training(pretrain_test_config, tmp_path
 @pytest.mark.slow
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(
     pretrain_test_config, tmp_path):
+  """Fails if an overflowing run does not stop with a FloatingPointError naming the step and the
+  step before as the last good checkpoint, or the saved parameters are not all finite."""
   # A learning rate of 1e38 makes the parameters overflow after one or two updates.
   config = pretrain_test_config(**{"optimizer.learning_rate": 1e38, "total_steps": 8,
                                    "checkpoint.every_steps": 1, "optimizer.warmup_steps": 1})
@@ -178,6 +184,9 @@ def test_sigterm_saves_and_returns(pretrain_test_config, tmp_path):
 @pytest.mark.slow
 def test_phase_two_switches_to_long_sequences_and_continues(pretrain_test_config, tmp_path,
                                                             caplog):
+  """Fails if phase 2 does not start at step 2 with length 48 and 8 predictions, the run does not
+  log steps 1-4 with finite losses and a learning rate still rising across the switch, or the
+  start's cost estimate does not name both phases and the missing CPU peak."""
   caplog.set_level(logging.INFO)
   config = pretrain_test_config(**{
       "total_steps": 4, "phase2.start_fraction": 0.5, "phase2.max_seq_length": 48,
@@ -203,6 +212,9 @@ def test_phase_two_switches_to_long_sequences_and_continues(pretrain_test_config
 
 @pytest.mark.parametrize("variant", pretrain.VARIANTS)
 def test_every_variant_builds_a_consistent_run(variant):
+  """Fails if a config variant's sequence length exceeds its model's positions, its prediction count
+  is 0 or over the length, its optimizer does not build, its batch sizes are not multiples of 8, or
+  base/large/albert lose their paper values."""
   config = pretrain.get_config(variant)
   overrides = dict(config.model.to_dict(), vocab_size=30522)  # the vocab size is the pipeline's
   bert_config = model_lib.BertConfig.from_size(config.model_size, **overrides)

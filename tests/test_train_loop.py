@@ -19,6 +19,8 @@ def _m(loss, finite=True, grad_norm=1.0):
 
 
 def test_metrics_are_checked_one_step_late_and_averaged():
+  """Fails if StepMetrics' means over two steps differ from the listed ones (no skipped step), or
+  are not cleared once read."""
   metrics = train_loop.StepMetrics(lambda: "step 0 in /w", skip_nonfinite=False)
   metrics.add(1, _m(2.0))
   metrics.add(2, _m(4.0))
@@ -27,6 +29,8 @@ def test_metrics_are_checked_one_step_late_and_averaged():
 
 
 def test_a_non_finite_step_stops_the_run_naming_the_step_and_the_last_good_checkpoint():
+  """Fails if a non-finite step, checked when the next step is added, does not raise a
+  FloatingPointError naming it and the last good checkpoint."""
   metrics = train_loop.StepMetrics(lambda: "step 10 in /w/checkpoints", skip_nonfinite=False)
   metrics.add(11, _m(float("nan"), finite=False))  # pending: not fetched yet
   with pytest.raises(FloatingPointError, match=r"at step 11; .*step 10 in /w/checkpoints"):
@@ -34,6 +38,8 @@ def test_a_non_finite_step_stops_the_run_naming_the_step_and_the_last_good_check
 
 
 def test_skipped_non_finite_steps_are_counted():
+  """Fails if, with skip_nonfinite, a non-finite step raises or is not counted in skipped_steps (1)
+  and the finite mean (0.5)."""
   metrics = train_loop.StepMetrics(lambda: "", skip_nonfinite=True)
   metrics.add(1, _m(float("nan"), finite=False))
   metrics.add(2, _m(1.0))
@@ -50,11 +56,15 @@ def test_skipped_non_finite_steps_are_counted():
     (23, False, False, (True, True, False)),  # the last step
 ])
 def test_due(step, stop, also, expect):
+  """Fails if `due` decides logging, saving or stopping otherwise than listed for this step, stop
+  request and extra save (the last step logs and saves)."""
   d = train_loop.due(step, 23, log_every=5, save_every=10, stop=stop, also_save=also)
   assert (d.log, d.save, d.stop) == expect
 
 
 def test_save_flushes_the_logs_before_the_checkpoint(monkeypatch):
+  """Fails if save does not flush every log, in order, before it saves the checkpoint with its data
+  state."""
   calls = []
   monkeypatch.setattr(train_loop.checkpoint, "save",
                       lambda manager, step, state, data, force: calls.append(("save", step, data)))

@@ -93,6 +93,9 @@ def _word_masking(batches, vocab: list[str]) -> tuple[int, int]:
 
 
 def test_gold_whole_word_masking_masks_whole_words_and_keeps_the_batches(toy):
+  """Fails if gold whole-word masking masks part of a word (or fewer than 5 words whole), character
+  masking cuts fewer than 3 words, both mask the same positions, or segmentation or marks change the
+  fingerprints or segment ids."""
   root, _ = toy
   vocab = (root / "vocab.txt").read_text(encoding="utf-8").split("\n")
   gold, gold_prints = _batches(_config(root, "marked.txt", "gold"))
@@ -111,6 +114,8 @@ def test_gold_whole_word_masking_masks_whole_words_and_keeps_the_batches(toy):
 
 
 def test_segmented_stream_resumes_exactly(toy):
+  """Fails if a gold-segmented stream resumed after one batch gives other next two batches than the
+  uninterrupted stream."""
   root, _ = toy
   config = _config(root, "marked.txt", "gold")
   source = pretraining.PretrainingInput(config, batch_size=4)
@@ -128,6 +133,9 @@ def test_segmented_stream_resumes_exactly(toy):
 
 
 def test_sentences_without_aligned_words_keep_the_char_rule_and_are_counted(toy):
+  """Fails if an aligned, a misaligned (literal special) and an unmarked sentence are not counted
+  one each, the latter two do not keep one word per character, or the ids differ from unsegmented
+  tokenization."""
   root, _ = toy
   tokenizer = tokenized_corpus.load_tokenizer(_config(root, "marked.txt", "gold"))
   documents = [[word_segmentation.marked_line(["北京", "喜欢", "。"]),
@@ -174,6 +182,8 @@ def test_unk_pieces_stand_for_one_whole_word_and_the_words_line_up(toy):
 
 
 def test_snownlp_segmentation_sets_word_starts(toy):
+  """Fails if snownlp segmentation does not start the first token as a word, or marks fewer than 2
+  word starts or every character as one."""
   root, _ = toy
   tokenizer = tokenized_corpus.load_tokenizer(_config(root, "plain.txt", "snownlp"))
   corpus = tokenized_corpus.tokenize_documents([["北京天安门", "我们喜欢电影。"]], tokenizer,
@@ -183,6 +193,8 @@ def test_snownlp_segmentation_sets_word_starts(toy):
 
 
 def test_unknown_segmentation_and_gold_without_marks_are_refused(toy, monkeypatch):
+  """Fails if an unknown segmentation or gold_else_snownlp without snownlp installed is accepted,
+  "gold" is refused without it, or "gold" on a corpus without marks is accepted."""
   root, _ = toy
   with pytest.raises(ValueError, match="word_segmentation must be one of .*'gold_else_snownlp'"):
     specs.validate(_config(root, "marked.txt", "jieba"))

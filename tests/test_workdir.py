@@ -31,6 +31,7 @@ def _open(path, config=None, vocab=None, **kw):
 
 
 def test_unwritable_workdir_is_refused(tmp_path):
+  """Fails if check_writable accepts a workdir under a regular file."""
   blocker = tmp_path / "a_file"
   blocker.write_text("not a directory")
   with pytest.raises(ValueError, match="not writable"):
@@ -38,6 +39,9 @@ def test_unwritable_workdir_is_refused(tmp_path):
 
 
 def test_record_is_written_once_and_changes_are_refused_by_name(tmp_path):
+  """Fails if the record or vocab copy is not written at creation, allowed changes (steps, cadence,
+  mesh, a moved vocab) are refused or missing from the history, or a changed ratio, model size or
+  vocab order is accepted, refused without both values and init_checkpoint, or changes a file."""
   vocab = tmp_path / "vocab.txt"
   vocab.write_text("[PAD]\n[UNK]\na\nb\n")
   run = tmp_path / "run"
@@ -76,6 +80,8 @@ def test_record_is_written_once_and_changes_are_refused_by_name(tmp_path):
 
 
 def test_a_workdir_made_before_records_is_checked_against_its_config_json(tmp_path):
+  """Fails if a workdir with only config.json accepts another masking ratio (or writes a record
+  then), or the same config does not add the record."""
   run = tmp_path / "old"
   run.mkdir()
   (run / "config.json").write_text(_config().to_json())
@@ -87,6 +93,8 @@ def test_a_workdir_made_before_records_is_checked_against_its_config_json(tmp_pa
 
 
 def test_second_writer_is_refused_with_the_holders_host_and_pid(tmp_path):
+  """Fails if a second writer opens a held workdir, is refused without the holder's host and pid, or
+  cannot open it once released."""
   holder = _open(tmp_path / "run")
   try:
     with pytest.raises(workdir.LockHeld, match=rf"held by host {socket.gethostname()} "
@@ -98,6 +106,8 @@ def test_second_writer_is_refused_with_the_holders_host_and_pid(tmp_path):
 
 
 def test_a_dead_or_silent_holder_does_not_block_forever(tmp_path):
+  """Fails if a lock of a dead process on this host, or a stale one from another host, blocks
+  opening, or another host's fresh lock does not."""
   run = tmp_path / "run"
   run.mkdir()
   # A holder on this host whose process is gone (kill -9): taken over at once.

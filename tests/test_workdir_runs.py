@@ -48,6 +48,8 @@ def _snapshot(run) -> dict[str, bytes]:
 
 
 def test_a_ratio_ablation_of_the_paper_variants_is_validated_for_both_phases():
+  """Fails if base or large with ratio 0.4 is refused, or pinning phase 2's max_predictions_per_seq
+  at 80 is accepted instead of refused naming phase 2, the 205 needed and the field."""
   mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
   for variant in ("base", "large"):
     config = pretrain.get_config(variant)
@@ -64,6 +66,9 @@ def test_a_ratio_ablation_of_the_paper_variants_is_validated_for_both_phases():
 @pytest.mark.slow
 def test_refused_reruns_change_nothing_and_say_what_the_workdir_is(
     pretrain_reference_run, pretrain_test_config, tmp_path):
+  """Fails if a rerun with a swapped vocab, another corpus, model size or masking ratio is not
+  refused naming what the workdir was created with, changes any file, or a longer run does not
+  resume to step 22."""
   run = tmp_path / "run"
   shutil.copytree(pretrain_reference_run, run)
   before = _snapshot(run)
@@ -88,6 +93,9 @@ def test_refused_reruns_change_nothing_and_say_what_the_workdir_is(
 @pytest.mark.slow
 def test_one_writer_per_workdir_and_sigterm_exits_143(pretrain_test_config, pretrain_subprocess,
                                                        tmp_path):
+  """Fails if a second run on a busy workdir does not exit 75 naming the holder's pid or stops the
+  first, SIGTERM does not exit 143 saving the last step and releasing the lock, the rows repeat or
+  skip a step, or the same command does not resume."""
   run = tmp_path / "run"
   config = pretrain_test_config(total_steps=100_000, **{"checkpoint.every_steps": 100_000})
   first = pretrain_subprocess(config, run, name="first")
@@ -126,6 +134,9 @@ def _damage(step_dir: pathlib.Path, how: str) -> None:
 @pytest.mark.parametrize("how", ["truncated", "metadata_deleted"])
 def test_a_corrupt_newest_checkpoint_is_moved_aside_and_the_run_resumes_before_it(
     how, pretrain_reference_run, pretrain_test_config, pretrain_subprocess, tmp_path):
+  """Fails if a damaged newest step is not reported with its cause (the byte range or the missing
+  file), moved aside for inspection, and retrained from the step before to the reference run's
+  losses and weights."""
   run = tmp_path / "run"
   shutil.copytree(pretrain_reference_run, run)
   _damage(run / "checkpoints" / "20", how)
@@ -151,6 +162,8 @@ def test_a_corrupt_newest_checkpoint_is_moved_aside_and_the_run_resumes_before_i
 @pytest.mark.slow
 def test_when_no_checkpoint_restores_nothing_is_moved_and_the_run_says_so(
     pretrain_reference_run, pretrain_test_config, tmp_path):
+  """Fails if, with every step damaged, the run does not stop listing each step's failure and saying
+  nothing was moved, or moves or deletes a step."""
   run = tmp_path / "run"
   shutil.copytree(pretrain_reference_run, run)
   for step_dir in (run / "checkpoints").iterdir():
