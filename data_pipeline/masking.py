@@ -12,11 +12,16 @@ moves the ratio from `ratio` at step 0 to `final_ratio` at the run's last step;
 "Learning Better Masking for Better Language Model Pre-training": masking ratio
 decay, e.g. linear from 2p towards ~0).
 
-Corruption apart from prediction (Wettig et al. 2023, section 5):
-`predict_ratio` > `ratio` predicts the corrupted tokens plus uncorrupted ones,
-the lowest-scoring `predict_ratio` share, of which the lowest `ratio` share is
-corrupted (80/10/10 applies to those); `uncorrupted_fraction()` is the expected
-share of predictions whose input is unchanged. `ratio_at(step, total_steps)` is the one definition; the
+Corruption apart from prediction (Wettig et al. 2023, section 5: corrupt at
+m_corr = `ratio`, predict at m_pred = `predict_ratio`): both sets are the
+lowest-scoring shares of one draw of scores, so the smaller is a subset of the
+larger. `predict_ratio` > `ratio` predicts the corrupted tokens plus uncorrupted
+ones; `predict_ratio` < `ratio` corrupts the `ratio` share and predicts only its
+lowest-scoring `predict_ratio` share, a uniformly random subset of the corrupted
+tokens (the rest are corrupted and not predicted). Either way the corrupted set is
+exactly what plain masking at `ratio` with the same seed corrupts, and
+mask/random/keep applies to it. `uncorrupted_fraction()` is the expected share
+of predictions whose input is unchanged. `ratio_at(step, total_steps)` is the one definition; the
 pipeline passes each example's ratio to `mask_tokens`, and the static number of
 predictions covers the schedule's largest ratio.
 
@@ -94,9 +99,10 @@ class MaskingSpec:
     schedule_warmup: the fraction of the run over which "warmup_decay" rises
       from final_ratio to ratio before decaying linearly back (0 otherwise).
     predict_ratio: 0 (predict exactly the corrupted tokens, BERT), or the
-      fraction of maskable tokens predicted, >= ratio: the corrupted ones plus
-      uncorrupted ones (Wettig et al. 2023 section 5, corruption rate apart
-      from prediction rate). Token-level, constant-ratio masking only.
+      fraction of maskable tokens predicted (Wettig et al. 2023 section 5,
+      prediction rate apart from the corruption rate `ratio`): above `ratio`
+      the corrupted ones plus uncorrupted ones, below it a random subset of
+      the corrupted ones. Token-level, constant-ratio masking only.
   """
   # No defaults: a run's values come from its config (experiments/configs/data.py);
   # bert_masking() below is the paper's masking, spelled out.
@@ -165,10 +171,6 @@ class MaskingSpec:
                        "masking.schedule 'warmup_decay'; leave it 0")
     if self.predict_ratio != 0.0:
       number("predict_ratio", 0.0, 1.0, True, True)
-      if self.predict_ratio < self.ratio:
-        raise ValueError(f"masking.predict_ratio={self.predict_ratio!r} must be >= "
-                         f"masking.ratio={self.ratio!r} (every corrupted token is predicted), "
-                         "or 0 to predict exactly the corrupted tokens")
       if self.whole_word or self.span or self.schedule != "constant":
         raise ValueError("masking.predict_ratio applies to token-level masking at a constant "
                          "ratio; set whole_word/span False and schedule 'constant', or "
@@ -200,7 +202,8 @@ class MaskingSpec:
 
   @property
   def max_ratio(self) -> float:
-    """The largest fraction predicted at any step (static shapes are sized for it)."""
+    """The largest fraction predicted at any step (static shapes are sized for it; with
+    predict_ratio that is the prediction rate, whatever the corruption rate)."""
     if self.predict_ratio:
       return self.predict_ratio
     return self.ratio if self.schedule == "constant" else max(self.ratio, self.final_ratio)
@@ -209,10 +212,12 @@ class MaskingSpec:
     """Expected fraction of predictions whose input token is left unchanged.
 
     Predictions beyond the corrupted ones ((predict_ratio - ratio) / predict_ratio)
-    plus the corrupted ones kept by keep_prob; BERT's 80/10/10 gives 0.1.
+    plus the corrupted ones kept by keep_prob; BERT's 80/10/10 gives 0.1. With
+    predict_ratio below ratio every prediction is corrupted: keep_prob.
     """
     predicted = self.predict_ratio or self.ratio
-    return (predicted - self.ratio) / predicted + self.ratio / predicted * self.keep_prob
+    corrupted = min(self.ratio, predicted)  # of the predictions
+    return (predicted - corrupted) / predicted + corrupted / predicted * self.keep_prob
 
   @property
   def end_ratio(self) -> float:
@@ -491,17 +496,26 @@ def mask_tokens(input_ids, maskable, word_starts, seed, spec: MaskingSpec, *,
   # Independent of the ratio, so token-level masks at different ratios are nested.
   scores = tf.random.stateless_uniform([length], seeds[0])
   num_maskable = tf.reduce_sum(tf.cast(maskable, tf.int32))
+
+  def fixed_count(rate):
+    # float64 and half-to-even rounding, exactly Python's round(rate * n); at least 1.
+    count = tf.cast(tf.math.round(tf.cast(num_maskable, tf.float64) * rate), tf.int32)
+    return tf.where(num_maskable > 0, tf.maximum(count, 1), 0)
+
+  def fits(count):
+    if static_length is not None:
+      return count
+    # A dynamic T longer than the one P was derived for: fail, never truncate.
+    check = tf.debugging.assert_less_equal(
+        count, max_predictions,
+        message="masking: max_predictions too small for this sequence length")
+    with tf.control_dependencies([check]):
+      return tf.identity(count)
+
   if spec.strategy == "fixed":
-    # float64 and half-to-even rounding, exactly Python's round(ratio * n).
-    budget = tf.cast(tf.math.round(tf.cast(num_maskable, tf.float64) * ratio), tf.int32)
-    budget = tf.where(num_maskable > 0, tf.maximum(budget, 1), 0)
-    if static_length is None:
-      # A dynamic T longer than the one P was derived for: fail, never truncate.
-      check = tf.debugging.assert_less_equal(
-          budget, max_predictions,
-          message="masking: max_predictions too small for this sequence length")
-      with tf.control_dependencies([check]):
-        budget = tf.identity(budget)
+    budget = fixed_count(ratio)
+    if not spec.predict_ratio:  # else the predicted count, set below, takes the slots
+      budget = fits(budget)
   elif spec.span:
     # A Binomial(num_maskable, ratio) token budget, filled with spans.
     token_draws = tf.random.stateless_uniform([length], seeds[5])
@@ -510,27 +524,28 @@ def mask_tokens(input_ids, maskable, word_starts, seed, spec: MaskingSpec, *,
   else:
     budget = tf.constant(max_predictions, tf.int32)
 
-  corrupted = None  # None: every prediction is corrupted (predict_ratio 0)
+  corrupted = None  # None: the predicted tokens are the corrupted ones (predict_ratio 0)
   if not (spec.whole_word or spec.span):
     # Token level (the hot path): the `budget` lowest-scoring candidates, no loop.
+    candidates = maskable
+    if spec.strategy == "bernoulli":
+      candidates &= scores < ratio32
+    ranked = candidates  # ranked by score; with predict_ratio the larger of the two sets
     if spec.predict_ratio:
-      # The corrupted set is the ratio's own selection; the predicted set extends it
-      # with the next-lowest scores up to predict_ratio (nested, same scores).
+      # One ranking, two budgets: the corrupted set is the ratio's own selection and the
+      # predicted set the predict_ratio share of the same scores, so the smaller of the two
+      # is the lowest-scoring part of the larger (a uniformly random subset of it).
       predict = tf.constant(spec.predict_ratio, tf.float64)
-      corrupt_candidates = maskable & (scores < ratio32) if spec.strategy == "bernoulli" \
-          else maskable
-      candidates = maskable & (scores < tf.cast(predict, tf.float32)) \
-          if spec.strategy == "bernoulli" else maskable
-      corrupt_budget = budget
-      if spec.strategy == "fixed":
-        budget = tf.cast(tf.math.round(tf.cast(num_maskable, tf.float64) * predict), tf.int32)
-        budget = tf.where(num_maskable > 0, tf.maximum(budget, 1), 0)
-    else:
-      candidates = maskable
+      corrupt_candidates, corrupt_budget = candidates, budget
       if spec.strategy == "bernoulli":
-        candidates &= scores < ratio32
+        candidates = maskable & (scores < tf.cast(predict, tf.float32))
+        if spec.predict_ratio < spec.ratio:
+          corrupt_budget = length  # a corrupted token takes no prediction slot: no cap
+      else:
+        budget = fits(fixed_count(predict))
+      ranked = corrupt_candidates if spec.predict_ratio < spec.ratio else candidates
     rank = tf.math.invert_permutation(
-        tf.argsort(tf.where(candidates, scores, 2.0), stable=True))
+        tf.argsort(tf.where(ranked, scores, 2.0), stable=True))
     selected = candidates & (rank < budget)
     if spec.predict_ratio:
       corrupted = corrupt_candidates & (rank < corrupt_budget)
@@ -559,11 +574,11 @@ def mask_tokens(input_ids, maskable, word_starts, seed, spec: MaskingSpec, *,
     # One mask/random/keep draw per word or span.
     decision = tf.gather(tf.random.stateless_uniform([length], seeds[2]), decision_group)
 
-  # Predicted but never corrupted (predict_ratio): decision 2.0 falls past every threshold.
-  if corrupted is not None:
-    decision = tf.where(corrupted, decision, 2.0)
-  to_mask = selected & (decision < spec.mask_prob)
-  to_random = selected & ~to_mask & (decision < spec.mask_prob + spec.random_prob)
+  # mask/random/keep applies to the corrupted tokens: with predict_ratio above ratio a part of
+  # the predicted ones (the rest are predicted from their own input), below it more than them.
+  changed = selected if corrupted is None else corrupted
+  to_mask = changed & (decision < spec.mask_prob)
+  to_random = changed & ~to_mask & (decision < spec.mask_prob + spec.random_prob)
   # Uniform over the allowed ids: a uniform rank among them, looked up in a table.
   allowed = tf.constant(np.setdiff1d(np.arange(vocab_size, dtype=np.int32), excluded))
   random_ids = tf.gather(allowed, tf.random.stateless_uniform(

@@ -10,6 +10,7 @@ import csv
 import json
 import os
 import pathlib
+import re
 import shlex
 import shutil
 import signal
@@ -138,7 +139,8 @@ def test_every_variant_plans_runs_that_differ_only_in_masking(variant, tmp_path)
     assert {0.15, 0.4, 0.6} <= ratios
     assert any(r.config.data.masking.schedule != "constant" for r in runs)
   for run in runs:
-    assert run.config.data.corpus == f"raw:{tmp_path}/corpus.txt"
+    if config.prepare_corpus:  # the Chinese grids write theirs; the pod grids' is given by flag
+      assert run.config.data.corpus == f"raw:{tmp_path}/corpus.txt"
     assert (run.config.seed, run.config.data.seed) == (run.seed, run.seed)
     # The static number of predictions follows the largest ratio a run masks at.
     spec = specs.masking_spec(run.config.data)
@@ -300,6 +302,52 @@ def test_smoke_grid_end_to_end(reference):
   (workdir / "results.csv").unlink()
   assert ablation.run_ablation(None, str(workdir), "report") == 0
   assert _without_timing(_csv_rows(workdir / "results.csv")) == _without_timing(rows.values())
+
+
+@pytest.mark.slow
+def test_every_equal_flops_row_sits_within_one_percent_of_the_heading(reference):
+  """The trained smoke grid's report.md, "at equal model FLOPs": the heading's budget is the
+  smallest run's total model FLOPs as executed (recomputed here from the batch logs), and
+  every row's FLOPs sit within 1% of it. A row read at an evaluation reads that step's
+  executed FLOPs; the cosine run, whose every evaluation is over 1% from the budget, is
+  interpolated between the evaluations just below and just above it, and says so. Fails
+  if a run falls back to an evaluation an interval short (the rule before: cosine read at
+  step 2), or a row's FLOPs are not the batch logs'."""
+  workdir, _ = reference
+  runs = ("r15_seed0", "cos40to15_seed0")
+  executed = {run: ablation_report.cumulative_flops(str(workdir), f"pretrain/{run}")
+              for run in runs}
+  budget = min(flops[-1] for flops in executed.values())
+  assert budget == executed["r15_seed0"][-1]
+  report = (workdir / "report.md").read_text()
+  section = report.split("## At equal steps")[1].split("\n## ")[0]
+  heading = float(re.search(r"at equal model FLOPs \(([0-9.e+-]+) PFLOP", section).group(1))
+  assert heading * 1e15 == pytest.approx(budget, rel=5e-4)  # printed to 4 significant digits
+  rows = {}
+  for line in section.splitlines():
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    if line.startswith("| ") and cells[0] in ("r15", "cos40to15"):
+      rows[cells[0]] = cells
+  assert sorted(rows) == ["cos40to15", "r15"]
+  evaluated = {run: {json.loads(l)["step"] for l in (workdir / "pretrain" / run / "metrics.jsonl")
+                     .read_text().splitlines() if "eval/mlm_accuracy" in json.loads(l)}
+               for run in runs}
+  for setting, cells in rows.items():
+    run, step, pflop = f"{setting}_seed0", cells[4], float(cells[5])
+    assert abs(pflop * 1e15 - budget) <= 0.01 * budget, (setting, pflop)
+    if step.startswith("interpolated "):
+      low, high = (int(s) for s in step.split()[1].split("-"))
+      assert {low, high} <= evaluated[run]
+      assert executed[run][low] < budget < executed[run][high]
+    else:
+      assert int(step) in evaluated[run]
+      assert pflop * 1e15 == pytest.approx(executed[run][int(step)], rel=5e-4)
+  assert rows["r15"][4] == "4"  # the budget is its own final evaluation
+  # The cosine run makes more predictions per step: no evaluation of it lies within 1%.
+  assert all(abs(executed["cos40to15_seed0"][s] - budget) > 0.01 * budget
+             for s in evaluated["cos40to15_seed0"])
+  assert rows["cos40to15"][4] == "interpolated 2-4"
+  assert "not a measurement" in section
 
 
 def _without_timing(rows) -> list[dict[str, str]]:

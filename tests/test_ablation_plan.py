@@ -2,7 +2,9 @@
 
 Fails if a FLOP-mode setting's steps overspend the budget or leave more than one
 of its steps unspent, if its schedule is not stretched with it, if a non-smoke
-variant has fewer than three pretraining seeds, or if random init is not planned.
+variant has fewer than three pretraining seeds, if random init is not planned (the
+Chinese variants), or if the masking papers' grids are not their settings on
+pretrain.py:efficient with a v4-32's costs.
 """
 
 import json
@@ -13,9 +15,12 @@ import sys
 
 import pytest
 
+from bert_jax import accelerators
+from bert_jax.run import workdir as workdir_lib
 from experiments.ablation import plan as ablation_plan
 from experiments.ablation import stages as ablation
 from experiments.configs import ablation as ablation_configs
+from experiments.configs import pretrain as pretrain_configs
 
 
 def test_flop_mode_gives_each_setting_the_steps_that_spend_the_budget(tmp_path):
@@ -60,7 +65,9 @@ def test_seeds_baseline_and_random_init_are_planned(tmp_path):
     config = ablation_configs.get_config(variant)
     if variant != "smoke":
       assert len(config.pretrain_seeds) >= 3, variant
-    assert config.random_init and config.report.baseline in config.settings
+    # The pod grids' RoBERTa-large is far above the floor (and has no vocab file for it).
+    assert config.random_init == (variant not in ablation_configs.POD_VARIANTS), variant
+    assert config.report.baseline in config.settings
   config = ablation_configs.get_config("smoke")
   task = next(iter(config.downstream))
   assert ablation.random_init_dirs(config) == {task: f"finetune/random_init/{task}"}
@@ -94,6 +101,69 @@ def test_zh_proof_is_the_compute_matched_three_seed_plan(tmp_path):
   assert task.task.test_fraction == 0.1 and task.task.max_train_examples == 2000
   assert tuple(task.learning_rates) == (3e-4, 1e-3) and tuple(task.seeds) == (0, 1, 2)
   assert task.num_epochs == 2
+
+
+MASK_ONLY = {"mask_prob": 1.0, "random_prob": 0.0, "keep_prob": 0.0}
+BERT_MIX = {"mask_prob": 0.8, "random_prob": 0.1, "keep_prob": 0.1}
+
+
+def _masking(run, *fields):
+  return {f: run.config.data.masking[f] for f in fields}
+
+
+@pytest.mark.parametrize("variant", ablation_configs.POD_VARIANTS)
+def test_the_masking_papers_grids_are_their_settings_on_the_efficient_recipe(variant, tmp_path):
+  """wettig: the ratio axis 15..80% mask-only, 80/10/10 at 15 and 40, corrupt 15 / predict 40
+  and corrupt 40 / predict 15; ankner: constant 15, constant 30, linear 30 -> 15. Fails if a
+  setting is missing or other, if a run differs from pretrain.py:efficient in more than its
+  masks, seeds, evaluation and checkpoint cadence, or if the dry run's target is not a v4-32."""
+  config = ablation_configs.get_config(variant)
+  runs = ablation.plan(config, str(tmp_path))
+  by = {r.setting: r for r in runs if r.seed == 0}
+  fields = ("ratio", "mask_prob", "random_prob", "keep_prob", "predict_ratio", "schedule",
+            "final_ratio", "whole_word", "span")
+  plain = {"predict_ratio": 0.0, "schedule": "constant", "final_ratio": 0.0,
+           "whole_word": False, "span": False}
+  if variant == "wettig":
+    want = {f"r{round(100 * r):02d}": {"ratio": r, **MASK_ONLY, **plain}
+            for r in (0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8)}
+    want["r15_801010"] = {"ratio": 0.15, **BERT_MIX, **plain}
+    want["r40_801010"] = {"ratio": 0.4, **BERT_MIX, **plain}
+    want["c15_p40"] = {"ratio": 0.15, **MASK_ONLY, **plain, "predict_ratio": 0.4}
+    want["c40_p15"] = {"ratio": 0.4, **MASK_ONLY, **plain, "predict_ratio": 0.15}
+  else:
+    want = {"r15": {"ratio": 0.15, **MASK_ONLY, **plain},
+            "r30": {"ratio": 0.3, **MASK_ONLY, **plain},
+            "lin30to15": {"ratio": 0.3, **MASK_ONLY, **plain, "schedule": "linear",
+                          "final_ratio": 0.15}}
+  assert {s: _masking(r, *fields) for s, r in by.items()} == want
+  assert len(runs) == 3 * len(want) and config.budget.mode == "steps"
+  recipe = workdir_lib.flatten(pretrain_configs.get_config("efficient"))
+  for run in runs:
+    flat = workdir_lib.flatten(run.config)
+    differing = {k for k in recipe if flat[k] != recipe[k]}
+    assert set(flat) == set(recipe)
+    assert all(k.startswith("data.masking.") or k in (
+        "seed", "data.seed", "eval_every_steps", "data.eval.own_masking", "checkpoint.every_steps",
+        "checkpoint.keep", "checkpoint.keep_period") for k in differing), differing
+    assert run.config.total_steps == 23_000 and run.config.batch_size == 4096
+  # --dry_run's costs are a v4-32's: 32 TensorCores, 16 chips (JAX devices).
+  generation, number = accelerators.parse("v4-32")
+  assert config.report.targets == (
+      f"{generation.device_kind}:{round(number * generation.devices_per_unit)}",)
+  assert config.report.targets == ("TPU v4:16",)
+  assert list(config.downstream) == ["mnli"] and not config.budget.finetune_at_equal_flops
+
+
+def test_predictions_estimate_follows_predict_ratio(tmp_path):
+  """Fails if --dry_run's expected predictions for a corrupt 40% / predict 15% run are the
+  corruption's (50 of 125 maskable tokens) rather than the predictions' (19)."""
+  runs = {r.setting: r for r in ablation.plan(ablation_configs.get_config("wettig"),
+                                              str(tmp_path)) if r.seed == 0}
+  assert ablation_plan.expected_predictions(runs["c40_p15"].config) == 19 == \
+      ablation_plan.expected_predictions(runs["r15"].config)
+  assert ablation_plan.expected_predictions(runs["c15_p40"].config) == 50 == \
+      ablation_plan.expected_predictions(runs["r40"].config)
 
 
 def _smoke_runs(tmp_path):
@@ -135,6 +205,18 @@ def test_step_mode_fine_tunes_the_checkpoint_at_the_smallest_runs_flops(tmp_path
   start = ablation.finetune_config(config, task, runs["cos40to15"], str(tmp_path), 10)
   assert start.init_checkpoint == str(tmp_path / "pretrain" / "cos40to15_seed0" /
                                       ablation.checkpoint.CHECKPOINT_DIR / "10")
+
+
+def test_a_run_a_hair_over_the_budget_is_fine_tuned_from_its_final_checkpoint():
+  """Fails if a run 0.3% over its seed's budget falls back to its checkpoint half a run
+  earlier (the rule before: the last one at or below the budget), or if one 2% over is
+  read at its final checkpoint (over 1% off) instead of its last one below."""
+  seeds = {"r15": 0, "r40": 0}
+  kept = {"r15": [10, 20], "r40": [10, 20]}
+  for over, step in ((1.003, 20), (1.02, 10)):
+    cumulative = {"r15": [1e9 * s for s in range(21)], "r40": [over * 1e9 * s for s in range(21)]}
+    picked = ablation_plan.equal_flops_checkpoints(cumulative, kept, seeds)
+    assert picked["r15"]["step"] == 20 and picked["r40"]["step"] == step, over
 
 
 def test_checkpoints_that_would_miss_an_eval_point_are_refused_before_pretraining(tmp_path):

@@ -113,6 +113,39 @@ def test_report_names_unfinished_runs_and_compares_at_equal_steps_and_flops():
   assert "| r40 | 0 | 4 | 0.1500 | 2 | 4e-06 | 0.0750 |" in md
 
 
+def _equal_flops_row(md, setting):
+  line = next(l for l in md.split("## At equal steps")[1].splitlines()
+              if l.startswith(f"| {setting} | 0 |"))
+  return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_a_run_a_hair_over_the_budget_is_read_at_its_evaluation_not_one_interval_earlier():
+  """r40 ends 0.25% above r15's 4e9 FLOPs. Fails if it is read at its step 3 (25% short, the
+  rule before: the last evaluation at or below the budget) instead of its final step 4."""
+  from experiments.ablation import report as ablation_report  # pylint: disable=g-import-not-at-top
+  rows = [_report_row("r15", 0, 0.14), _report_row("r40", 0, 0.15, flops_per_step=1.0025e9)]
+  md = "\n".join(ablation_report.matched_tables(rows))
+  cells = _equal_flops_row(md, "r40")
+  assert cells[4:] == ["4", "4.01e-06", "0.1500"]
+  assert abs(float(cells[5]) - 4e-6) <= 0.01 * 4e-6
+  assert "interpolated" not in md
+
+
+def test_equal_flops_between_evaluations_is_interpolated_and_labelled():
+  """r40 spends 1.5x r15's FLOPs a step: its evaluations sit at 3e9 and 4.5e9 around the 4e9
+  budget, both over 1% off. Fails if the row is not at the budget, its accuracy is not linear
+  in FLOPs between steps 2 and 3 (0.075 -> 0.1125: 0.1 at 4e9), it is not labelled, or a
+  budget before a run's first evaluation is read as anything but '-'."""
+  from experiments.ablation import report as ablation_report  # pylint: disable=g-import-not-at-top
+  rows = [_report_row("r15", 0, 0.14), _report_row("r40", 0, 0.15, flops_per_step=1.5e9)]
+  md = "\n".join(ablation_report.matched_tables(rows))
+  assert _equal_flops_row(md, "r40")[4:] == ["interpolated 2-3", "4e-06", "0.1000"]
+  assert _equal_flops_row(md, "r15")[4:] == ["4", "4e-06", "0.1400"]
+  assert '"interpolated a-b", not a measurement' in md
+  early = ablation_report.read_at_flops(rows[1]["curve"], 1e9)  # before its step 1 (1.5e9)
+  assert early == {"step": "-", "flops": 0.0, "accuracy": "-", "interpolated": False}
+
+
 def test_downstream_figures_are_test_at_the_dev_picked_learning_rate(tmp_path):
   """A summary.json whose dev and test disagree: the report's values are test's (fails if
   the report reads dev, the main metric the rate was picked on), its lr the dev pick, and

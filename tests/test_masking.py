@@ -8,6 +8,7 @@ binomial standard deviations.
 """
 
 import dataclasses
+import hashlib
 import math
 
 import ml_collections
@@ -78,7 +79,9 @@ def _run(spec, data=None, base_seed=0, vocab_size=VOCAB, special_ids=SPECIALS,
   dataset = dataset.map(fn, num_parallel_calls=2, deterministic=True)
   out = next(iter(dataset.batch(len(ids))))
   out = {k: v.numpy() for k, v in out.items()}
-  _check_invariants(out, data, max_predictions)
+  # Corrupted, not predicted: only with predict_ratio below the ratio (Wettig et al.'s m_pred).
+  _check_invariants(out, data, max_predictions,
+                    unpredicted_change=0 < spec.predict_ratio < spec.ratio)
   return out
 
 
@@ -90,8 +93,9 @@ def _selected(out, shape):
   return selected
 
 
-def _check_invariants(out, data, max_predictions):
-  """Layout rules that hold for every spec: run on every output of `_run`."""
+def _check_invariants(out, data, max_predictions, unpredicted_change=False):
+  """Layout rules that hold for every spec: run on every output of `_run`; a token that is not
+  predicted is left as it was unless `unpredicted_change`."""
   ids, maskable, _ = data
   positions = out["masked_lm_positions"]
   weights = out["masked_lm_weights"]
@@ -110,7 +114,9 @@ def _check_invariants(out, data, max_predictions):
   rows = np.nonzero(weights)[0]
   np.testing.assert_array_equal(out["masked_lm_ids"][weights > 0],
                                 ids[rows, positions[weights > 0]])
-  np.testing.assert_array_equal(out["input_ids"][~selected], ids[~selected])
+  if not unpredicted_change:
+    np.testing.assert_array_equal(out["input_ids"][~selected], ids[~selected])
+  assert not (out["input_ids"] != ids)[~maskable].any(), "a special or padding token was changed"
 
 
 def _within(observed_count, total, p, what):
@@ -168,6 +174,96 @@ def test_masks_are_nested_across_ratios_for_the_same_seed():
   low = _selected(_run(masking.bert_masking(ratio=0.15)), DATA[0].shape)
   high = _selected(_run(masking.bert_masking(ratio=0.4)), DATA[0].shape)
   assert not (low & ~high).any()
+
+
+# ---------------------------------------------------------------- corruption apart from prediction
+
+
+@pytest.mark.parametrize("strategy", ["fixed", "bernoulli"])
+def test_predict_ratio_below_ratio_predicts_a_random_subset_of_the_corrupted(strategy):
+  """Wettig et al.'s m_corr 0.4, m_pred 0.15, mask-only. Fails if a predicted token is not
+  corrupted, the corrupted set is not plain 0.4 masking's with the same seed, the predicted one
+  not plain 0.15's, the fixed counts are not round(0.4 n) and round(0.15 n) (Bernoulli: rates
+  more than 4 binomial std off), P is sized for the corruption, or P(predicted | corrupted)
+  differs between the first and second half of a sequence by over 4 std (not a random subset)."""
+  mask_only = dict(mask_prob=1.0, random_prob=0.0, keep_prob=0.0, strategy=strategy)
+  spec = masking.bert_masking(ratio=0.4, predict_ratio=0.15, **mask_only)
+  assert spec.max_predictions(LENGTH) == (20 if strategy == "fixed" else LENGTH)
+  assert spec.uncorrupted_fraction() == 0.0  # every prediction is a [MASK]ed token
+  out = _run(spec)
+  ids, maskable, _ = DATA
+  predicted = _selected(out, ids.shape)
+  corrupted = out["input_ids"] == MASK  # DATA's ids are never [MASK]
+  assert not (predicted & ~corrupted).any()
+  plain_corrupt = _run(masking.bert_masking(ratio=0.4, **mask_only))
+  np.testing.assert_array_equal(out["input_ids"], plain_corrupt["input_ids"])
+  plain_predict = _run(masking.bert_masking(ratio=0.15, **mask_only))
+  np.testing.assert_array_equal(predicted, _selected(plain_predict, ids.shape))
+  n = maskable.sum(1)
+  if strategy == "fixed":
+    np.testing.assert_array_equal(corrupted.sum(1), [max(1, round(0.4 * int(k))) for k in n])
+    np.testing.assert_array_equal(predicted.sum(1), [max(1, round(0.15 * int(k))) for k in n])
+  else:
+    _within(corrupted.sum(), n.sum(), 0.4, "fraction corrupted")
+    _within(predicted.sum(), n.sum(), 0.15, "fraction predicted")
+  # Which corrupted tokens are predicted does not depend on where they sit.
+  first_half = np.arange(LENGTH) < LENGTH // 2
+  shares = []
+  for half in (first_half, ~first_half):
+    c = corrupted & half
+    shares.append((predicted[c].mean(), c.sum()))
+  (a, n_a), (b, n_b) = shares
+  pooled = predicted[corrupted].mean()
+  std = math.sqrt(pooled * (1 - pooled) * (1 / n_a + 1 / n_b))
+  assert abs(a - b) <= SIGMAS * std, shares
+
+
+def test_predict_ratio_below_ratio_corrupts_with_the_mix():
+  """m_corr 0.4, m_pred 0.15 with 80/10/10. Fails if the [MASK] / random / kept shares of the
+  corrupted tokens (plain 0.4's selection, same seed) or the kept share of the predicted ones
+  (uncorrupted_fraction, keep_prob here) are more than 4 binomial std off."""
+  spec = masking.bert_masking(ratio=0.4, predict_ratio=0.15)
+  assert spec.uncorrupted_fraction() == pytest.approx(0.1)
+  out = _run(spec)
+  ids = DATA[0]
+  corrupted = _selected(_run(masking.bert_masking(ratio=0.4)), ids.shape)
+  new, old = out["input_ids"][corrupted], ids[corrupted]
+  _within((new == MASK).sum(), len(old), 0.8, "[MASK] share")
+  _within(((new != MASK) & (new != old)).sum(), len(old), 0.1 * (1 - 1 / ALLOWED), "random share")
+  predicted = _selected(out, ids.shape)
+  assert not (predicted & ~corrupted).any()
+  kept = (out["input_ids"] == ids)[predicted]
+  _within(kept.sum(), len(kept), spec.uncorrupted_fraction() + 0.1 / ALLOWED, "kept share")
+
+
+# Digests of mask_tokens' outputs for the modes that existed before predict_ratio could be
+# below the ratio, made by that code (commit f5a48b3) on _synthetic(num=300, seed=4), base seed 11.
+_BEFORE = [
+    (dict(ratio=0.15), "491e9c25ea5a2f4b"),
+    (dict(ratio=0.4, mask_prob=1.0, random_prob=0.0, keep_prob=0.0), "f1699629b129f83e"),
+    (dict(ratio=0.3, strategy="bernoulli"), "ac1f339afe99601e"),
+    (dict(ratio=0.3, whole_word=True), "ae36bf9d6064a218"),
+    (dict(ratio=0.3, whole_word=True, strategy="bernoulli"), "e499b0f17b3d51fc"),
+    (dict(ratio=0.3, span=True), "088328b2a63e8688"),
+    (dict(ratio=0.15, predict_ratio=0.4), "9a08cc1398b3f804"),
+    (dict(ratio=0.15, predict_ratio=0.4, strategy="bernoulli"), "6269d533cbfed4c4"),
+    (dict(ratio=0.15, predict_ratio=0.4, mask_prob=1.0, random_prob=0.0, keep_prob=0.0),
+     "ad997135edfcfadb"),
+]
+
+
+def test_existing_modes_mask_bit_identically_to_before():
+  """Fails if any mode that existed before predict_ratio < ratio (token, whole-word and span
+  masking, fixed and Bernoulli, predict_ratio above the ratio) now gives other bytes in any
+  output for the same data and seed."""
+  data = _synthetic(num=300, seed=4)
+  for kwargs, digest in _BEFORE:
+    out = _run(masking.bert_masking(**kwargs), data=data, base_seed=11)
+    h = hashlib.sha256()
+    for key in sorted(out):
+      h.update(key.encode())
+      h.update(np.ascontiguousarray(out[key]).tobytes())
+    assert h.hexdigest()[:16] == digest, kwargs
 
 
 # ---------------------------------------------------------------- 80/10/10

@@ -61,13 +61,13 @@ def test_predict_ratio_predicts_uncorrupted_tokens_at_the_formulas_rate():
 
 
 @pytest.mark.parametrize("changes,field", [
-    (dict(predict_ratio=0.1), "predict_ratio"),  # below the corruption rate
+    (dict(predict_ratio=1.0), "predict_ratio"),  # every token: outside (0, 1)
     (dict(predict_ratio=0.4, whole_word=True), "predict_ratio"),
     (dict(schedule_power=2.0), "schedule_power"),  # only for "polynomial"
     (dict(schedule="warmup_decay", final_ratio=0.05), "schedule_warmup"),
 ])
 def test_new_fields_are_validated_by_name(changes, field):
-  """Fails if a predict_ratio below the ratio or with whole_word, a schedule_power without the
+  """Fails if a predict_ratio of 1 or with whole_word, a schedule_power without the
   polynomial schedule, or warmup_decay without schedule_warmup is accepted, or refused without
   naming the field."""
   with pytest.raises(ValueError, match=field):

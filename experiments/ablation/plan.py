@@ -54,13 +54,15 @@ def vocab_size(data_config: ml_collections.ConfigDict, model_config) -> int:
 
 
 def expected_predictions(run: ml_collections.ConfigDict) -> float:
-  """Predictions per sequence a run is expected to make, averaged over its schedule."""
+  """Predictions per sequence a run is expected to make, averaged over its schedule (at
+  predict_ratio where it sets the predictions apart from the corruption)."""
   spec = specs.masking_spec(run.data)
   ratios = [spec.ratio_at(s, run.total_steps) for s in range(0, run.total_steps,
                                                               max(1, run.total_steps // 1000))]
   maskable = run.data.max_seq_length - _SPECIAL_TOKENS
   slots = spec.max_predictions(run.data.max_seq_length)
-  return float(min(slots, max(1, round(float(np.mean(ratios)) * maskable))))
+  predicted = spec.predict_ratio or float(np.mean(ratios))  # predict_ratio: constant schedules
+  return float(min(slots, max(1, round(predicted * maskable))))
 
 
 def _step_flops(run: ml_collections.ConfigDict):
@@ -194,19 +196,25 @@ def equal_flops_checkpoints(cumulative: dict[str, list[float]], kept: dict[str, 
   run's total among the runs of its seed (as in the report's equal-FLOPs table):
   differences are paired by seed, and one budget over all seeds would push the
   baseline of a seed that happened to draw a few more predictions off its own
-  final checkpoint. Each run's step is its last kept checkpoint whose FLOPs do not
-  exceed the budget (relative 1e-9 for float sums), so the smallest run's is its
-  final step. The ablation keeps a checkpoint at every evaluation point
-  (checkpoint.every_steps = keep_period = eval_every_steps), so the fine-tuned
-  checkpoint is the evaluation the equal-FLOPs MLM table reads.
+  final checkpoint. Each run's step is its kept checkpoint nearest the budget when
+  within report.EQUAL_FLOPS_TOLERANCE (1%) of it, so a run a hair above the budget
+  keeps its final one, else its last kept checkpoint below it (relative 1e-9 for
+  float sums); the smallest run's is its final step. The ablation keeps a checkpoint
+  at every evaluation point (checkpoint.every_steps = keep_period = eval_every_steps),
+  so the fine-tuned checkpoint is an evaluation the equal-FLOPs MLM table reads.
   """
+  # The report's reading rule, imported here: the report imports nothing of the plan's.
+  from experiments.ablation import report as ablation_report  # pylint: disable=g-import-not-at-top
   budgets: dict[int, float] = {}
   for name, flops in cumulative.items():
     budgets[seeds[name]] = min(budgets.get(seeds[name], flops[-1]), flops[-1])
   out = {}
   for name, flops in cumulative.items():
     budget = budgets[seeds[name]]
-    fits = [s for s in kept[name] if s < len(flops) and flops[s] <= budget * (1 + 1e-9)]
+    held = sorted(s for s in kept[name] if s < len(flops))
+    nearest = ablation_report.nearest_at_budget([(s, flops[s]) for s in held], budget)
+    fits = [held[nearest]] if nearest is not None else [
+        s for s in held if flops[s] <= budget * (1 + 1e-9)]
     if not fits:
       raise ValueError(
           f"run {name} keeps no checkpoint within the equal-FLOPs budget {budget:.4g} "

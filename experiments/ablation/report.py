@@ -42,6 +42,10 @@ from host import paths
 # Step mode's equal-FLOPs checkpoints and their fine-tuning dirs (experiments.ablation writes it).
 EQUAL_FLOPS_FILE = "equal_flops.json"
 TIMING_COLUMNS = ("wall_time_s", "achieved_tflops", "mfu")
+# An evaluation (or kept checkpoint) whose executed model FLOPs are this close to an
+# equal-FLOPs budget, relatively, is read as at the budget: one step either side is a
+# hair, and a run a hair above the budget should not fall back a whole evaluation interval.
+EQUAL_FLOPS_TOLERANCE = 0.01
 
 
 def phase_flops(config: Any, bert_config: Any) -> list[tuple[int, float, int]]:
@@ -226,14 +230,46 @@ def random_init_downstream(workdir: str, plan: dict[str, Any]) -> dict[str, dict
   return out
 
 
+def nearest_at_budget(points: list[tuple[int, float]], budget: float) -> int | None:
+  """Index of the (step, cumulative FLOPs) point nearest `budget` in FLOPs, when within
+  EQUAL_FLOPS_TOLERANCE of it (ties: the earlier step); None when none is."""
+  near = [i for i, (_, flops) in enumerate(points)
+          if abs(flops - budget) <= EQUAL_FLOPS_TOLERANCE * budget]
+  return min(near, key=lambda i: (abs(points[i][1] - budget), points[i][0]), default=None)
+
+
+def read_at_flops(curve: list[tuple[int, float, float]], budget: float) -> dict[str, Any]:
+  """A run's held-out MLM accuracy at `budget` model FLOPs, from its (step, cumulative
+  FLOPs as executed, accuracy) evaluations.
+
+  {"step", "flops", "accuracy", "interpolated"}: the evaluation nearest the budget when
+  within EQUAL_FLOPS_TOLERANCE of it; else the accuracy linear in FLOPs between the
+  evaluations just below and just above it, at the budget itself ("step" "a-b",
+  "interpolated" True); else (the budget before the first evaluation) "step" and
+  "accuracy" "-", "flops" 0.
+  """
+  nearest = nearest_at_budget([(c[0], c[1]) for c in curve], budget)
+  if nearest is not None:
+    step, flops, accuracy = curve[nearest]
+    return {"step": step, "flops": flops, "accuracy": accuracy, "interpolated": False}
+  below = [c for c in curve if c[1] < budget]
+  above = [c for c in curve if c[1] > budget]
+  if not below or not above:
+    return {"step": "-", "flops": 0.0, "accuracy": "-", "interpolated": False}
+  (s0, f0, a0), (s1, f1, a1) = below[-1], above[0]
+  return {"step": f"{s0}-{s1}", "flops": budget,
+          "accuracy": a0 + (a1 - a0) * (budget - f0) / (f1 - f0), "interpolated": True}
+
+
 def matched_tables(rows: list[dict[str, Any]]) -> list[str]:
   """report.md lines: held-out MLM accuracy of finished runs at equal steps and at equal FLOPs.
 
   Equal steps: the last evaluation at or before the largest step every finished run
   evaluated at. Equal FLOPs: the smallest total model FLOPs among the finished runs
   of the same pretraining seed (differences are paired by seed; the ablation's
-  equal-FLOPs fine-tuning uses the same budget); each run's last evaluation whose
-  cumulative FLOPs do not exceed it (the FLOPs column says where).
+  equal-FLOPs fine-tuning uses the same budget); each run read there by read_at_flops
+  (its evaluation within 1% of the budget, else interpolated between the two around
+  it, and the row says so).
   """
   done = [r for r in rows if r["finished"] and r["curve"]]
   if not done:
@@ -245,13 +281,21 @@ def matched_tables(rows: list[dict[str, Any]]) -> list[str]:
   lines = [f"## At equal steps ({steps:,}) and at equal model FLOPs ({_budgets(budgets)})", "",
            "| setting | seed | step | MLM acc (15%) at equal steps | step | PFLOP | MLM acc (15%) "
            "at equal FLOPs |", "|---|---|---|---|---|---|---|"]
+  interpolated = False
   for r in done:
     at_steps = [c for c in r["curve"] if c[0] <= steps]
-    at_flops = [c for c in r["curve"] if c[1] <= budgets[r["seed"]] * (1 + 1e-9)]
     a = at_steps[-1] if at_steps else ("-", 0.0, "-")
-    b = at_flops[-1] if at_flops else ("-", 0.0, "-")
-    lines.append(f"| {r['setting']} | {r['seed']} | {a[0]} | {_fmt(a[2])} | {b[0]} | "
-                 f"{b[1] / 1e15:.4g} | {_fmt(b[2])} |")
+    b = read_at_flops(r["curve"], budgets[r["seed"]])
+    interpolated |= b["interpolated"]
+    step = f"interpolated {b['step']}" if b["interpolated"] else b["step"]
+    lines.append(f"| {r['setting']} | {r['seed']} | {a[0]} | {_fmt(a[2])} | {step} | "
+                 f"{b['flops'] / 1e15:.4g} | {_fmt(b['accuracy'])} |")
+  lines += ["", f"At equal FLOPs each run is read at its evaluation nearest the budget when its "
+            f"model FLOPs, as executed (its batch log), are within "
+            f"{EQUAL_FLOPS_TOLERANCE:.0%} of it"
+            + ('; otherwise ("interpolated a-b", not a measurement) linearly in model FLOPs '
+               "between its evaluations at steps a and b, just below and just above the budget, "
+               "at the budget itself." if interpolated else ".")]
   return lines + [""]
 
 
@@ -274,8 +318,9 @@ def equal_flops_downstream(rows: list[dict[str, Any]], tasks: list[str]) -> list
   budgets = {r["seed"]: r["equal_flops"]["budget"] for r in done}
   lines = [f"## Downstream at equal model FLOPs ({_budgets(budgets)})", "",
            "Each run fine-tuned with the same sweep from its kept checkpoint (one per "
-           "evaluation point) whose model FLOPs do not exceed the budget; the equal-steps "
-           "figures are in the Runs table.", "",
+           f"evaluation point) nearest the budget within {EQUAL_FLOPS_TOLERANCE:.0%}, else the "
+           "last one below it (the PFLOP column says where); the equal-steps figures are in "
+           "the Runs table.", "",
            "| setting | seed | step | PFLOP | " + " | ".join(
                f"{t} {_metric(rows, t)} median (min-max)" for t in tasks) + " |",
            "|---|---|---|---|" + "---|" * len(tasks)]

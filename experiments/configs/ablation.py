@@ -56,6 +56,23 @@ Variants:
            texts, which have none (data.masking.word_segmentation="gold_else_snownlp";
            sentences with an [UNK] character line up too);
            span masking counts spans in "##"-rule words, i.e. characters.
+  wettig   Wettig et al. 2023 ("Should You Mask 15% in MLM?") at pod scale, on their own
+           recipe (pretrain.py:efficient: pre-LN RoBERTa-large, no NSP, batch 4096 x 128
+           tokens, 23k steps): their ratio axis 15/20/30/40/50/60/80% mask-only (every
+           corrupted token [MASK], as the recipe); BERT's 80/10/10 at 15% and 40%; and
+           section 5's corruption x prediction cells, corrupt 15% / predict 40% (the
+           corrupted tokens and uncorrupted ones) and corrupt 40% / predict 15% (a random
+           subset of the corrupted ones), whose diagonal is r15 / r40. 11 settings x
+           seeds 0, 1, 2, each run 23k steps (every setting the same steps and tokens, as
+           the paper), then MNLI (DinkyTrain's fine-tuning values, lr {1e-5, 2e-5, 3e-5} x
+           seeds {0, 1, 2}). Corpus and GLUE data by flag:
+             --config.pretrain.data.corpus=gs://.../*.txt
+             --config.downstream.mnli.task.data_dir=gs://.../glue_data/MNLI
+  ankner   Ankner et al. 2024 (dynamic masking-rate schedules): constant 15%, constant 30%
+           and linear 30% -> 15% over the run, on the same recipe and downstream as wettig
+           (mask-only; they train the MosaicBERT stack), seeds 0, 1, 2.
+  Both print their costs on a v4-32 with --dry_run (docs/ablation.md, "The masking
+  papers' grids on a pod").
 
 Every variant but smoke carves a 10% test split out of the sentiment train set
 (task.test_fraction): the learning rate is picked on dev and reported on test
@@ -88,8 +105,12 @@ The zh_small run's report and plots are in experiments/results/ablation_zh_small
 import ml_collections
 
 from experiments.configs import chinese as chinese_configs
+from experiments.configs import finetune as finetune_configs
+from experiments.configs import pretrain as pretrain_configs
 
-VARIANTS = ("smoke", "zh_small", "zh_proof", "zh_tiny", "zh_full")
+VARIANTS = ("smoke", "zh_small", "zh_proof", "zh_tiny", "zh_full", "wettig", "ankner")
+POD_VARIANTS = ("wettig", "ankner")  # the masking papers' grids, on pretrain.py:efficient
+MASK_ONLY = (1.0, 0.0, 0.0)  # every corrupted token [MASK]: Wettig et al.'s recipe
 WORKDIR = "{workdir}"  # placeholder in corpus paths, replaced by the ablation's --workdir
 
 
@@ -109,12 +130,27 @@ def masking_setting(ratio: float, *, mix: tuple[float, float, float] = (0.8, 0.1
   s.final_ratio = final_ratio  # the schedule's end (0 for "constant")
   s.schedule_power = schedule_power  # "polynomial"'s exponent
   s.schedule_warmup = schedule_warmup  # "warmup_decay"'s rising fraction of the run
-  s.predict_ratio = predict_ratio  # 0: predict what is corrupted; else >= ratio (Wettig et al. section 5)
+  s.predict_ratio = predict_ratio  # 0: predict the corrupted; else its rate (Wettig et al. sec. 5)
   return s
 
 
 def _settings(arg: str) -> dict[str, ml_collections.ConfigDict]:
   """Name -> masking setting of a variant (names become workdir names)."""
+  if arg == "wettig":
+    settings = {f"r{round(100 * r):02d}": masking_setting(r, mix=MASK_ONLY)
+                for r in (0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8)}
+    for r in (0.15, 0.4):
+      settings[f"r{round(100 * r):02d}_801010"] = masking_setting(r)  # BERT's corruption
+    # Section 5: corrupt at m_corr (ratio), predict at m_pred (predict_ratio); m_pred ==
+    # m_corr are r15 and r40 above.
+    settings["c15_p40"] = masking_setting(0.15, mix=MASK_ONLY, predict_ratio=0.4)
+    settings["c40_p15"] = masking_setting(0.4, mix=MASK_ONLY, predict_ratio=0.15)
+    return settings
+  if arg == "ankner":
+    return {"r15": masking_setting(0.15, mix=MASK_ONLY),
+            "r30": masking_setting(0.3, mix=MASK_ONLY),
+            "lin30to15": masking_setting(0.3, mix=MASK_ONLY, schedule="linear",
+                                         final_ratio=0.15)}
   cosine = masking_setting(0.4, schedule="cosine", final_ratio=0.15)
   if arg == "smoke":
     return {"r15": masking_setting(0.15), "cos40to15": cosine}
@@ -149,6 +185,7 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   if arg not in VARIANTS:
     raise ValueError(f"unknown ablation variant {arg!r}; expected one of {VARIANTS}")
   smoke = arg == "smoke"
+  pod = arg in POD_VARIANTS
   config = ml_collections.ConfigDict()
   config.family = "ablation"  # experiments.ablation runs it (bert_jax.main runs its single runs)
   config.variant = arg  # recorded in plan.json
@@ -156,37 +193,45 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   # --- the data every run reads ---
   # "zh_sentiment": experiments.chinese_data writes People's Daily + review texts to
   # WORKDIR/corpus.txt before pretraining; "": pretrain.data.corpus is used as given.
-  config.prepare_corpus = "zh_sentiment"
+  config.prepare_corpus = "" if pod else "zh_sentiment"
 
   # --- the base pretraining run (every field of experiments/configs/pretrain.py) ---
   small = arg == "zh_small"
   proof = arg == "zh_proof"
   # zh_proof: the baseline's steps; under its FLOP budget the other settings train fewer.
   steps = 20 if smoke else 500 if proof else 1000 if small else 3000
-  config.pretrain = chinese_configs.pretrain_config(
-      f"{WORKDIR}/corpus.txt", steps=steps, batch_size=16 if smoke else 64, seq_length=64)
+  if pod:
+    # Wettig et al.'s recipe as it is: 23k steps of 4096 x 128 tokens. Its corpus, the
+    # embedded one, stands in for yours: --config.pretrain.data.corpus (and tokenized_dir).
+    config.pretrain = pretrain_configs.get_config("efficient")
+  else:
+    config.pretrain = chinese_configs.pretrain_config(
+        f"{WORKDIR}/corpus.txt", steps=steps, batch_size=16 if smoke else 64, seq_length=64)
   p = config.pretrain
   p.data.masking.max_predictions_per_seq = 0  # derived per setting: the MLM head grows with the ratio
   p.data.eval.own_masking = True  # eval_own/*: held-out pairs masked like the run's training
   p.data.eval.num_examples = 64 if smoke else 1024  # held-out examples (both eval sets)
-  # held-out curve points (and the last step)
-  p.eval_every_steps = 10 if smoke else 125 if proof else 250 if small else 300
+  # held-out curve points (and the last step); the pod grids' evaluations cost ~1% of a run
+  p.eval_every_steps = (1000 if pod else 10 if smoke else 125 if proof else 250 if small
+                        else 300)
   # metrics.jsonl rows (wall time, MFU); divides eval_every_steps
   p.log_every_steps = 5 if smoke else 25 if proof else 50 if small else 100
   # A checkpoint at every evaluation point, each kept: in step mode the equal-FLOPs
   # fine-tuning starts from the one at the smallest run's FLOPs (experiments.ablation).
-  # FLOP mode needs only the last (every run's final checkpoint spends the budget).
+  # FLOP mode needs only the last (every run's final checkpoint spends the budget), and so
+  # do the pod grids, which fine-tune at equal steps only (4.3 GB a RoBERTa-large state).
   p.checkpoint.every_steps = p.eval_every_steps  # a multiple of log_every_steps
   p.checkpoint.keep = 2  # the latest, to resume
-  p.checkpoint.keep_period = 0 if proof else p.eval_every_steps  # ...and every eval point
+  p.checkpoint.keep_period = 0 if proof or pod else p.eval_every_steps  # ...and every eval point
 
   # --- what differs between runs ---
   config.settings = ml_collections.ConfigDict(_settings(arg))  # name -> pretrain.data.masking fields
   # pretrain.seed and pretrain.data.seed: three at least wherever a difference is claimed
   # (paired t intervals over seeds; one seed can separate nothing; --plan_seeds sizes them).
   config.pretrain_seeds = (0,) if smoke else (0, 1, 2)
-  # Fine-tune every downstream task from random init too, with the same sweep: the floor.
-  config.random_init = True
+  # Fine-tune every downstream task from random init too, with the same sweep: the floor
+  # (not for the pod grids: RoBERTa-large after 23k steps is far above it on MNLI).
+  config.random_init = not pod
 
   # --- what is held fixed across settings ---
   config.budget = ml_collections.ConfigDict()
@@ -199,7 +244,9 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   config.budget.measure_batches = 1000
   # Step mode: also fine-tune every run from its checkpoint at the smallest run's model
   # FLOPs (DIR/equal_flops.json, finetune/<run>/<task>_equal_flops; report's equal-FLOPs table).
-  config.budget.finetune_at_equal_flops = True
+  # The pod grids compare at equal steps and tokens, as the papers do (the report's held-out
+  # MLM table at equal FLOPs stays): a second MNLI sweep per run would double their cost.
+  config.budget.finetune_at_equal_flops = not pod
 
   # --- downstream: fine-tuning from every run's final checkpoint ---
   config.downstream = ml_collections.ConfigDict()  # task name -> experiments/configs/finetune.py config
@@ -208,6 +255,18 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
         init_checkpoint="", seq_length=64, epochs=1, learning_rates=(1e-3,), seeds=(0,),
         train_examples=256)
     config.downstream.sentiment.task.max_dev_examples = 256  # a quick dev pass
+  elif pod:
+    # MNLI, the papers' headline task, with DinkyTrain's finetune_glue.sh values (Adam
+    # 0.9/0.98, eps 1e-6 (our default too), weight decay 0.1, no clipping, 6% warmup); the
+    # rate grid, batch 32 and 3 epochs are our choice within what that script takes.
+    mnli = finetune_configs.get_config("mnli")
+    mnli.optimizer.b2 = 0.98
+    mnli.optimizer.weight_decay = 0.1
+    mnli.optimizer.grad_clip_norm = 0.0
+    mnli.warmup_fraction = 0.06
+    mnli.learning_rates = (1e-5, 2e-5, 3e-5)
+    mnli.seeds = (0, 1, 2)
+    config.downstream.mnli = mnli
   else:
     tasks = ((("sentiment_2k", 2000),) if small or proof
              else (("sentiment", 0), ("sentiment_2k", 2000)))
@@ -224,7 +283,8 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   # Model GFLOP/s --dry_run assumes where bert_jax.accelerators.PEAK_TFLOPS has no entry (CPUs):
   # tiny on this project's 2 idle cores, 2.1 steps/s x 22.3 GFLOP per step at ratio 0.15.
   config.report.fallback_gflops = 45.0
-  # "<device kind in PEAK_TFLOPS>:<devices>" estimated by --dry_run (a v4-8 slice is 4 chips).
-  config.report.targets = ("TPU v4:4", "NVIDIA H200:1")
+  # "<device kind in PEAK_TFLOPS>:<devices>" estimated by --dry_run (a v4-8 slice is 4 chips;
+  # a v4-32, the pod grids' slice, 16: bert_jax.accelerators counts v4 TensorCores, 2 a chip).
+  config.report.targets = ("TPU v4:16",) if pod else ("TPU v4:4", "NVIDIA H200:1")
   config.report.baseline = "r15"  # differences (with t intervals) are taken to this setting
   return config
