@@ -13,6 +13,7 @@ import pytest
 
 from data_pipeline import corpora
 from data_pipeline import parquet_files
+from data_pipeline import prepare
 from data_pipeline import pretraining
 from experiments.configs import data as data_configs
 from host import paths
@@ -116,7 +117,8 @@ def test_a_parquet_file_in_a_bucket_reads_like_a_local_one(gcs_emulator, tmp_pat
 
 def test_pretraining_batches_over_parquet_equal_those_over_the_same_jsonl(tmp_path, uncased_vocab):
   """Fails if a parquet: corpus does not feed pretraining exactly as the same texts in a
-  jsonl: corpus do (same documents, sentences, pairs and masks)."""
+  jsonl: corpus do (same documents, sentences, pairs and masks), read in memory or from a
+  tokenized store whose shards are the file's row groups."""
   words = [w for w in uncased_vocab.read_text().split("\n") if w.isalpha() and w.isascii()][:4000]
   rng = np.random.default_rng(0)
   texts = [" ".join(" ".join(rng.choice(words, rng.integers(4, 12))).capitalize() + "."
@@ -126,16 +128,26 @@ def test_pretraining_batches_over_parquet_equal_those_over_the_same_jsonl(tmp_pa
   (tmp_path / "corpus.jsonl").write_text(
       "".join(json.dumps({"text": t}) + "\n" for t in texts if t is not None))
   batches = {}
-  for kind in ("parquet", "jsonl"):
+  for kind in ("parquet", "jsonl", "parquet_store"):
     config = data_configs.data_config()
-    config.corpus = f"{kind}:{tmp_path}/corpus.{kind}"
+    config.corpus = f"{kind.split('_')[0]}:{tmp_path}/corpus.{kind.split('_')[0]}"
     config.vocab_file = str(uncased_vocab)
     config.max_seq_length = 64
     config.heldout_modulus = 10
-    source = pretraining.PretrainingInput(config, batch_size=16)
+    if kind == "parquet_store":
+      config.tokenized_dir = str(tmp_path / "store")
+      config.shard_bytes = 4096  # the ~29 KB file in shards of whole row groups
+      data = prepare.PretrainingData.prepare(config, batch_size=16, eval_batch_size=16,
+                                             total_steps=3)
+      source = data.train_input(0)
+    else:
+      source = pretraining.PretrainingInput(config, batch_size=16)
     batches[kind] = [next(source) for _ in range(3)]
-  for got, want in zip(batches["parquet"], batches["jsonl"]):
-    assert got.keys() == want.keys()
-    for key in got:
-      np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+  shards = list((tmp_path / "store").rglob("*.tok"))
+  assert len(shards) == 3  # 120 rows in row groups of 50: one shard each
+  for other in ("jsonl", "parquet_store"):
+    for got, want in zip(batches["parquet"], batches[other]):
+      assert got.keys() == want.keys()
+      for key in got:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=f"{other}: {key}")
   assert batches["parquet"][0]["input_mask"].sum() > 16 * 32  # real text, not padding

@@ -143,3 +143,10 @@ def test_a_record_from_before_the_splitter_resumes_only_with_the_regex():
   assert resume("parquet:/data/*.parquet", "blingfire") != []
   assert resume("embedded", "blingfire") == []
   assert resume("/data/bert_format_*.txt", "blingfire") == []
+  # The refusal names the flag that resumes it as it ran.
+  with pytest.raises(workdir.WorkdirError,
+                     match=r"to resume it as it ran, --config.data.sentence_splitter='regex'; "):
+    workdir.check_record("/w", {"config": {"data.corpus": "raw:/data/*.txt"}},
+                         {"config": {"data.corpus": "raw:/data/*.txt",
+                                     "data.sentence_splitter": "blingfire"},
+                          "bert_config": {}, "data": {}, "code_version": "x"}, quiet=True)

@@ -362,12 +362,16 @@ def test_a_preparation_killed_at_a_random_shard_and_rerun_ends_byte_identical(fi
 
 def test_a_gs_store_on_the_emulator(gcs_emulator, files):
   """A store in a bucket: fails if its batches differ from the in-memory path's, if a later
-  start tokenizes again, or if a truncated remote shard is read without a refusal naming
-  it."""
+  start tokenizes again, if a truncated remote shard is read without a refusal naming it, or
+  if the line the launcher prints does not say whether the store is made."""
   bucket = gcs_emulator.bucket("tokenized")
   config = _config(files[0], files[2], f"{bucket}/stores")
+  # What the launcher prints before it creates a slice: not made yet, then made.
+  assert "not prepared yet" in token_store.describe_for_slice(config.data, 1)
   _assert_same(_everything(_data(config)),
                _everything(_data(_config(files[0], files[2], "none"))))
+  assert re.search(r"prepared \([\d,]+ tokens, [\d.]+ MiB in \d+ shards\)",
+                   token_store.describe_for_slice(config.data, 1))
   store = prepare_corpus.prepare_store(config.data, vocab_file=str(files[2]), spm_model_file="",
                                        num_workers=1)
   assert store.prepared["units"] == 0 and store.directory.startswith(f"{bucket}/stores/")
@@ -451,3 +455,13 @@ def test_a_workdir_started_without_the_store_resumes_on_it_bit_identically(
   _, params = checkpoint.load_params_from_workdir(str(run))
   _, expected = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
   jax.tree.map(np.testing.assert_array_equal, params, expected)
+
+
+def test_the_launcher_says_a_store_on_each_hosts_disk_is_out_of_its_sight(tmp_path):
+  """bert_jax.launch asks (a child process, no JAX) before it creates a slice: fails if a
+  store on the hosts' own disks (the default) is not named as such, with the gs:// advice."""
+  from bert_jax.launch import launcher as launcher_lib  # pylint: disable=g-import-not-at-top
+  line = launcher_lib.store_status("experiments/configs/pretrain.py:tiny",
+                                   [f"--config.data.vocab_file={tmp_path / 'vocab.txt'}"], 4)
+  assert line.startswith("tokenized store: on each host's own disk ($BERT_JAX_CACHE/tokenized)")
+  assert "a gs:// data.tokenized_dir is shared" in line

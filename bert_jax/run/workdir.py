@@ -259,10 +259,14 @@ def check_record(workdir: str, old: dict, new: dict, quiet: bool = False) -> Non
   more = f" (and {len(diffs) - 1} more: {', '.join(d[0] for d in diffs[1:4])})" if diffs[1:] else ""
   variant = old["config"].get("variant") or old["config"].get("task.name")
   was = f" as {variant!r}" if variant else ""
+  key = field[len("config."):]
+  # A field newer than the record: the record ran with its implied value, which resumes it.
+  resume = (f"to resume it as it ran, --{field}={was_value!r}; "
+            if key in IMPLIED_WHEN_MISSING and key not in old.get("config", {}) else "")
   raise WorkdirError(
       f"workdir {workdir} was created{was} with {field}={was_value!r}; this run has "
       f"{value!r}{more}. "
-      f"Its checkpoints mean what {paths.join(workdir, RECORD_FILE)} says: use a new "
+      f"Its checkpoints mean what {paths.join(workdir, RECORD_FILE)} says: {resume}use a new "
       f"--workdir for the new setting, or start one from these weights with "
       f"--config.init_checkpoint={workdir}")
 
