@@ -12,7 +12,13 @@ workers' venv python). Environment variables steer it: FAKE_JOB (how the job
 ends), FAKE_JOB_HOLD (run until the test writes a release file),
 FAKE_GCLOUD_FAIL(+_TIMES, _MESSAGE) (a step fails), FAKE_SSH_255 (the ssh of
 these steps ends with 255 after running), FAKE_GCLOUD_PROVISION (the states a
-created queued resource goes through).
+created queued resource goes through), FAKE_JOB_FAIL (the jobs whose workdir holds this
+text fail, every attempt).
+
+Several queued resources can exist at once (experiments.ablation --launch drives one per
+run): each keeps its states, its workers' homes and its job starts in a directory of its
+own, slices/NAME/ (slice_dir); the harness's own slice, FAKE_NAME, keeps them in the fake
+directory itself, where the launcher's tests read them.
 
 Imported, it gives FakeGcloud: one test's fake directory, call log and environment.
 """
@@ -140,23 +146,40 @@ def parse(args):
   return command, positionals, given
 
 
-def states():
+def slice_dir(name: str) -> str:
+  """Where queued resource `name` keeps its states, workers' homes and job starts: the fake
+  directory for the harness's slice (FAKE_NAME), slices/NAME under it for any other."""
+  if name == os.environ.get("FAKE_NAME", NAME):
+    return _root()
+  return os.path.join(_root(), "slices", name)
+
+
+def states(name: str) -> list:
   """The queued resource's states to come (the first is the current one); [] if none."""
-  path = os.path.join(_root(), "states.json")
+  path = os.path.join(slice_dir(name), "states.json")
   return json.load(open(path)) if os.path.exists(path) else []
 
 
-def save(new):
+def save(name: str, new: list) -> None:
   """Replaces the states to come."""
-  path = os.path.join(_root(), "states.json")
+  path = os.path.join(slice_dir(name), "states.json")
+  os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path + ".tmp", "w") as f:
     json.dump(new, f)
   os.replace(path + ".tmp", path)
 
 
-def exists():
+def exists(name: str) -> bool:
   """Whether the queued resource exists."""
-  return bool(states()) and states()[0] is not None
+  return bool(states(name)) and states(name)[0] is not None
+
+
+def names() -> list[str]:
+  """The queued resources that exist, the harness's own first."""
+  others = os.path.join(_root(), "slices")
+  candidates = [os.environ.get("FAKE_NAME", NAME)] + (
+      sorted(os.listdir(others)) if os.path.isdir(others) else [])
+  return [n for n in candidates if exists(n)]
 
 
 def kind(command, given):
@@ -191,25 +214,26 @@ def main(args: list[str]) -> None:
   step = kind(command, given)
   maybe_fail(step)
   verb = command[-1]
+  name = positionals[0] if verb in ("create", "describe", "delete", "ssh") else ""
   if verb == "create":
     if not ACCELERATOR.fullmatch(given["--accelerator-type"][0]):
       fail(command, "INVALID_ARGUMENT: accelerator type "
            f"{given['--accelerator-type'][0]!r} is not known in this zone.")
-    if exists():
+    if exists(name):
       fail(command, "ALREADY_EXISTS: the queued resource already exists.")
-    save(os.environ.get("FAKE_GCLOUD_PROVISION", "ACTIVE").split(","))
+    save(name, os.environ.get("FAKE_GCLOUD_PROVISION", "ACTIVE").split(","))
   elif verb == "describe":
-    if not exists():
+    if not exists(name):
       fail(command, "NOT_FOUND: Requested entity was not found.")
-    print(states()[0])
-    if len(states()) > 1:
-      save(states()[1:])
+    print(states(name)[0])
+    if len(states(name)) > 1:
+      save(name, states(name)[1:])
   elif verb == "delete":
-    if not exists():
+    if not exists(name):
       fail(command, "NOT_FOUND: Requested entity was not found.")
-    save(["DELETING", None])
+    save(name, ["DELETING", None])
   elif verb == "list":
-    print("NAME" if not exists() else f"NAME\n{os.environ.get('FAKE_NAME', '')}")
+    print("\n".join(["NAME"] + names()))
   elif verb == "cat":
     url = positionals[0]
     local = os.path.join(_root(), "gcs", url[len("gs://"):])
@@ -220,16 +244,16 @@ def main(args: list[str]) -> None:
     if not os.path.isdir(positionals[0]):
       fail(command, f"{positionals[0]}: No such file or directory")
   else:  # ssh: each worker is a directory (its $HOME) where the command runs for real
-    if states()[:1] != ["ACTIVE"]:
+    if states(name)[:1] != ["ACTIVE"]:
       print("ssh: connect to host: Connection timed out", file=sys.stderr)
       sys.exit(255)
     count = int(os.environ.get("FAKE_WORKERS", "4"))
     worker = given.get("--worker", ["0"])[0]
     codes = []
     for w in (range(count) if worker == "all" else [int(worker)]):
-      home = os.path.join(_root(), f"worker_{w}")
+      home = os.path.join(slice_dir(name), f"worker_{w}")
       os.makedirs(home, exist_ok=True)
-      env = dict(os.environ, HOME=home, FAKE_WORKER=str(w))
+      env = dict(os.environ, HOME=home, FAKE_WORKER=str(w), FAKE_SLICE_DIR=slice_dir(name))
       if step == "install":  # stands in for apt/venv/pip: a venv whose python is the fake job
         os.makedirs(os.path.join(home, "bert_jax"), exist_ok=True)
         os.makedirs(os.path.join(home, "bert_jax_venv", "bin"), exist_ok=True)
@@ -310,10 +334,26 @@ class FakeGcloud:
                    "upload" if "scp" in c else c[4] if c[1] != "alpha" else c[5])
     return names
 
-  def starts(self) -> list[dict]:
-    """One line per job process a fake worker started."""
-    path = self.root / "starts.jsonl"
+  def starts(self, name: str = NAME) -> list[dict]:
+    """One line per job process a fake worker of slice `name` started."""
+    path = self.slice_dir(name) / "starts.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+  def slice_dir(self, name: str) -> pathlib.Path:
+    """Slice `name`'s directory (states.json, worker_N homes, starts.jsonl), as slice_dir."""
+    return self.root if name == NAME else self.root / "slices" / name
+
+  def slice_names(self) -> list[str]:
+    """Every slice ever created, the harness's own first when it was."""
+    others = self.root / "slices"
+    return ([NAME] if (self.root / "states.json").exists() else []) + (
+        sorted(p.name for p in others.iterdir()) if others.is_dir() else [])
+
+  def slice_state(self, name: str) -> "str | None":
+    """Slice `name`'s current state (None: never created, or deleted)."""
+    path = self.slice_dir(name) / "states.json"
+    current = json.loads(path.read_text()) if path.exists() else []
+    return current[0] if current else None
 
   def wait_for(self, predicate, what: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout

@@ -4,9 +4,12 @@ The fake install makes it each worker's venv python, so the launcher's start
 script (`setsid nohup $HOME/bert_jax_venv/bin/python -m bert_jax.main ...`) runs
 it. Worker 0 (process 0) writes WORKDIR/job_state.json with the real
 bert_jax.run.job_state.Tracker; FAKE_JOB says how it ends (done, fail, preempt_first,
-preempt_always, suspend_first, blip); FAKE_JOB_HOLD keeps it running until the
-test writes the fake directory's `release` file. Every start is logged to
-starts.jsonl there.
+preempt_always, suspend_first, blip), and a job whose workdir contains FAKE_JOB_FAIL
+fails whatever FAKE_JOB says; FAKE_JOB_HOLD keeps it running until the test writes
+the fake directory's `release` file (every job) or `release-<the workdir's last
+part>` (that job), FAKE_JOB_HOLD_S seconds at most (60). Every start is logged to
+starts.jsonl in its slice's directory (FAKE_SLICE_DIR, set by the fake ssh; the fake
+directory itself for the harness's own slice).
 """
 
 import json
@@ -26,17 +29,20 @@ def set_states(root, new):
 def main() -> int:
   """Runs as one worker's job; returns its exit code."""
   root, worker = os.environ["FAKE_GCLOUD_DIR"], int(os.environ["FAKE_WORKER"])
+  slice_root = os.environ.get("FAKE_SLICE_DIR", root)
   job_id, attempt = os.environ.get("BERT_JAX_JOB_ID"), int(os.environ["BERT_JAX_JOB_ATTEMPT"])
   workdir = next(a for a in sys.argv if a.startswith("--workdir=")).split("=", 1)[1]
   local = os.path.join(root, "gcs", workdir[len("gs://"):])
-  starts = os.path.join(root, "starts.jsonl")
+  starts = os.path.join(slice_root, "starts.jsonl")
   previous = sum(1 for line in open(starts) if json.loads(line)["worker"] == worker) \
       if os.path.exists(starts) else 0
   with open(starts, "a") as f:
     f.write(json.dumps({"worker": worker, "job_id": job_id, "attempt": attempt, "pid": os.getpid(),
-                        "argv": sys.argv[1:]}) + "\n")
+                        "argv": sys.argv[1:], "time": time.time()}) + "\n")
   print(f"hello from worker {worker}, attempt {attempt}", flush=True)
   mode = os.environ.get("FAKE_JOB", "done")
+  if os.environ.get("FAKE_JOB_FAIL") and os.environ["FAKE_JOB_FAIL"] in workdir:
+    mode = "fail"  # this job fails for good
   first = previous == 0
   tracker = None
   if worker == 0:  # process 0 (the others skip the import: it costs a second of CPU each)
@@ -56,14 +62,16 @@ def main() -> int:
     code = 143
   elif mode == "suspend_first" and first:
     if worker == 0:
-      set_states(root, ["SUSPENDED"])
+      set_states(slice_root, ["SUSPENDED"])
     os._exit(0)  # the VM is gone: no final record, the heartbeat stops
   else:
     if mode == "blip" and first and worker == 0:
-      set_states(root, ["FAILED", "ACTIVE"])  # one odd read of the queued resource
-    hold = os.path.join(root, "release")
-    deadline = time.time() + (60 if os.environ.get("FAKE_JOB_HOLD") else 0.6)
-    while time.time() < deadline and not os.path.exists(hold):
+      set_states(slice_root, ["FAILED", "ACTIVE"])  # one odd read of the queued resource
+    holds = [os.path.join(root, "release"),
+             os.path.join(root, f"release-{workdir.rstrip('/').rsplit('/', 1)[-1]}")]
+    hold_s = float(os.environ.get("FAKE_JOB_HOLD_S", "60"))  # the longest hold
+    deadline = time.time() + (hold_s if os.environ.get("FAKE_JOB_HOLD") else 0.6)
+    while time.time() < deadline and not any(os.path.exists(h) for h in holds):
       time.sleep(0.05)
     print(f"worker {worker} finished", flush=True)
   if tracker:

@@ -105,7 +105,13 @@ def test_report_names_unfinished_runs_and_compares_at_equal_steps_and_flops():
           "pretrain_seeds": [0, 1, 2], "tasks": {}, "baseline": "r15",
           "runs": [{"name": r["run"]} for r in rows]}
   md = ablation_report.report_markdown(plan, rows, [], [])
-  assert "Unfinished (listed above, left out of every comparison below): r60_seed0." in md
+  assert "Unfinished (left out of every comparison below): r60_seed0." in md
+  # A launched run given up on before it wrote anything is unfinished, not "not started".
+  given_up = dict(plan, runs=plan["runs"] + [{"name": "r60_seed1"}])
+  md_given_up = ablation_report.report_markdown(given_up, rows, [], [], given_up=("r60_seed1",))
+  assert "Unfinished (left out of every comparison below): r60_seed0, r60_seed1." in md_given_up
+  assert "Not started yet" not in md_given_up
+  assert "Not started yet: r60_seed1." in ablation_report.report_markdown(given_up, rows, [], [])
   assert "r60 beats" not in md and "| r60 |" not in md.split("## Runs")[1].split("## At")[1]
   assert "r40 beats r15" in md
   # Equal FLOPs is the smallest finished run's total (r15: 4e9): r40 is read at step 2.

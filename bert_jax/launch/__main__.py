@@ -105,7 +105,7 @@ _CONFIG = flags.DEFINE_string("config", None, "bert_jax.main's --config, e.g. "
                               "experiments/configs/pretrain.py:base (a path in this source tree).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "bert_jax.main's --workdir: a gs:// directory "
                                "(every worker and every relaunch must see it).")
-_MAX_RELAUNCHES = flags.DEFINE_integer("max_relaunches", 10,
+_MAX_RELAUNCHES = flags.DEFINE_integer("max_relaunches", launcher_lib.MAX_RELAUNCHES,
                                        "Restarts after the job was lost (preemption, maintenance).")
 _KEEP = flags.DEFINE_bool("keep", False, "Leave the slice running when the job is done.")
 _SKIP_PREFLIGHT = flags.DEFINE_bool("skip_preflight", False, "Create the slice without first "
@@ -117,17 +117,21 @@ _SOURCE_DIR = flags.DEFINE_string("source_dir", "", "Source tree to install; '' 
 _WORKER = flags.DEFINE_integer("worker", 0, "--action=logs: whose log.")
 _FOLLOW = flags.DEFINE_bool("follow", True, "--action=logs: keep printing new lines.")
 _FOLLOW_LOGS = flags.DEFINE_bool("follow_logs", True, "While watching, stream worker 0's log.")
-_POLL_S = flags.DEFINE_float("poll_s", 30.0, "Seconds between looks at the slice and the job.")
-_RETRY_S = flags.DEFINE_float("retry_s", 5.0, "First backoff of a failed state read (doubling, "
-                              "5 tries; then the launcher exits, leaving the job be).")
+_POLL_S = flags.DEFINE_float("poll_s", launcher_lib.POLL_S,
+                             "Seconds between looks at the slice and the job.")
+_RETRY_S = flags.DEFINE_float("retry_s", launcher_lib.RETRY_S, "First backoff of a failed state "
+                              "read (doubling, 5 tries; then the launcher exits, leaving the "
+                              "job be).")
 _PREEMPTION_WINDOW_S = flags.DEFINE_float(
-    "preemption_window_s", 180.0, "How long a lost-looking job must stay so before a relaunch.")
+    "preemption_window_s", launcher_lib.PREEMPTION_WINDOW_S,
+    "How long a lost-looking job must stay so before a relaunch.")
 _STALE_AFTER_S = flags.DEFINE_float(
-    "stale_after_s", 600.0, "A 'running' record whose heartbeat is older is a job that is gone "
-    "(the job rewrites it every minute).")
+    "stale_after_s", launcher_lib.STALE_AFTER_S, "A 'running' record whose heartbeat is older "
+    "is a job that is gone (the job rewrites it every minute).")
 _START_TIMEOUT_S = flags.DEFINE_float(
-    "start_timeout_s", 1800.0, "How long a started job may take to write its 'running' record.")
-_CREATE_TIMEOUT_S = flags.DEFINE_float("create_timeout_s", 4 * 3600.0,
+    "start_timeout_s", launcher_lib.START_TIMEOUT_S,
+    "How long a started job may take to write its 'running' record.")
+_CREATE_TIMEOUT_S = flags.DEFINE_float("create_timeout_s", launcher_lib.CREATE_TIMEOUT_S,
                                        "Give up if the slice is not ACTIVE after this long.")
 
 

@@ -22,6 +22,17 @@ from bert_jax.launch import state as launch_state
 from bert_jax.launch.state import LaunchError, say
 
 
+# The watch's defaults: bert_jax.launch's flags and experiments.ablation --launch's (which
+# drives one Launcher per run) both take them from here.
+MAX_RELAUNCHES = 10  # restarts after the job was lost (preemption, maintenance)
+POLL_S = 30.0  # seconds between looks at the slice and the job
+RETRY_S = 5.0  # first backoff of a failed state read (doubling, 5 tries)
+PREEMPTION_WINDOW_S = 180.0  # how long a lost-looking job must stay so before a relaunch
+STALE_AFTER_S = 600.0  # a 'running' record with an older heartbeat is a job that is gone
+START_TIMEOUT_S = 1800.0  # how long a started job may take to write its 'running' record
+CREATE_TIMEOUT_S = 4 * 3600.0  # give up if the slice is not ACTIVE after this long
+
+
 def how_to(tpu: launch_plan.Slice) -> str:
   """What to do after the launcher stopped: re-run to attach, and the logs and delete actions."""
   where = f"--name={tpu.name} --project={tpu.project} --zone={tpu.zone}"
@@ -195,7 +206,8 @@ class Launcher:
     elif self.delete(wait=False):
       say(f"{self.tpu.name} is being deleted")
 
-  def run(self, args: list[str], max_relaunches: int, keep: bool, preflight=None) -> None:
+  def run(self, args: list[str], max_relaunches: int, keep: bool, preflight=None,
+          replace: bool = False) -> None:
     """Attaches to this launch's live job, or brings the slice up and starts it; then watches,
     relaunches a lost job, and deletes the slice when the workdir says done.
 
@@ -210,6 +222,11 @@ class Launcher:
     that cannot fit must be refused before any of them (it would be refused
     anyway before a create). A re-run that attaches finds its pass remembered
     (see _preflight), so attaching is not held up by a compile.
+
+    `replace`: the caller knows no job of its own is live on the slice (a grid's new
+    attempt after a failed one, or the next run on a shared slice), so a process still
+    running there -- the failed attempt exiting or hung, the previous run's -- is ended
+    before the start instead of adopted (a record saying running is still attached to).
     """
     os.makedirs(self.logdir, exist_ok=True)
     say(f"{self.tpu.name}: {self.tpu.accelerator_type}, {self.tpu.num_workers} workers; "
@@ -227,7 +244,7 @@ class Launcher:
     else:
       self.ensure_active(state)
       self.install()
-      self.start(args)
+      self.start(args, replace=replace)
     follower = launch_attach.LogFollower(self.tpu, self.logdir) if self.follow_logs else None
     relaunches = 0
     try:

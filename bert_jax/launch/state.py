@@ -17,6 +17,7 @@ never relaunches anything.
 import dataclasses
 import shlex
 import subprocess
+import threading
 import time
 
 from bert_jax.launch import plan as launch_plan
@@ -67,9 +68,20 @@ def tail(text: str, lines: int = 3, chars: int = 500) -> str:
   return " | ".join(kept)[-chars:] or "(no output)"
 
 
+_THREAD = threading.local()  # what say() tags this thread's lines with (tag_thread)
+
+
 def say(message: str) -> None:
-  """One line of the launcher's own output."""
-  print(f"[launch] {message}", flush=True)
+  """One line of the launcher's own output: [launch] MESSAGE, or [launch TAG] MESSAGE in a
+  thread tagged by tag_thread."""
+  tag = getattr(_THREAD, "tag", "")
+  print(f"[launch{' ' + tag if tag else ''}] {message}", flush=True)
+
+
+def tag_thread(tag: str) -> None:
+  """Tags every later say() line of this thread with `tag`: a grid of runs
+  (experiments.ablation --launch) drives one launch per thread, their lines interleaved."""
+  _THREAD.tag = tag
 
 
 class Gcloud:

@@ -370,9 +370,13 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 
 def report_markdown(plan: dict[str, Any], rows: list[dict[str, Any]], tasks: list[str],
-                    plots: list[str], random_init: dict[str, dict[str, Any]] | None = None
-                    ) -> str:
-  """report.md: the per-run table, the per-setting summary, the plots and what the numbers are."""
+                    plots: list[str], random_init: dict[str, dict[str, Any]] | None = None,
+                    given_up: tuple[str, ...] = ()) -> str:
+  """report.md: the per-run table, the per-setting summary, the plots and what the numbers are.
+
+  `given_up`: runs named unfinished that never wrote a config (a launched job that failed at
+  every start): named unfinished, not "not started yet".
+  """
   header = ["run", "ratio", "schedule", "mix", "unit", "P", "steps", "tokens", "predictions",
             "model PFLOP", "wall", "TFLOP/s", "MFU", "held-out MLM loss (15%)",
             "held-out MLM acc (15%)", "MLM acc (own ratio)"]
@@ -388,8 +392,10 @@ def report_markdown(plan: dict[str, Any], rows: list[dict[str, Any]], tasks: lis
       cells.append(f"{r[f'{task}_median']:.4f} ({r[f'{task}_min']:.4f}-{r[f'{task}_max']:.4f})"
                    if f"{task}_median" in r else "not run")
     table.append(cells)
-  missing = [r["name"] for r in plan["runs"] if r["name"] not in {row["run"] for row in rows}]
-  unfinished = [r["run"] for r in rows if not r["finished"]]
+  seen = {row["run"] for row in rows}
+  missing = [r["name"] for r in plan["runs"] if r["name"] not in seen and r["name"] not in given_up]
+  unfinished = [r["run"] for r in rows if not r["finished"]] + [
+      r["name"] for r in plan["runs"] if r["name"] in given_up and r["name"] not in seen]
   lines = [f"# Masking ablation: {plan['variant']}", "",
            f"{len(plan['settings'])} masking settings x pretraining seeds "
            f"{plan['pretrain_seeds']}; downstream: "
@@ -403,7 +409,7 @@ def report_markdown(plan: dict[str, Any], rows: list[dict[str, Any]], tasks: lis
   if missing:
     lines += [f"Not started yet: {', '.join(missing)}.", ""]
   if unfinished:
-    lines += [f"Unfinished (listed above, left out of every comparison below): "
+    lines += [f"Unfinished (left out of every comparison below): "
               f"{', '.join(unfinished)}.", ""]
   finished = [r for r in rows if r["finished"]]
   lines += matched_tables(rows)
@@ -571,6 +577,6 @@ def write_report(workdir: str, plan: dict[str, Any], unfinished: tuple[str, ...]
   plots = write_plots(workdir, rows, tasks, random_init)
   paths.write_atomic(paths.join(workdir, "results.csv"), results_csv(rows, tasks))
   paths.write_atomic(paths.join(workdir, "report.md"),
-                     report_markdown(plan, rows, tasks, plots, random_init))
+                     report_markdown(plan, rows, tasks, plots, random_init, tuple(unfinished)))
   return ["report.md", "results.csv"] + [f"plots/{p}.png" for p in plots]
 

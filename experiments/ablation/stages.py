@@ -11,7 +11,7 @@ import dataclasses
 import json
 import re
 import shlex
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 import ml_collections
@@ -23,6 +23,7 @@ from bert_jax.run import checkpoint
 from bert_jax.run import preemption
 from bert_jax.run import workdir as workdir_lib
 from data_pipeline import specs
+from experiments.ablation import grid as ablation_grid
 from experiments.ablation import plan as ablation_plan
 from experiments.ablation import proof as ablation_proof
 from experiments.ablation import report as ablation_report
@@ -42,6 +43,7 @@ EQUAL_FLOPS_FILE = ablation_report.EQUAL_FLOPS_FILE
 EQUAL_FLOPS_SUFFIX = "_equal_flops"  # finetune/<run>/<task>_equal_flops
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 AblationError = ablation_proof.AblationError  # bad settings, or runs that differ in more than masks
+PRETRAIN_CONFIG_FILE = "experiments/configs/pretrain.py"  # each run's job: one of its variants
 
 
 @dataclasses.dataclass
@@ -394,7 +396,7 @@ def _flag_value(value: Any) -> str:
 
 
 def _overrides(config: ml_collections.ConfigDict, base: ml_collections.ConfigDict) -> list[str]:
-  """--config.X=V flags turning `base` into `config` (fields whose values differ)."""
+  """--config.X=V flags turning `base` into `config` (fields whose values differ), unquoted."""
   want, have = workdir_lib.flatten(config), workdir_lib.flatten(base)
   flags_ = []
   for key in sorted(want):
@@ -402,8 +404,24 @@ def _overrides(config: ml_collections.ConfigDict, base: ml_collections.ConfigDic
       raise AblationError(f"config field {key} does not exist in the base config file; "
                           "it cannot be set by flag")
     if want[key] != have[key]:
-      flags_.append(shlex.quote(f"--config.{key}={_flag_value(want[key])}"))
+      flags_.append(f"--config.{key}={_flag_value(want[key])}")
   return flags_
+
+
+def pretrain_job(run: Run) -> tuple[str, list[str]]:
+  """`run` as one bert_jax.main job: (its --config value, its --config.X=V flags, unquoted).
+
+  The flags are the fields where the run's config differs from its variant of
+  experiments/configs/pretrain.py (--print_commands prints them; --launch starts them).
+  """
+  base = pretrain_configs.get_config(run.config.variant)
+  return f"{PRETRAIN_CONFIG_FILE}:{run.config.variant}", _overrides(run.config, base)
+
+
+def _main_command(config_arg: str, workdir: str, flags_: list[str]) -> str:
+  """One `python -m bert_jax.main` command line, quoted for a shell."""
+  return " ".join(["python -m bert_jax.main", f"--config={config_arg}",
+                   f"--workdir={shlex.quote(workdir)}"] + [shlex.quote(f) for f in flags_])
 
 
 def commands(config: ml_collections.ConfigDict, workdir: str, runs: list[Run],
@@ -417,21 +435,15 @@ def commands(config: ml_collections.ConfigDict, workdir: str, runs: list[Run],
   lines = ["# 1. once: the corpus and plan.json", f"{this} --stage=prepare",
            "# 2. pretraining: independent runs, one per machine if you like"]
   for run in runs:
-    base = pretrain_configs.get_config(run.config.variant)
-    lines.append(" ".join(
-        ["python -m bert_jax.main", f"--config=experiments/configs/pretrain.py:{run.config.variant}",
-         f"--workdir={shlex.quote(paths.join(workdir, run.pretrain_dir))}"]
-        + _overrides(run.config, base)))
+    config_arg, flags_ = pretrain_job(run)
+    lines.append(_main_command(config_arg, paths.join(workdir, run.pretrain_dir), flags_))
   lines.append("# 3. fine-tuning, each after its pretraining run")
   for run in runs:
     for task, task_dir in run.finetune_dirs.items():
       task_config = finetune_config(config, task, run, workdir)
       base = finetune_configs.get_config(task_config.task.name)
-      lines.append(" ".join(
-          ["python -m bert_jax.main",
-           f"--config=experiments/configs/finetune.py:{task_config.task.name}",
-           f"--workdir={shlex.quote(paths.join(workdir, task_dir))}"]
-          + _overrides(task_config, base)))
+      lines.append(_main_command(f"experiments/configs/finetune.py:{task_config.task.name}",
+                                 paths.join(workdir, task_dir), _overrides(task_config, base)))
   lines += ["# 4. the identical-data check and the report, once all are done",
             f"{this} --stage=check", f"python -m experiments.ablation "
             f"--workdir={shlex.quote(workdir)} --stage=report"]
@@ -444,8 +456,15 @@ def commands(config: ml_collections.ConfigDict, workdir: str, runs: list[Run],
 
 
 def run_ablation(config: ml_collections.ConfigDict | None, workdir: str,
-                 stage: str = "all") -> int:
-  """Runs `stage` of the ablation in `workdir`; returns the exit code (module docstring)."""
+                 stage: str = "all",
+                 launch: Callable[[list[Run]], None] | None = None) -> int:
+  """Runs `stage` of the ablation in `workdir`; returns the exit code (module docstring).
+
+  `launch`: the pretrain stage as launched jobs (experiments/ablation/launch.py), in
+  place of training here; it returns once every run is done or given up on. Runs the
+  launched grid gave up on (DIR/grid.json: failed --max_attempts times) and that have
+  not finished since are left out of fine-tuning and named unfinished in the report.
+  """
   if stage not in STAGES:
     raise AblationError(f"--stage={stage!r}: expected one of {STAGES}")
   try:
@@ -457,7 +476,9 @@ def run_ablation(config: ml_collections.ConfigDict | None, workdir: str,
     if stage in ("all", "prepare"):
       runs = prepare(config, workdir, runs)
     if stage in ("all", "pretrain"):
-      if not pretrain(runs, workdir):
+      if launch is not None:
+        launch(runs)
+      elif not pretrain(runs, workdir):
         return exit_codes.PREEMPTED
     if stage == "prepare":
       return 0
@@ -465,14 +486,15 @@ def run_ablation(config: ml_collections.ConfigDict | None, workdir: str,
     # Plans written before FLOP budgets have no "budget": they ran in step mode.
     proof = check_identical_data(workdir, written_plan["runs"],
                                  flop_mode=written_plan.get("budget", {}).get("mode") == "flops")
-    if proof.unfinished:
-      logging.warning("unfinished runs, left out of every comparison: %s",
-                      ", ".join(proof.unfinished))
+    given_up = [name for name in ablation_grid.given_up(workdir) if name not in proof.finished]
+    unfinished = tuple(proof.unfinished) + tuple(n for n in given_up if n not in proof.unfinished)
+    if unfinished:
+      logging.warning("unfinished runs, left out of every comparison: %s", ", ".join(unfinished))
     if stage in ("all", "finetune"):
-      if not finetune(config, runs, workdir):
+      if not finetune(config, [r for r in runs if r.name not in given_up], workdir):
         return exit_codes.PREEMPTED
     if stage in ("all", "report"):
-      written = ablation_report.write_report(workdir, written_plan, tuple(proof.unfinished))
+      written = ablation_report.write_report(workdir, written_plan, unfinished)
       logging.info("report: %s", ", ".join(written))
   except errors.UsageError as e:  # AblationError, WorkdirError, a trainer's refusal of a run
     from bert_jax import jobs  # pylint: disable=g-import-not-at-top  # jax/tf only when running
