@@ -121,9 +121,10 @@ def pretrain_subprocess(tmp_path_factory):
   """Starts tests/pretrain_runner.py on a config in a fresh process with `devices` CPU devices.
 
   Returns a function (config, workdir, *, devices=1, synthetic=False, name=None,
-  preexec_fn=None, stdout=None, env=None, files_dir=None, cwd=None) ->
+  preexec_fn=None, stdout=None, env=None, files_dir=None, cwd=None, kill_at=None) ->
   subprocess.Popen; its config file and output log sit beside the workdir (or in
   files_dir), named `name` (default: the workdir's name) + ".config.json" / ".log".
+  kill_at ("PHASE:STEP", tests/kill_points.py): the run kills itself at that moment.
   """
   import subprocess
   import sys
@@ -131,7 +132,7 @@ def pretrain_subprocess(tmp_path_factory):
   cache_dir = tmp_path_factory.mktemp("jax_compilation_cache")
 
   def start(config, workdir, *, devices=1, synthetic=False, name=None, preexec_fn=None,
-            stdout=None, env=None, files_dir=None, cwd=None):
+            stdout=None, env=None, files_dir=None, cwd=None, kill_at=None):
     # files_dir: where the config and log go (beside a local workdir; a gs:// one has no parent here).
     files_dir = pathlib.Path(files_dir or pathlib.Path(workdir).parent)
     name = name or pathlib.Path(workdir).name
@@ -141,7 +142,8 @@ def pretrain_subprocess(tmp_path_factory):
     # with a file-size limit could not write a log past that limit).
     log = stdout or open(files_dir / f"{name}.log", "ab")
     args = [sys.executable, str(runner), str(config_file), str(workdir)]
-    return subprocess.Popen(args + (["--synthetic"] if synthetic else []), stdout=log,
+    args += (["--synthetic"] if synthetic else []) + ([f"--kill_at={kill_at}"] if kill_at else [])
+    return subprocess.Popen(args, stdout=log,
                             stderr=subprocess.STDOUT,
                             env={**_pretrain_env(devices, cache_dir), **(env or {})},
                             preexec_fn=preexec_fn, cwd=cwd)

@@ -1,6 +1,6 @@
 """Subprocess entry for the trainer's end-to-end tests (kill -9, meshes, multi-process).
 
-usage: python tests/pretrain_runner.py CONFIG_JSON WORKDIR [--synthetic]
+usage: python tests/pretrain_runner.py CONFIG_JSON WORKDIR [--synthetic] [--kill_at=PHASE:STEP]
 (TEST_LOCK_HEARTBEAT_S in the environment: the workdir lock's heartbeat, for lock tests)
 
 Runs bert_jax.main.run (the entry point minus flag parsing) on a config
@@ -8,7 +8,8 @@ serialised with ConfigDict.to_json(). --synthetic replaces the input pipeline wi
 deterministic random stream whose global batch is the same however many
 processes share it (process i gets rows [i*b, (i+1)*b)): the real pipeline
 gives each process different documents, so 2 processes could not be compared
-with 1 process on it.
+with 1 process on it. --kill_at makes the run kill itself (SIGKILL) at that
+moment, after recording where (tests/kill_points.py).
 """
 
 import json
@@ -88,6 +89,10 @@ def main(argv):
     from data_pipeline import pretraining
     pretraining.PretrainingInput = SyntheticInput
     pretraining.make_eval_batches = synthetic_eval_batches
+  for arg in argv[3:]:
+    if arg.startswith("--kill_at="):
+      import kill_points  # beside this file (sys.path[0])
+      kill_points.install(arg.removeprefix("--kill_at="), argv[2])
   from bert_jax import jobs
   if os.environ.get("TEST_LOCK_HEARTBEAT_S"):  # the lock tests' heartbeat, in seconds
     from bert_jax.run import lock

@@ -2,13 +2,11 @@
 
 import json
 import pathlib
-import random
 import re
 import resource
 import shutil
 import signal
 import subprocess
-import time
 
 import flax.linen as nn
 import jax
@@ -19,6 +17,7 @@ import pytest
 
 from bert_jax.model import heads
 from bert_jax.run import checkpoint
+import kill_points  # tests/kill_points.py (pytest puts tests/ on sys.path)
 
 
 def step_losses(workdir) -> dict[int, float]:
@@ -32,6 +31,8 @@ def step_losses(workdir) -> dict[int, float]:
 
 
 def test_keeps_last_n_plus_every_kth(tmp_path):
+  """Fails if the retention policy keeps other steps than the last 2 plus every 4th, or a
+  kept step does not restore its params and pipeline position."""
   config = ml_collections.ConfigDict(dict(keep=2, keep_period=4, async_save=True))
   manager = checkpoint.make_manager(str(tmp_path), config)
   for step in range(1, 10):
@@ -50,6 +51,9 @@ def test_keeps_last_n_plus_every_kth(tmp_path):
 
 @pytest.mark.slow  # its fixture is an end-to-end training run
 def test_load_params_from_workdir(pretrain_reference_run):
+  """Fails if the import hook returns params of other shapes than BertForPreTraining's, reads
+  another step than the latest (or the one a step directory names), or accepts a
+  directory without bert_config.json."""
   bert_config, params = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
   assert (bert_config.hidden_size, bert_config.num_hidden_layers, bert_config.vocab_size) == (
       64, 2, 96)
@@ -67,28 +71,74 @@ def test_load_params_from_workdir(pretrain_reference_run):
     checkpoint.load_params_from_workdir(str(pretrain_reference_run.parent))
 
 
+# The moments a kill -9 is made to land on (tests/kill_points.py: the run kills itself
+# there, after recording where), each followed by the complete checkpoints it leaves
+# (one every 5 steps): each resumes from an earlier one and redoes the steps after it.
+KILL_MOMENTS = {
+    "step:8": [5],            # update 8 dispatched, its results not yet fetched
+    "save:10": [5],           # checkpoint 10 written in orbax's temporary directory, uncommitted
+    "metrics:12": [5, 10],    # half of step 12's row in metrics.jsonl
+    "batch_log:15": [5, 10],  # step 15's save flushes rows 11-15: cut in row 15
+}
+
+
+def _complete_steps(workdir) -> list[int]:
+  """The committed checkpoints: orbax renames a step's temporary directory to its number."""
+  return sorted(int(p.name) for p in (pathlib.Path(workdir) / "checkpoints").iterdir()
+                if p.name.isdigit())
+
+
+def _torn_tail(path: pathlib.Path) -> tuple[list[dict], str]:
+  """(the complete rows of a JSON-lines log, the unterminated piece after them)."""
+  text = path.read_text()
+  head, _, tail = text.rpartition("\n")
+  return [json.loads(l) for l in head.splitlines()], tail
+
+
+def _assert_killed_there(workdir: pathlib.Path, phase: str, step: int, evidence: dict) -> None:
+  """The killed workdir shows the moment `evidence` (the run's marker) says it died at."""
+  if phase == "step":
+    # Update `step` was in flight: the rows before it are written, its own is not.
+    assert sorted(step_losses(workdir)) == list(range(1, step))
+  elif phase == "save":
+    # orbax 0.12's temporary directory of a step: "<step>.orbax-checkpoint-tmp".
+    tmp = workdir / "checkpoints" / evidence["tmp_dir"]
+    assert tmp.name.startswith(f"{step}.orbax-checkpoint-tmp") and tmp.is_dir(), evidence
+    assert not evidence["final_exists"] and not (workdir / "checkpoints" / str(step)).exists()
+    # Both items were written into it: only the commit (the rename) was missing.
+    assert {f.split("/")[0] for f in evidence["files"]} >= {"state", "data_state"}, evidence
+  else:
+    rows, torn = _torn_tail(workdir / ("metrics.jsonl" if phase == "metrics"
+                                       else "batch_log.jsonl"))
+    assert torn == evidence["torn"] and torn.startswith(f'{{"step": {step}, '), evidence
+    with pytest.raises(json.JSONDecodeError):
+      json.loads(torn)
+    assert [r["step"] for r in rows if phase == "batch_log" or "loss" in r] == list(
+        range(1, step))
+
+
 @pytest.mark.slow
-def test_kill9_then_resume_is_bit_identical(pretrain_reference_run, pretrain_test_config,
+@pytest.mark.parametrize("kill_at", KILL_MOMENTS)
+def test_kill9_then_resume_is_bit_identical(kill_at, pretrain_reference_run, pretrain_test_config,
                                             pretrain_subprocess, tmp_path):
-  """kill -9 at an arbitrary moment after the first checkpoint; the resumed run ends identical."""
+  """kill -9 mid-step, mid-save, mid-metrics-write or mid-batch-log-write, then the same
+  command: fails if the run does not die at that moment (its SIGKILL exit and marker,
+  the checkpoints and torn line it leaves), or if the resumed run differs from the
+  uninterrupted one in final params, per-step losses, each step's one metrics row or
+  its batch log, or leaves orbax's temporary directory behind."""
   workdir = tmp_path / "run"
-  process = pretrain_subprocess(pretrain_test_config(), workdir)
-  deadline = time.time() + 300
-  while not (workdir / "checkpoints" / "5").exists():
-    assert process.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
-    assert time.time() < deadline
-    time.sleep(0.005)
-  # Steps take milliseconds here: freeze the run at once, wherever it is
-  # (a step, the async save of step 5, a metrics write), then kill it there.
-  time.sleep(random.uniform(0.0, 0.05))
-  process.send_signal(signal.SIGSTOP)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
-  killed_at = max(step_losses(workdir))
-  assert killed_at < 20, "the run finished before it was killed; nothing was tested"
+  process = pretrain_subprocess(pretrain_test_config(), workdir, kill_at=kill_at)
+  code = process.wait(timeout=300)
+  assert code == -signal.SIGKILL, (f"exit {code}: not killed at {kill_at}\n"
+                                   + (tmp_path / "run.log").read_text()[-3000:])
+  phase, step = kill_points.parse(kill_at)
+  evidence = json.loads(kill_points.marker(workdir).read_text())
+  assert (evidence["phase"], evidence["step"]) == (phase, step)
+  assert _complete_steps(workdir) == KILL_MOMENTS[kill_at]
+  _assert_killed_there(workdir, phase, step, evidence)
+
   process = pretrain_subprocess(pretrain_test_config(), workdir)
   assert process.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
-
   _, reference = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
   _, resumed = checkpoint.load_params_from_workdir(str(workdir))
   jax.tree.map(np.testing.assert_array_equal, resumed, reference)
@@ -96,6 +146,10 @@ def test_kill9_then_resume_is_bit_identical(pretrain_reference_run, pretrain_tes
   # The killed attempt's rows after the resumed step were dropped: each step once, in order.
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows if "loss" in r] == list(range(1, 21))
+  # The same batches, each step once; the killed save's temporary directory is gone.
+  assert ((workdir / "batch_log.jsonl").read_text()
+          == (pretrain_reference_run / "batch_log.jsonl").read_text())
+  assert [p.name for p in (workdir / "checkpoints").iterdir() if not p.name.isdigit()] == []
 
 
 @pytest.mark.slow

@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -28,6 +27,7 @@ from bert_jax.run import checkpoint
 from bert_jax.training import sharding
 from bert_jax.training import state as state_lib
 from experiments.configs import finetune as finetune_configs
+import kill_points  # tests/kill_points.py (pytest puts tests/ on sys.path)
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +93,8 @@ def seed_runs(toy_files, tmp_path_factory):
 
 @pytest.mark.slow  # two whole 2-epoch fine-tuning runs (the seed_runs fixture)
 def test_learns_the_task_over_seeds_and_writes_every_output(seed_runs):
+  """Fails if either seed does not learn the toy task (dev accuracy >= 0.95 at the end) or
+  a run lacks an output: evaluations, result.json, best/, predictions, summary.json."""
   workdir, summary = seed_runs
   assert sorted(summary["per_seed"]) == [0, 1]
   for seed in (0, 1):
@@ -141,6 +143,8 @@ def test_regression_head_learns_a_score(toy_files, tmp_path):
 
 
 def test_refuses_impossible_configs_before_reading_data(toy_files, tmp_path):
+  """Fails if a config that cannot run (no vocab, 0 epochs, a batch the mesh cannot split,
+  a missing init checkpoint, no seeds) is not refused by name, or writes checkpoints."""
   cases = [({"vocab_file": ""}, "needs config.vocab_file"),
            ({"num_epochs": 0}, "num_epochs=0"),
            ({"batch_size": 12}, "batch_size=12 must be a positive multiple of the data-parallel "
@@ -169,33 +173,50 @@ def test_meshes_agree(seed_runs, toy_files, tmp_path):
   np.testing.assert_allclose(losses[0], losses[1], rtol=1e-4)
 
 
+# Where the fine-tuning kill lands (tests/kill_points.py), and the newest complete
+# checkpoint it leaves (one every 4 steps, keep 1); an epoch is 16 steps.
+FINETUNE_KILL_MOMENTS = {
+    "step:6": 4,    # update 6 dispatched, its results not yet fetched
+    "save:16": 12,  # after the epoch's evaluation and best/ save: checkpoint 16 uncommitted
+}
+
+
 @pytest.mark.slow
-def test_kill_at_any_moment_then_resume_is_exact(seed_runs, toy_files, tmp_path):
-  """kill -9 after the first checkpoint, run the same command again: the end is
-  bit-identical to seed 0 of seed_runs, which ran uninterrupted. Both are length-bucketed
-  (toy_config), so a resumed run must rebuild the same batches at the same lengths."""
-  def start(workdir):
+@pytest.mark.parametrize("kill_at", FINETUNE_KILL_MOMENTS)
+def test_kill_at_any_moment_then_resume_is_exact(kill_at, seed_runs, toy_files, tmp_path):
+  """kill -9 mid-step or mid-save, run the same command again: fails if the run does not
+  die at that moment (SIGKILL exit, marker, checkpoints left), or if its end differs from
+  seed 0 of seed_runs, which ran uninterrupted, in params, result.json or best/. Both are
+  length-bucketed (toy_config), so a resumed run must rebuild the same batches at the same
+  lengths."""
+  def start(workdir, kill_at=""):
     config = toy_config(toy_files, eval_at_start=True)
     config_file = workdir.parent / f"{workdir.name}.json"
     config_file.write_text(config.to_json())
     log = open(workdir.parent / f"{workdir.name}.log", "ab")
     code = ("import sys, ml_collections, json; from bert_jax.finetune import trainer; "
+            "sys.path.insert(0, sys.argv[4]); import kill_points; "
+            "sys.argv[3] and kill_points.install(sys.argv[3], sys.argv[2]); "
             "c = ml_collections.ConfigDict(json.load(open(sys.argv[1]))); "
             "trainer.finetune(c, sys.argv[2])")
-    return subprocess.Popen([sys.executable, "-c", code, str(config_file), str(workdir)],
+    return subprocess.Popen([sys.executable, "-c", code, str(config_file), str(workdir),
+                             kill_at, str(pathlib.Path(__file__).parent)],
                             stdout=log, stderr=subprocess.STDOUT)
 
   reference, killed = seed_runs[0] / "lr0.001_seed0", tmp_path / "killed"
-  process = start(killed)
-  deadline = time.time() + 300
-  while not (killed / "checkpoints" / "8").exists():
-    assert process.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-    assert time.time() < deadline
-    time.sleep(0.005)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
-  assert not (killed / "result.json").exists() or json.loads(
-      (killed / "result.json").read_text())["step"] < 32, "finished before the kill"
+  code = start(killed, kill_at).wait(timeout=600)
+  assert code == -signal.SIGKILL, (f"exit {code}: not killed at {kill_at}\n"
+                                   + (tmp_path / "killed.log").read_text()[-3000:])
+  phase, step = kill_points.parse(kill_at)
+  evidence = json.loads(kill_points.marker(killed).read_text())
+  assert (evidence["phase"], evidence["step"]) == (phase, step)
+  complete = [int(p.name) for p in (killed / "checkpoints").iterdir() if p.name.isdigit()]
+  assert complete == [FINETUNE_KILL_MOMENTS[kill_at]]
+  if phase == "save":  # orbax 0.12 writes step N in "N.orbax-checkpoint-tmp", then renames it
+    assert (killed / "checkpoints" / evidence["tmp_dir"]).is_dir(), evidence
+    assert evidence["tmp_dir"].startswith(f"{step}.orbax-checkpoint-tmp"), evidence
+  else:  # update `step` was in flight: no row of it or after it
+    assert max(r["step"] for r in _records(killed)) < step
   assert start(killed).wait(timeout=600) == 0, (tmp_path / "killed.log").read_text()[-3000:]
 
   _, expected = checkpoint.load_params_from_workdir(str(reference))
@@ -408,6 +429,8 @@ def test_summary_picks_the_learning_rate_on_dev_and_reports_test():
 
 
 def test_summary_without_a_test_split_reports_dev_as_before():
+  """Fails if a sweep without a test split stops picking the rate by median dev score or
+  reports anything but dev (median of seeds, per seed) as it did before test splits."""
   runs = {"0.001": {0: {"dev/accuracy": 0.8}, 1: {"dev/accuracy": 0.6}},
           "0.0003": {0: {"dev/accuracy": 0.5}, 1: {"dev/accuracy": 0.5}}}
   summary = trainer.summarize(runs, "accuracy")
