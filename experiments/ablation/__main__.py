@@ -49,6 +49,7 @@ from experiments.ablation import launch as ablation_launch
 from experiments.ablation import plan as ablation_plan
 from experiments.ablation import power as ablation_power
 from experiments.ablation import stages
+from experiments.ablation import suite as ablation_suite
 from host import paths
 
 
@@ -115,7 +116,8 @@ def _run(argv, fv) -> int:
   if len(argv) > 1:
     raise errors.UsageError(f"unexpected arguments: {argv[1:]} (every setting is a "
                             "--config.* flag)")
-  config, workdir = fv.config, fv.workdir
+  # A suite named as the downstream stage becomes its members, once, for every stage below.
+  config, workdir = ablation_suite.expand(fv.config), fv.workdir
   if fv.plan_seeds:
     print(ablation_power.plan_seeds(workdir))
     return 0

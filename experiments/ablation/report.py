@@ -36,6 +36,7 @@ from bert_jax.run import workdir as workdir_lib
 from data_pipeline import masking
 from experiments import figures
 from experiments.ablation import stats as ablation_stats
+from experiments.ablation import suite as ablation_suite
 from host import paths
 
 # Columns that measure the machine, not the run: they differ between two executions of one run.
@@ -186,13 +187,12 @@ def collect(workdir: str, plan: dict[str, Any], unfinished: tuple[str, ...] = ()
     row["downstream"] = {}
     for task, task_dir in run["finetune"].items():
       d = _downstream(workdir, task_dir, plan["tasks"][task]["learning_rates"])
-      if d is None:
-        continue
-      row["downstream"][task] = d
-      row[f"{task}_median"] = round(statistics.median(d["values"]), 6)
-      row[f"{task}_min"] = round(min(d["values"]), 6)
-      row[f"{task}_max"] = round(max(d["values"]), 6)
-      row[f"{task}_lr"] = d["learning_rate"]
+      if d is not None:
+        _add_downstream(row, task, d)
+    average = ablation_suite.average(row["downstream"], plan["suite"]) \
+        if plan.get("suite") else None
+    if average is not None:  # every member of the downstream suite has its figures
+      _add_downstream(row, ablation_suite.SUITE_AVERAGE, average)
     matched = equal_flops.get(run["name"])
     if matched:  # step mode: the same sweep from the checkpoint at the smallest run's FLOPs
       row["equal_flops"] = {
@@ -203,6 +203,15 @@ def collect(workdir: str, plan: dict[str, Any], unfinished: tuple[str, ...] = ()
     rows.append(row)
   # Reading order: by where a setting sits on the ratio axis, then by name and seed.
   return sorted(rows, key=lambda r: (r["mean_ratio"], r["setting"], r["seed"]))
+
+
+def _add_downstream(row: dict[str, Any], task: str, d: dict[str, Any]) -> None:
+  """A run's figures of one downstream task (or the suite's average) into its row."""
+  row["downstream"][task] = d
+  row[f"{task}_median"] = round(statistics.median(d["values"]), 6)
+  row[f"{task}_min"] = round(min(d["values"]), 6)
+  row[f"{task}_max"] = round(max(d["values"]), 6)
+  row[f"{task}_lr"] = "" if d["learning_rate"] is None else d["learning_rate"]
 
 
 def _downstream(workdir: str, task_dir: str, learning_rates: list[float]
@@ -227,6 +236,9 @@ def random_init_downstream(workdir: str, plan: dict[str, Any]) -> dict[str, dict
     d = _downstream(workdir, task_dir, plan["tasks"][task]["learning_rates"])
     if d is not None:
       out[task] = d
+  average = ablation_suite.average(out, plan["suite"]) if plan.get("suite") else None
+  if average is not None:
+    out[ablation_suite.SUITE_AVERAGE] = average
   return out
 
 
@@ -572,7 +584,8 @@ def write_report(workdir: str, plan: dict[str, Any], unfinished: tuple[str, ...]
   `unfinished`: runs the identical-data proof set aside (reported, never compared).
   """
   rows = collect(workdir, plan, unfinished)
-  tasks = list(plan["tasks"])
+  # A downstream suite's members are tasks; their average is one more column.
+  tasks = list(plan["tasks"]) + ([ablation_suite.SUITE_AVERAGE] if plan.get("suite") else [])
   random_init = random_init_downstream(workdir, plan)
   plots = write_plots(workdir, rows, tasks, random_init)
   paths.write_atomic(paths.join(workdir, "results.csv"), results_csv(rows, tasks))

@@ -27,6 +27,7 @@ from experiments.ablation import grid as ablation_grid
 from experiments.ablation import plan as ablation_plan
 from experiments.ablation import proof as ablation_proof
 from experiments.ablation import report as ablation_report
+from experiments.ablation import suite as ablation_suite
 from experiments import chinese_data
 from experiments.configs import ablation as ablation_configs
 from experiments.configs import finetune as finetune_configs
@@ -259,6 +260,7 @@ def write_plan(config: ml_collections.ConfigDict, workdir: str, runs: list[Run],
       "report": config.report.to_dict(),
       "baseline": config.report.baseline,
       "random_init": random_init_dirs(config),
+      "suite": ablation_suite.plan_entry(config),  # None: no downstream suite
       "budget": {"mode": config.budget.mode, "flops_config": config.budget.flops,
                  "pretrain": ablation_plan.fingerprint(config), "settings": matched},
   }

@@ -330,11 +330,14 @@ def comparison_markdown(rows: list[dict[str, Any]], tasks: list[str], baseline: 
               for t in table]
     lines += ["", f"**{task}: {summary}.**", ""]
   chosen = {}
+  # A rate each sweep chose (a suite's average has none of its own: its members are listed).
   for r in rows:
     for task, d in r.get("downstream", {}).items():
-      chosen[f"{r['run']} / {task}"] = (d["learning_rate"], d.get("learning_rates", []))
+      if d["learning_rate"] is not None:
+        chosen[f"{r['run']} / {task}"] = (d["learning_rate"], d.get("learning_rates", []))
   for task, d in random_init.items():
-    chosen[f"random init / {task}"] = (d["learning_rate"], d.get("learning_rates", []))
+    if d["learning_rate"] is not None:
+      chosen[f"random init / {task}"] = (d["learning_rate"], d.get("learning_rates", []))
   warnings = lr_edge_warnings(chosen)
   if warnings:
     lines += ["### Warnings", ""] + [f"- {w}" for w in warnings] + [""]

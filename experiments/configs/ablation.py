@@ -250,6 +250,19 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
 
   # --- downstream: fine-tuning from every run's final checkpoint ---
   config.downstream = ml_collections.ConfigDict()  # task name -> experiments/configs/finetune.py config
+  # Or (and) a suite of experiments/configs/suites.py: each member a downstream task as
+  # experiments.evaluate configures it, plus the report's column of their average
+  # (experiments/ablation/suite.py). Its fields override the suite's protocol.
+  config.downstream_suite = ml_collections.ConfigDict()
+  config.downstream_suite.name = ""  # "" none; e.g. "glue"
+  config.downstream_suite.members = ()  # () every member; e.g. ("cola", "sst2", "mrpc")
+  config.downstream_suite.glue_dir = ""  # the GLUE download, for glue:* members
+  config.downstream_suite.squad_dir = ""  # for squad members
+  config.downstream_suite.seeds = ()  # () the protocol's 5 fine-tuning seeds
+  config.downstream_suite.learning_rates = ()  # () the protocol's (5e-5, 3e-5, 2e-5)
+  config.downstream_suite.epochs = 0  # 0 the protocol's (3; SQuAD 2)
+  config.downstream_suite.max_train_examples = 0  # 0 every example
+  config.downstream_suite.max_dev_examples = 0  # 0 every example
   if smoke:
     config.downstream.sentiment = chinese_configs.sentiment_config(
         init_checkpoint="", seq_length=64, epochs=1, learning_rates=(1e-3,), seeds=(0,),
