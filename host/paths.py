@@ -117,8 +117,13 @@ def makedirs(p: "str | os.PathLike") -> None:
 
 
 def read_bytes(p: "str | os.PathLike") -> bytes:
-  """The whole file."""
-  _fresh(p)
+  """The whole file, as one version of it even while another process replaces it."""
+  if is_remote(p):
+    # One GET of the whole object: opening it as a file would look up its size first
+    # and then read ranges, so an object replaced in between comes back cut at the old
+    # size (half a JSON document) or mixed.
+    _fresh(p)
+    return _remote_fs(p).cat_file(os.fspath(p))
   return path(p).read_bytes()
 
 

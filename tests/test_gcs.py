@@ -56,6 +56,36 @@ def test_paths_read_write_list_and_lock_on_the_bucket(gcs_emulator, tmp_path):
   assert not paths.exists(f"{bucket}/run/.lock")
 
 
+def test_a_whole_file_read_while_another_process_replaces_it_is_one_version(gcs_emulator):
+  """Fails if read_text of an object that a writer replaces with a longer version meanwhile can
+  return a mix (the old size's bytes of the new object: half a JSON document), as a launched
+  grid's --status read DIR/grid.json while the orchestrator rewrote it (a CI failure)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  bucket = gcs_emulator.bucket("replaced")
+  target = f"{bucket}/grid.json"
+  versions = [json.dumps({"runs": ["x" * n]}) for n in (100, 5000, 300, 20000)]
+  paths.write_atomic(target, versions[0])
+  stop, bad = threading.Event(), []
+
+  def write():
+    i = 0
+    while not stop.is_set():
+      i += 1
+      paths.write_atomic(target, versions[i % len(versions)])
+
+  writer = threading.Thread(target=write, daemon=True)
+  writer.start()
+  try:
+    for _ in range(150):
+      text = paths.read_text(target)
+      if text not in versions:
+        bad.append(len(text))
+  finally:
+    stop.set()
+    writer.join(timeout=30)
+  assert not bad, f"{len(bad)} of 150 reads were no whole version (lengths {bad[:5]})"
+
+
 def test_batch_log_resumed_in_a_bucket_keeps_the_rows_up_to_its_step(gcs_emulator):
   """On gs:// nothing is appended: the log is uploaded whole at each flush, from the
   rows jsonl.resume kept plus the new ones. Fails if a resume in a bucket lost the
