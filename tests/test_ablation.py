@@ -131,6 +131,9 @@ def reference(pretrain_test_config, toy_task, tmp_path_factory):
 
 @pytest.mark.parametrize("variant", ablation_configs.VARIANTS)
 def test_every_variant_plans_runs_that_differ_only_in_masking(variant, tmp_path):
+  """Fails if a variant plans other than one run per setting and seed (zh_tiny: ratios 0.15/0.4/0.6
+  and a schedule), a run's seeds or prediction slots are off, or one seed's runs differ in nothing
+  or outside data.masking (FLOP mode: also steps and warm-up)."""
   config = ablation_configs.get_config(variant)
   runs = ablation.plan(config, str(tmp_path))
   assert len(runs) == len(config.settings) * len(config.pretrain_seeds)
@@ -156,6 +159,8 @@ def test_every_variant_plans_runs_that_differ_only_in_masking(variant, tmp_path)
 
 
 def test_settings_may_only_set_masking_fields(tmp_path):
+  """Fails if a setting's ratio does not reach its run's config, or plan accepts a setting that sets
+  a non-masking field (learning_rate) or a final_ratio under a constant schedule."""
   config = ablation_configs.get_config("smoke")
   config.settings.r15.ratio = 0.2
   runs = {r.setting: r for r in ablation.plan(config, str(tmp_path))}
@@ -209,6 +214,9 @@ def _train(pretrain_test_config, workdir, **overrides):
 
 @pytest.mark.slow
 def test_identical_data_check_fails_on_other_data_or_config(pretrain_test_config, tmp_path):
+  """Fails if check_identical_data refuses two runs that differ only in masking ratio, or does not
+  refuse, naming the runs and the cause, another data.seed, batches differing from step 1, one batch
+  altered at step 2, or another optimizer.learning_rate (with both values)."""
   base = _train(pretrain_test_config, tmp_path / "base")
   higher = _train(pretrain_test_config, tmp_path / "higher", **{"data.masking.ratio": 0.5})
   ablation.check_identical_data(str(tmp_path), [base, higher])  # differ only in masks: fine
@@ -251,6 +259,9 @@ def test_identical_data_check_fails_on_other_data_or_config(pretrain_test_config
 
 @pytest.mark.slow
 def test_smoke_grid_end_to_end(reference):
+  """Fails if the smoke grid's plan or results.csv (schedules, slots, 4 steps, equal tokens but more
+  predictions and FLOPs for cosine) is off, its batches differ, report.md or a plot is missing, the
+  equal-FLOPs fine-tune is not from cosine's step 2, or the report stage rebuilds another table."""
   workdir, _ = reference
   plan = json.loads((workdir / "plan.json").read_text())
   assert sorted(r["name"] for r in plan["runs"]) == ["cos40to15_seed0", "r15_seed0"]

@@ -24,6 +24,9 @@ from experiments.configs import pretrain as pretrain_configs
 
 
 def test_flop_mode_gives_each_setting_the_steps_that_spend_the_budget(tmp_path):
+  """Fails if the two smoke settings get equal steps under a 3e11 FLOP budget, a setting's steps
+  overspend it or leave a whole step unspent, its per-step FLOPs are not step_flops_estimate's, its
+  warm-up is not stretched with its steps, or plan.json does not record them."""
   config = ablation_configs.get_config("smoke")
   config.budget.mode = "flops"
   config.budget.flops = 3e11
@@ -49,10 +52,14 @@ def test_flop_mode_gives_each_setting_the_steps_that_spend_the_budget(tmp_path):
 
 
 def test_a_zero_budget_is_the_baselines_steps_and_step_mode_changes_nothing(tmp_path):
+  """Fails if step mode gives a run other steps than pretrain.total_steps, the default FLOP budget
+  (0: the baseline's FLOPs) gives the baseline r15 other steps, or a budget under one step is
+  accepted."""
   config = ablation_configs.get_config("smoke")
   step_runs = ablation.plan(config, str(tmp_path))
   assert {r.config.total_steps for r in step_runs} == {config.pretrain.total_steps}
   config.budget.mode = "flops"
+  config.budget.flops = 0.0  # said, not inherited: 0 is what this test is about
   matched = ablation.budget_steps(config, str(tmp_path))
   assert matched["r15"]["steps"] == config.pretrain.total_steps
   config.budget.flops = 1.0
@@ -61,6 +68,9 @@ def test_a_zero_budget_is_the_baselines_steps_and_step_mode_changes_nothing(tmp_
 
 
 def test_seeds_baseline_and_random_init_are_planned(tmp_path):
+  """Fails if a non-smoke variant has under 3 seeds, random init is planned for a pod variant (or
+  not for another), the baseline is no setting or an unknown one is accepted, or the random-init
+  fine-tune is not an untrained model of the pretraining size swept over the same learning rates."""
   for variant in ablation_configs.VARIANTS:
     config = ablation_configs.get_config(variant)
     if variant != "smoke":
@@ -220,6 +230,9 @@ def test_a_run_a_hair_over_the_budget_is_fine_tuned_from_its_final_checkpoint():
 
 
 def test_checkpoints_that_would_miss_an_eval_point_are_refused_before_pretraining(tmp_path):
+  """Fails if plan accepts checkpoints kept (keep 2, no keep_period, 30 steps) that miss an eval
+  point equal-FLOPs fine-tuning may need, refuses them once that fine-tuning is off, or refuses any
+  shipped variant."""
   config = ablation_configs.get_config("smoke")
   config.pretrain.checkpoint.keep_period = 0  # keep=2 of 3 saves (10, 20 and the last)
   config.pretrain.total_steps = 30

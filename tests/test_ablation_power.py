@@ -33,6 +33,9 @@ def _separated(diffs: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("sd, planned_for", [(0.01, 4), (0.004, 7)])
 def test_the_planned_seeds_detect_d_about_80_percent_of_the_time(sd, planned_for):
+  """Fails if seeds_needed(detectable_difference(sd, n)) is not n, or the report's own rule, over
+  2000 simulated studies of n paired differences of that mean, separates them outside 75-85% of the
+  time, or with one seed fewer still reaches 75%."""
   d = ablation_stats.detectable_difference(sd, planned_for)
   n = ablation_stats.seeds_needed(d, sd)
   assert n == planned_for
@@ -44,6 +47,8 @@ def test_the_planned_seeds_detect_d_about_80_percent_of_the_time(sd, planned_for
 
 
 def test_a_round_difference_gets_at_least_80_percent():
+  """Fails if the seeds planned for a difference equal to the spread are not the fewest whose
+  power_at is 80% or more, or simulated studies with that many seeds separate outside 75-90%."""
   sd, d = 0.01, 0.01  # D equal to the spread: about ten seeds
   n = ablation_stats.seeds_needed(d, sd)
   assert ablation_stats.power_at(d, sd, n) >= 0.8 > ablation_stats.power_at(d, sd, n - 1)
@@ -52,6 +57,9 @@ def test_a_round_difference_gets_at_least_80_percent():
 
 
 def test_the_rule_is_wrong_5_percent_of_the_time_when_nothing_differs():
+  """Fails if, with no true difference, the report's rule separates 3-seed studies outside 3-7% of
+  the time, or the old bootstrap rule stops separating over 15% of them (the reason for the t
+  rule)."""
   null = np.random.default_rng(2).normal(0.0, 0.01, (STUDIES, 3))
   assert 0.03 <= _separated(null).mean() <= 0.07
   # The bootstrap rule the report used before: with 3 seeds it "separates" whenever the
@@ -63,6 +71,9 @@ def test_the_rule_is_wrong_5_percent_of_the_time_when_nothing_differs():
 
 @pytest.mark.parametrize("sd", [0.003, 1.0, 42.0])
 def test_detectable_difference_and_seeds_needed_are_inverses(sd):
+  """Fails if, for 2 to 12 seeds, seeds_needed of detectable_difference (either sign) is not that
+  count or 1% less does not need one more, seeds_needed for a given difference is not the fewest
+  that detect it, or 3 seeds' detectable difference is not 3.264 sd."""
   for n in range(2, 13):
     d = ablation_stats.detectable_difference(sd, n)
     assert ablation_stats.seeds_needed(d, sd) == n
@@ -77,11 +88,13 @@ def test_detectable_difference_and_seeds_needed_are_inverses(sd):
 
 
 def test_degenerate_inputs():
+  """Fails if a zero spread does not give a zero detectable difference and 2 seeds needed, or one
+  seed or a zero difference does not raise ValueError."""
   assert ablation_stats.detectable_difference(0.0, 3) == 0.0
   assert ablation_stats.seeds_needed(0.01, 0.0) == 2
-  with pytest.raises(ValueError):
+  with pytest.raises(ValueError, match="n >= 2 paired seeds, got 1"):
     ablation_stats.detectable_difference(0.01, 1)
-  with pytest.raises(ValueError):
+  with pytest.raises(ValueError, match="a difference of 0 is never detected"):
     ablation_stats.seeds_needed(0.0, 0.01)
 
 
@@ -97,6 +110,9 @@ def _rows(r40_minus_r15, seeds=(0, 1, 2)):
 
 
 def test_the_report_says_which_difference_its_seeds_could_not_see():
+  """Fails if comparison_markdown, for 3 unseparated seeds, does not state in the row and the MLM
+  line that a difference below 0.0115 would go unseen, lacks the detectable column or a separated
+  row's value (0.00326), or does not say that one seed gives no spread."""
   # sd of (0.004, -0.003, 0.001) is 0.003512; 3 seeds detect 3.264 sd = 0.0115.
   md = ablation_stats.comparison_markdown(_rows([0.004, -0.003, 0.001]), [], "r15", {})
   line = ("cannot separate r40 from r15 at this budget; a difference below 0.0115 would go "
@@ -126,6 +142,9 @@ def _pilot(tmp_path, diffs, *, finished=True):
 
 
 def test_plan_seeds_prints_the_pilots_spread_and_the_table(tmp_path):
+  """Fails if plan_seeds lacks the MLM or the downstream task's section, misprints the pilot's sd of
+  paired differences (0.00351) or what 3 seeds detect (0.0115), or its table's seed counts for 0.01
+  and 0.001 are not seeds_needed's."""
   text = ablation_power.plan_seeds(_pilot(tmp_path, [0.004, -0.003, 0.001]))
   assert "## held-out MLM accuracy at 15%: r40 minus r15" in text
   assert "## sent (downstream): r40 minus r15" in text
@@ -142,6 +161,8 @@ def test_plan_seeds_prints_the_pilots_spread_and_the_table(tmp_path):
     (lambda p: _pilot(p, [0.004]), "no setting has 2 pretraining seeds"),
 ])
 def test_plan_seeds_refuses_in_one_line(tmp_path, make, says):
+  """Fails if plan_seeds, on a pilot without results.csv, without a finished run or with one seed,
+  does not raise a UsageError that says so in a single line."""
   with pytest.raises(errors.UsageError) as e:
     ablation_power.plan_seeds(make(tmp_path))
   assert says in str(e.value) and "\n" not in str(e.value)

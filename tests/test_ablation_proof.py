@@ -40,6 +40,8 @@ def _write_run(root, name, *, steps=4, logged=None, total=None, finished=True, f
 
 
 def test_identical_complete_runs_pass_and_report_the_compared_steps(tmp_path):
+  """Fails if two finished runs with identical batch logs are refused, are not both listed as
+  finished, or the proof does not report 4 steps compared for seed 0."""
   runs = [_write_run(tmp_path, "a"), _write_run(tmp_path, "b")]
   proof = ablation.check_identical_data(str(tmp_path), runs)
   assert proof.finished == ["a", "b"] and proof.compared_steps == {0: 4}
@@ -48,18 +50,26 @@ def test_identical_complete_runs_pass_and_report_the_compared_steps(tmp_path):
 @pytest.mark.parametrize("logged", [[1], [], [3, 4], [1, 2, 4], [1, 2, 3, 4, 4]],
                          ids=["only_step_1", "empty", "late_start", "gap", "repeat"])
 def test_a_log_that_does_not_cover_every_step_is_refused(tmp_path, logged):
+  """Fails if a run whose batch log holds only step 1, nothing, steps 3-4, a gap or a repeated step
+  is accepted instead of refused, naming the run and that it does not log steps 1..4 (or has
+  none)."""
   runs = [_write_run(tmp_path, "a"), _write_run(tmp_path, "b", logged=logged)]
   with pytest.raises(ablation.AblationError, match=r"run b: .* (does not log steps 1..4|has no)"):
     ablation.check_identical_data(str(tmp_path), runs)
 
 
 def test_disjoint_step_ranges_are_refused(tmp_path):
+  """Fails if two runs that log disjoint halves of steps 1..4 (1-2 and 3-4) are accepted instead of
+  refused, naming the first run as not logging steps 1..4."""
   runs = [_write_run(tmp_path, "a", logged=[1, 2]), _write_run(tmp_path, "b", logged=[3, 4])]
   with pytest.raises(ablation.AblationError, match="run a: .* does not log steps 1..4"):
     ablation.check_identical_data(str(tmp_path), runs)
 
 
 def test_a_malformed_middle_line_is_an_error_but_a_torn_last_line_is_not(tmp_path):
+  """Fails if a torn last line (no newline: a kill mid-write) stops a 4-step comparison, or a
+  malformed middle line, or a malformed complete last line, is skipped instead of refused with its
+  file and line number."""
   good = "".join(json.dumps({"step": s, "batch": f"fp{s}", "tokens": 1, "predictions": 1}) + "\n"
                  for s in range(1, 5))
   torn = good + '{"step": 5, "bat'  # a kill mid-write: no newline after it
@@ -77,6 +87,8 @@ def test_a_malformed_middle_line_is_an_error_but_a_torn_last_line_is_not(tmp_pat
 
 
 def test_every_process_log_is_needed(tmp_path):
+  """Fails if a run missing one of its two per-process batch logs is accepted, or a batch differing
+  only in process 1's log is not reported as first differing at step 3, naming that log."""
   both = ["batch_log.0-of-2.jsonl", "batch_log.1-of-2.jsonl"]
   a = _write_run(tmp_path, "a", files=both)
   b = _write_run(tmp_path, "b", files=both[:1])  # process 1's log lost
@@ -92,6 +104,9 @@ def test_every_process_log_is_needed(tmp_path):
 
 
 def test_an_unfinished_run_is_named_and_not_compared(tmp_path):
+  """Fails if a run without its final evaluation (and with other batches) is compared, and so
+  raises, instead of being listed as unfinished, or a run never started is not listed as not
+  started."""
   a = _write_run(tmp_path, "a")
   # Unfinished and with other batches: comparing it would raise; it must be set aside instead.
   b = _write_run(tmp_path, "b", finished=False, logged=[1, 2], fingerprint=lambda s: "other")
@@ -101,6 +116,8 @@ def test_an_unfinished_run_is_named_and_not_compared(tmp_path):
 
 
 def test_step_counts_must_agree_in_step_mode_and_the_prefix_is_compared_in_flop_mode(tmp_path):
+  """Fails if runs of 4 and 6 steps pass in step mode, or in FLOP mode their shared 4 steps are not
+  compared (a difference at step 4 passes) or a difference beyond them (step 5) is refused."""
   a = _write_run(tmp_path, "a", steps=4)
   b = _write_run(tmp_path, "b", steps=6)
   with pytest.raises(ablation.AblationError, match="different step counts"):
@@ -117,6 +134,8 @@ def test_step_counts_must_agree_in_step_mode_and_the_prefix_is_compared_in_flop_
 
 
 def test_flop_mode_still_refuses_other_config_fields(tmp_path):
+  """Fails if FLOP mode accepts two runs whose records differ in data.seed, or refuses them without
+  naming the field and both values."""
   a = _write_run(tmp_path, "a")
   b = _write_run(tmp_path, "b")
   record = json.loads((tmp_path / "b" / "record.json").read_text())

@@ -25,6 +25,9 @@ def _rows(r40_minus_r15, ri=None, *, seeds=(0, 1, 2)):
 
 
 def test_bootstrap_is_reproducible_and_covers_the_mean():
+  """Fails if bootstrap_interval gives another interval when called again on the same values, its
+  bounds do not contain its mean, that mean is not the values' (0.01), or one value is not its own
+  interval."""
   values = [0.01, 0.02, -0.005, 0.015]
   a = ablation_stats.bootstrap_interval(values)
   assert a == ablation_stats.bootstrap_interval(values)  # fixed seed
@@ -33,6 +36,8 @@ def test_bootstrap_is_reproducible_and_covers_the_mean():
 
 
 def test_pairing_by_seed_removes_the_seeds_luck():
+  """Fails if difference_rows, for r40 = r15 + 0.002 on seeds whose scores differ by 0.01, does not
+  give a mean and lower bound of 0.002 (the seeds' spread not paired away) and "r40 beats r15"."""
   # Seeds differ by 0.01 each; r40 is r15 + 0.002 on every seed: paired, that is certain.
   rows = ablation_stats.difference_rows({"r15": {0: 0.14, 1: 0.15, 2: 0.16},
                                          "r40": {0: 0.142, 1: 0.152, 2: 0.162}}, "r15")
@@ -41,6 +46,9 @@ def test_pairing_by_seed_removes_the_seeds_luck():
 
 
 def test_report_wording_changes_when_the_interval_excludes_zero():
+  """Fails if comparison_markdown says r40 beats r15 on differences of mixed sign, cannot separate
+  them when all are positive, does not call r40 worse when all are negative, or separates on one
+  seed."""
   noise = ablation_stats.comparison_markdown(
       _rows([0.004, -0.003, 0.001]), ["sentiment"], "r15", {})
   assert "cannot separate r40 from r15 at this budget" in noise
@@ -58,6 +66,9 @@ def test_report_wording_changes_when_the_interval_excludes_zero():
 
 
 def test_random_init_is_the_floor_every_setting_must_beat():
+  """Fails if comparison_markdown does not say that no setting beats a random-init floor above them,
+  that r15 and r40 beat one below them, or, without one, that the random-init row is not fine-tuned
+  yet."""
   high_floor = {"sentiment": {"values": [0.95, 0.96, 0.955], "learning_rate": 1e-3,
                               "learning_rates": [3e-4, 1e-3]}}
   md = ablation_stats.comparison_markdown(_rows([0.004, 0.005, 0.006]), ["sentiment"], "r15",
@@ -73,6 +84,8 @@ def test_random_init_is_the_floor_every_setting_must_beat():
 
 
 def test_a_learning_rate_at_the_grid_edge_is_warned_about():
+  """Fails if lr_edge_warnings does not give exactly 3 warnings (a pick at the grid's largest or
+  smallest rate, a one-rate grid; an interior pick spared), or comparison_markdown omits a run's."""
   warnings = ablation_stats.lr_edge_warnings({"a": (1e-3, [3e-4, 1e-3]),
                                               "b": (1e-4, [1e-4, 3e-4, 1e-3]),
                                               "c": (3e-4, [1e-4, 3e-4, 1e-3]),
@@ -96,6 +109,9 @@ def _report_row(setting, seed, acc, *, finished=True, flops_per_step=1e9, steps=
 
 
 def test_report_names_unfinished_runs_and_compares_at_equal_steps_and_flops():
+  """Fails if report_markdown does not list an unfinished run, or one given up on, as left out (an
+  unlaunched one as not started), lets r60 into a comparison or table, or loses r40 beating r15 or
+  the equal-FLOPs reading at r15's 4e9 total (r40 at its step 2)."""
   from experiments.ablation import report as ablation_report  # pylint: disable=g-import-not-at-top
   rows = [_report_row("r15", s, 0.14 + 0.001 * s) for s in (0, 1, 2)]
   rows += [_report_row("r40", s, 0.15 + 0.001 * s, flops_per_step=2e9) for s in (0, 1, 2)]

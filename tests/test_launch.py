@@ -96,6 +96,9 @@ def _collapse_watch(commands: list[list[str]]) -> list[list[str]]:
 
 
 def test_workers_per_accelerator_type_and_the_v5e_alias():
+  """Fails if num_workers gives another host count for a known accelerator type, v5e-N is not
+  canonicalized as v5litepod-N, or an unknown type is accepted instead of pointing to
+  --num_workers."""
   from bert_jax import accelerators
   from bert_jax.launch import plan as launch_plan
   expected = {"v2-8": 1, "v2-32": 4, "v3-8": 1, "v3-128": 16, "v4-8": 1, "v4-32": 4,
@@ -156,6 +159,9 @@ def test_dry_run_prints_the_written_out_sequence_and_runs_nothing(gcloud):
 
 
 def test_one_job_per_worker_with_the_lock_identity_in_its_environment(gcloud):
+  """Fails if a launch does not start one job on each of the 4 workers with BERT_JAX_JOB_ID and a
+  current BERT_JAX_JOB_ATTEMPT, the record is not done/0 for that attempt, or the job's output goes
+  to the launcher's stdout rather than the worker's log."""
   result = gcloud.launch("--nofollow_logs")
   assert result.returncode == 0, result.stderr
   starts = gcloud.starts()
@@ -208,6 +214,8 @@ def test_a_suite_runs_as_one_job_on_a_one_host_slice(gcloud):
 
 
 def test_v5e_is_sent_as_v5litepod_and_autocheckpoint_uses_the_alpha_track(gcloud):
+  """Fails if --autocheckpoint on v5e-16 does not send one create on the alpha track with
+  v5litepod-16, the v5e runtime and --autocheckpoint-enabled."""
   result = gcloud.launch("--nofollow_logs", "--autocheckpoint", accelerator_type="v5e-16")
   assert result.returncode == 0, result.stderr
   (create,) = [c for c in gcloud.commands() if "create" in c]
@@ -218,6 +226,8 @@ def test_v5e_is_sent_as_v5litepod_and_autocheckpoint_uses_the_alpha_track(gcloud
 
 
 def test_failed_create_names_the_step_and_gcloud_error(gcloud):
+  """Fails if a create that gcloud refuses does not exit 1 with a last line naming step 'create' and
+  gcloud's message, or anything is called after the create."""
   result = gcloud.launch(FAKE_GCLOUD_FAIL="create",
                          FAKE_GCLOUD_FAIL_MESSAGE="RESOURCE_EXHAUSTED: Quota TPUV4_POD exceeded.")
   assert result.returncode == 1
@@ -237,6 +247,8 @@ def test_one_failed_install_is_retried(gcloud):
 
 
 def test_an_install_that_keeps_failing_stops_and_leaves_the_slice(gcloud):
+  """Fails if an install that always fails is not tried exactly 3 times, does not end with a last
+  line naming step 'install' and gcloud's error, or deletes the slice."""
   result = gcloud.launch(FAKE_GCLOUD_FAIL="install",
                          FAKE_GCLOUD_FAIL_MESSAGE="No matching distribution found for libtpu")
   assert result.returncode == 1
@@ -275,6 +287,8 @@ def test_state_reads_that_keep_failing_exit_without_deleting(gcloud):
 
 
 def test_a_failed_job_stops_with_its_last_lines_and_leaves_the_slice(gcloud):
+  """Fails if a job that exits 1 is started again, the slice is deleted, or the last line does not
+  name step 'run', the exit code, the job's last output (ValueError: boom) and --action=delete."""
   result = gcloud.launch("--nofollow_logs", FAKE_JOB="fail")
   assert result.returncode == 1
   line = _error_line(result)
@@ -296,6 +310,8 @@ def test_a_preempted_job_restarts_on_the_same_active_slice(gcloud):
 
 
 def test_a_suspended_slice_is_recreated(gcloud):
+  """Fails if a slice SUSPENDED under its job is not deleted, then created, installed and started
+  again (2 of each), the output does not say "on a new slice", or the slice is not deleted last."""
   result = gcloud.launch("--nofollow_logs", FAKE_JOB="suspend_first")
   assert result.returncode == 0, result.stderr
   steps = gcloud.steps()
@@ -318,6 +334,8 @@ def test_one_failed_state_read_is_not_a_preemption(gcloud):
 
 
 def test_relaunches_are_bounded(gcloud):
+  """Fails if, with --max_relaunches=1, a job preempted every time is started other than twice, the
+  launch does not exit 1 saying it was lost again after 1 relaunches, or the slice is deleted."""
   result = gcloud.launch("--nofollow_logs", "--max_relaunches=1", FAKE_JOB="preempt_always")
   assert result.returncode == 1
   assert _error_line(result).startswith(
@@ -382,6 +400,8 @@ def test_a_launcher_killed_mid_run_is_re_run_and_attaches(gcloud):
 
 
 def test_a_done_workdir_only_deletes(gcloud):
+  """Fails if a launch whose workdir already records this job done does anything but read the record
+  and the slice state and delete the slice."""
   gcloud.record.parent.mkdir(parents=True)
   gcloud.record.write_text(json.dumps({"state": "done", "job_id": JOB_ID, "attempt": 5,
                                        "time": time.time(), "host": "h", "exit_code": 0}))
@@ -516,6 +536,9 @@ def test_the_install_makes_and_uses_a_python_3_11_environment(tmp_path):
 
 
 def test_status_logs_and_delete_actions(gcloud):
+  """Fails if --action=status misreports a missing slice, job record or WAITING_FOR_RESOURCES state,
+  --action=delete does not delete and say so, or --action=logs does not print worker 1's log via
+  `tail -n 200`."""
   result = gcloud.launch("--action=status")
   assert (result.returncode, result.stdout.splitlines()) == (
       0, [f"{NAME}: not found", "job: no job record"])
@@ -535,11 +558,16 @@ def test_status_logs_and_delete_actions(gcloud):
 
 
 def test_flag_errors_are_one_clear_line(gcloud):
+  """Fails if an unknown accelerator type (with --num_workers suggested) or a non-gs:// workdir does
+  not exit 1 with stderr one line saying so (no traceback, no log lines), or any gcloud call is
+  made."""
   result = gcloud.launch(accelerator_type="v9-32")
   assert result.returncode == 1 and "unknown accelerator type 'v9-32'" in _error_line(result)
   assert "--num_workers" in _error_line(result)
+  assert len(result.stderr.strip().splitlines()) == 1, result.stderr
   result = gcloud.launch("--workdir=/tmp/local")
   assert result.returncode == 1 and "must be a gs:// directory" in _error_line(result)
+  assert len(result.stderr.strip().splitlines()) == 1, result.stderr
   assert not gcloud.log.exists()
 
 
@@ -590,6 +618,9 @@ def test_job_state_records_running_then_the_final_state(tmp_path, monkeypatch):
 
 
 def test_the_judge_needs_a_lasting_loss():
+  """Fails if the Judge acts on a loss (SUSPENDED slice, job not started in time) seen once or for
+  less than its 10 s window, a recovery does not reset that window, another attempt's record counts
+  for the watched one, or a done record is not DONE."""
   from bert_jax.launch import state as launch_state
   judge = launch_state.Judge(window_s=10, stale_after_s=100, start_timeout_s=50)
   judge.watch(3, started=0.0)
