@@ -4,7 +4,7 @@ The suite (a config file of the test's own, as a user would write one) has three
 generated GLUE-format tasks -- CoLA (single sentence, MCC, its headerless files),
 MRPC (a pair, F1 / accuracy) and STS-B (regression, Pearson / Spearman), each with a
 test.tsv for the leaderboard files -- and SQuAD v1.1 on allennlp 0.9.0's fixture
-(EM / F1), fine-tuned from all-MiniLM-L6-v2 with 2 learning rates x 2 seeds, batch 8,
+(EM / F1), fine-tuned from all-MiniLM-L6-v2 with 2 learning rates x 1 seed, batch 8,
 1 epoch (4 steps a run). The command runs in a fresh process on one CPU device, as a
 user starts it; a second suite of one `custom` member reads CSV files.
 """
@@ -105,7 +105,7 @@ def inputs(allennlp_fixtures, tmp_path_factory) -> dict[str, pathlib.Path]:
 def _command(inputs, minilm_dir, workdir, *extra) -> list[str]:
   return [sys.executable, "-m", "experiments.evaluate", f"--suite={inputs['suite']}:glue",
           f"--init_checkpoint={minilm_dir}", f"--workdir={workdir}",
-          f"--glue_dir={inputs['glue']}", "--learning_rates=1e-4,5e-5", "--seeds=0,1",
+          f"--glue_dir={inputs['glue']}", "--learning_rates=1e-4,5e-5", "--seeds=0",
           "--epochs=1", "--batch_size=8", "--suite.protocol.max_seq_length=32", *extra]
 
 
@@ -139,7 +139,7 @@ def reference(inputs, minilm_dir, tmp_path_factory) -> pathlib.Path:
   return workdir
 
 
-@pytest.mark.slow  # 16 MiniLM fine-tuning runs in a fresh process (about 3 minutes)
+@pytest.mark.slow  # 8 MiniLM fine-tuning runs in a fresh process (about 2 minutes)
 def test_the_table_has_every_task_its_metrics_and_the_rate_chosen_on_dev(reference):
   """Fails if a task is missing, shows another metric, or reports a rate other than the one
   with the best median main dev metric in its summary.json."""
@@ -195,8 +195,8 @@ def _moments(order: list[str]) -> tuple[str, ...]:
   members' runs, and the final report (the last member's plot is drawn only there)."""
   first, second, third, last = order
   return ("suite.json", f"{first}/lr0.0001_seed0/record.json", f"{first}/summary.json",
-          f"{second}/lr5e-05_seed1/checkpoints", f"{third}/lr0.0001_seed0/record.json",
-          f"{last}/lr0.0001_seed1/record.json", f"plots/{last}.png")
+          f"{second}/lr5e-05_seed0/checkpoints", f"{third}/lr0.0001_seed0/record.json",
+          f"{last}/lr5e-05_seed0/record.json", f"plots/{last}.png")
 
 
 @pytest.mark.slow  # seven kills and restarts of the suite above

@@ -349,7 +349,10 @@ def test_ssh_255_while_the_slice_is_active_deletes_nothing_and_rerun_attaches(gc
   Fails if the launcher deleted the slice, stopped watching on its own, started a
   second job, or a re-run started anything instead of attaching.
   """
-  env = {"FAKE_SSH_255": "start,logs", "FAKE_JOB_HOLD": "1"}
+  # Held until released (600 s at most, not the fake's 60): on loaded CI cores the Ctrl-C
+  # below once took over 60 s to end the launcher, the job ended on its own meanwhile and
+  # the launcher, seeing it done, exited 0.
+  env = {"FAKE_SSH_255": "start,logs", "FAKE_JOB_HOLD": "1", "FAKE_JOB_HOLD_S": "600"}
   launcher = gcloud.popen(**env)
   gcloud.wait_for(gcloud.running, "'running' record")
   time.sleep(0.5)  # several more polls with ssh failing
@@ -359,7 +362,7 @@ def test_ssh_255_while_the_slice_is_active_deletes_nothing_and_rerun_attaches(gc
   launcher.send_signal(signal.SIGINT)  # the user stops watching
   # The bound only guards against a hang: in a fresh-clone CI run sharing the 2 cores
   # with two training runs the exit took over 30 s (cause not pinned down).
-  assert launcher.wait(timeout=180) == 1
+  assert launcher.wait(timeout=180) == 1, gcloud.output()[-3000:]
   assert "nothing was deleted and the job keeps running: re-run the same command to attach" in (
       gcloud.output())
   assert "delete" not in gcloud.steps()

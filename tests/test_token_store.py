@@ -112,8 +112,9 @@ def _assert_same(batches, others):
 @pytest.mark.parametrize("objective,whole_word,layout,processes", [
     ("nsp", False, "one", 1), ("sop", False, "one", 1), ("none", False, "one", 1),
     ("nsp", True, "one", 1),  # whole-word masking, the "##" rule
-    ("nsp", False, "one", 3),  # fewer files than processes: documents round-robin
-    ("sop", False, "split", 2),  # whole files round-robin
+    # Several processes' shares: the slowest cases (a pipeline per process), run in CI.
+    pytest.param("nsp", False, "one", 3, marks=pytest.mark.slow),  # documents round-robin
+    pytest.param("sop", False, "split", 2, marks=pytest.mark.slow),  # whole files round-robin
 ])
 def test_store_gives_the_in_memory_batches(files, store_root, objective, whole_word, layout,
                                            processes):
