@@ -24,8 +24,20 @@ atexit.register(shutil.rmtree, os.environ["BERT_JAX_CACHE"], ignore_errors=True)
 
 import importlib.util
 import pathlib
+import signal
 
 import pytest
+
+# A suite started in the background of a non-interactive shell (`pytest &` in a script, as
+# a CI runner may) inherits SIGINT ignored, and hands that to every process a test starts:
+# Python keeps an inherited ignored SIGINT ignored, so the tests' Ctrl-C to a launcher
+# would do nothing (the ssh-255 test waited out its job). A handler here is reset to the
+# default in each child at exec, where Python then turns SIGINT into KeyboardInterrupt.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+  try:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+  except ValueError:  # not the main thread: nothing to restore from here
+    pass
 
 
 # Out of the quick loop (`-m "not slow"`), into CI's full run: the quick loop's slowest
