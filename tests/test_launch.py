@@ -349,9 +349,9 @@ def test_ssh_255_while_the_slice_is_active_deletes_nothing_and_rerun_attaches(gc
   Fails if the launcher deleted the slice, stopped watching on its own, started a
   second job, or a re-run started anything instead of attaching.
   """
-  # Held until released (600 s at most, not the fake's 60): on loaded CI cores the Ctrl-C
-  # below once took over 60 s to end the launcher, the job ended on its own meanwhile and
-  # the launcher, seeing it done, exited 0.
+  # Held until released (600 s at most, not the fake's 60): a Ctrl-C that does not reach
+  # the launcher (SIGINT inherited ignored: tests/conftest.py restores it) then fails as a
+  # timeout below, not as an exit 0 after the job ended on its own.
   env = {"FAKE_SSH_255": "start,logs", "FAKE_JOB_HOLD": "1", "FAKE_JOB_HOLD_S": "600"}
   launcher = gcloud.popen(**env)
   gcloud.wait_for(gcloud.running, "'running' record")
@@ -360,8 +360,8 @@ def test_ssh_255_while_the_slice_is_active_deletes_nothing_and_rerun_attaches(gc
   assert "delete" not in gcloud.steps()
   assert "lost the ssh while starting attempt" in gcloud.output()
   launcher.send_signal(signal.SIGINT)  # the user stops watching
-  # The bound only guards against a hang: in a fresh-clone CI run sharing the 2 cores
-  # with two training runs the exit took over 30 s (cause not pinned down).
+  # The bound only guards against a hang: the exit takes seconds once SIGINT is delivered
+  # (the slow exits seen before were SIGINT ignored, the job ending on its own).
   assert launcher.wait(timeout=180) == 1, gcloud.output()[-3000:]
   assert "nothing was deleted and the job keeps running: re-run the same command to attach" in (
       gcloud.output())
