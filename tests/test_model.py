@@ -389,3 +389,38 @@ def test_too_long_sequence_is_refused(tiny):
   ids, mask, seg = _inputs(length=30)
   with pytest.raises(ValueError, match="max_position_embeddings"):
     _apply(BertModel(cfg), params, ids, mask, seg)
+
+
+class _PostLnLayerAsTrainedBefore(nn.Module):
+  """BertLayer as written before pre_layer_norm existed (91a1695), the post-LN block that
+  every earlier run trained with: one Dropout module, drawn from twice."""
+
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic=True):
+    cfg = self.config
+    drop = nn.Dropout(cfg.hidden_dropout_prob)
+    h = model_lib.BertSelfAttention(cfg, name="attention")(x, mask, deterministic=deterministic)
+    h = model_lib.layer_norm(cfg, "attention_layer_norm")(x + drop(h, deterministic=deterministic))
+    y = model_lib.dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(h)
+    y = model_lib.dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(model_lib.gelu(y))
+    return model_lib.layer_norm(cfg, "output_layer_norm")(h + drop(y, deterministic=deterministic))
+
+
+def test_post_ln_layer_draws_the_dropout_masks_earlier_runs_trained_on():
+  """Fails if the post-LN block's training output (dropout on) differs in any bit from the block
+  as it was before pre_layer_norm: e.g. a Dropout module per call draws the second mask from
+  another rng stream, and a run started before then no longer resumes bit-identically."""
+  cfg = BertConfig(**TINY)
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 12, cfg.hidden_size)),
+                  jnp.float32)
+  mask = (jnp.asarray(_inputs()[1]) > 0)[:, None, None, :]
+  params = _init(model_lib.BertLayer(cfg), x, mask)
+  run = lambda layer, seed: layer.apply({"params": params}, x, mask, False,
+                                        rngs={"dropout": _key(seed)})
+  for seed in (0, 1):
+    np.testing.assert_array_equal(run(model_lib.BertLayer(cfg), seed),
+                                  run(_PostLnLayerAsTrainedBefore(cfg), seed))
+  # Control: the masks matter, so equal outputs are equal masks.
+  assert np.abs(run(model_lib.BertLayer(cfg), 0) - run(model_lib.BertLayer(cfg), 1)).max() > 1e-2

@@ -248,7 +248,12 @@ class BertLayer(nn.Module):
     `deterministic` and `first_only` are positional so remat can mark them static.
     """
     cfg = self.config
-    drop = lambda y: nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    # One Dropout module drawn from twice: both masks come from Dropout_0's rng stream.
+    # A module per call would draw the second from Dropout_1's, other masks than the
+    # ones runs from before pre_layer_norm trained on, so they would not resume
+    # bit-identically (tests/test_model.py holds the stream).
+    hidden_dropout = nn.Dropout(cfg.hidden_dropout_prob)
+    drop = lambda y: hidden_dropout(y, deterministic=deterministic)
     attention = BertSelfAttention(cfg, name="attention")
     attention_norm = layer_norm(cfg, "attention_layer_norm")
     h = attention(attention_norm(x) if cfg.pre_layer_norm else x, mask,
