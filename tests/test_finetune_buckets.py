@@ -163,8 +163,38 @@ def test_benchmark_sweep_report(capsys):
   assert stats["lr5e-05"]["accuracy"]["ours_lower"] == 3
   # F1 is judged too: equal on every run here, so no difference and no seed lower.
   assert stats["lr0.0001"]["f1"] == {"diff": 0.0, "noise": 0.0, "within": True,
-                                    "near_edge": True, "ours_lower": 0}
+                                    "near_edge": True, "ours_lower": 0,
+                                    "paired": {"mean": 0.0, "low": 0.0, "high": 0.0,
+                                               "separated": False}}
   assert "reference / ours = 2.50x" in capsys.readouterr().out
+
+
+def test_benchmark_sweep_report_pairs_the_seeds(capsys):
+  """finetune_vs_transformers --sweep's paired verdict: fails if a gap of the same sign on
+  every seed, smaller than the seed spread (so "within seed noise" by the spread rule), is
+  not reported as a difference by the paired t interval, or if a gap that changes sign is."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks import finetune_vs_transformers as bench  # pylint: disable=g-import-not-at-top
+  args = argparse.Namespace(train_examples=2000, dev_examples=800, max_seq_length=128,
+                            batch_size=32, epochs=2, learning_rates=[5e-5], seeds=[0, 1, 2, 3, 4],
+                            padding="buckets")
+  # F1 shaped as issue 33's five seeds: ours lower on each, by 0.01-0.04, spread 0.03.
+  ours_f1, reference_f1 = [0.592, 0.593, 0.616, 0.626, 0.622], [0.630, 0.614, 0.626, 0.641, 0.647]
+  accuracy = [[0.666, 0.681, 0.676, 0.688, 0.653], [0.675, 0.671, 0.673, 0.676, 0.675]]
+  def side(f1, acc):
+    return {"seconds": 100.0, "backend_compiles": 1, "compile_seconds": 1.0,
+            "step_programs": 1, "shapes": "x",
+            "runs": {(5e-5, s): {"accuracy": acc[s], "f1": f1[s], "real_tokens": 1,
+                                 "padded_tokens": 2} for s in args.seeds}}
+  stats = bench.report_sweep(args, {"ours": side(ours_f1, accuracy[0]),
+                                    "reference": side(reference_f1, accuracy[1])})
+  f1, acc = stats["lr5e-05"]["f1"], stats["lr5e-05"]["accuracy"]
+  assert f1["within"] and f1["ours_lower"] == 5  # the spread rule calls it noise
+  assert f1["paired"]["separated"] and f1["paired"]["high"] < 0
+  assert f1["paired"]["mean"] == pytest.approx(-0.0218)
+  assert acc["within"] and not acc["paired"]["separated"]  # lower on 2 of 5: no difference
+  assert acc["paired"]["low"] < 0 < acc["paired"]["high"]
+  assert "f1 paired by seed: mean ours - reference -0.0218" in capsys.readouterr().out
 
 
 def test_benchmark_sweep_pieces_report_as_one_sweep(tmp_path, capsys):

@@ -39,7 +39,12 @@ our step programs and their shapes, the share of train tokens that are padding
 and real (non-pad) train tokens per second of the whole sweep; then the speed-up
 and, per learning rate and metric (accuracy and F1), whether the medians over
 seeds differ by more than the larger seed spread, and whether that verdict is
-within one standard deviation of its edge (then more seeds are needed to call it).
+within one standard deviation of its edge (then more seeds are needed to call it);
+and the paired test the ablation's reports use (experiments/ablation/stats.py): the
+mean of the per-seed differences ours - reference and its 95% Student t interval,
+a difference when the interval excludes zero. The spread rule only asks whether the
+medians are further apart than one side's luck; a small gap that has the same sign on
+every seed passes it, and the paired interval is what says so.
 A sweep run in pieces (--only, --learning_rates, --seeds, each with --json_out)
 is reported whole by --report_from: the pieces' runs together, their wall and
 compile times summed (each piece compiles its own programs, so a split sweep is
@@ -101,6 +106,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments.ablation import stats as paired_stats
 from experiments.benchmarks import finetune_sides
 from experiments.benchmarks import seed_comparison
 
@@ -231,8 +237,17 @@ def report_sweep(args, sides: dict[str, dict]) -> dict:
               f"{per['reference']['median']:.4f} = {diff:+.4f}; larger spread {noise:.4f}: "
               f"{verdict}{' (near the edge: more seeds)' if near else ''}; ours lower in "
               f"{lower} of {len(args.seeds)} seeds")
+        paired = [sides["ours"]["runs"][lr, s][metric] - sides["reference"]["runs"][lr, s][metric]
+                  for s in args.seeds]
+        mean, low, high = paired_stats.t_interval(paired)
+        separated = paired_stats.excludes_zero(low, high, len(paired))
+        print(f"lr {lr:g}: {metric} paired by seed: mean ours - reference {mean:+.4f}, 95% t "
+              f"interval [{low:+.4f}, {high:+.4f}]: "
+              f"{'a difference' if separated else 'no difference shown'}")
         stats[f"lr{lr:g}"][metric] = {"diff": diff, "noise": noise, "within": abs(diff) <= noise,
-                                      "near_edge": bool(near), "ours_lower": lower}
+                                      "near_edge": bool(near), "ours_lower": lower,
+                                      "paired": {"mean": mean, "low": low, "high": high,
+                                                 "separated": separated}}
   return stats
 
 
