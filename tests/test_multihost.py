@@ -24,15 +24,12 @@ import jax
 import numpy as np
 import pytest
 
+import ports
+
 from bert_jax import exit_codes
 from bert_jax.run import checkpoint
 from bert_jax.run import lock as workdir_lock
 
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
 
 
 def _losses(run) -> dict[int, float]:
@@ -43,7 +40,7 @@ def _losses(run) -> dict[int, float]:
 
 def _start_pair(pretrain_subprocess, config, run, name, env=None):
   """Both processes of a 2-host run (2 CPU devices each) on a fresh coordinator port."""
-  port, processes = _free_port(), []
+  port, processes = ports.free_port(), []
   for i in range(2):
     config.distributed.update(enabled=True, coordinator_address=f"localhost:{port}",
                               num_processes=2, process_id=i)

@@ -13,7 +13,6 @@ Run as a script, this file is one process of the 2-process test (see _runner).
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
@@ -21,6 +20,8 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+
+import ports
 
 from bert_jax.run import checkpoint
 
@@ -118,18 +119,13 @@ def test_a_step_unreadable_but_not_judged_damaged_stops_the_run_and_is_kept(
   assert (tmp_path / "run" / "checkpoints" / "2").exists()
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
 
 @pytest.mark.slow
 def test_only_process_1_cannot_restore_the_newest_step_both_resume_from_the_same_one(tmp_path):
   """Fails if, when only process 1 of 2 cannot read the newest step, the processes hang or do not
   both resume from step 1 with their own shards and positions, the logs do not say which process
   failed, or the step is not moved aside once."""
-  port = _free_port()
+  port = ports.free_port()
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
              JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
   logs = [open(tmp_path / f"process_{i}.log", "w") for i in range(2)]

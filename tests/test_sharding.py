@@ -7,7 +7,6 @@ import functools
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
@@ -17,6 +16,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
+
+import ports
 
 from bert_jax.convert import layout as convert_layout
 from bert_jax.model import encoder as model_lib
@@ -165,9 +166,7 @@ def test_two_processes_match_one_process(pretrain_test_config, pretrain_subproce
   single = pretrain_subprocess(config, tmp_path / "single", devices=4, synthetic=True)
   assert single.wait(timeout=600) == 0, (tmp_path / "single.log").read_text()[-3000:]
 
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
+  port = ports.free_port()
   processes = []
   for i in range(2):
     config.distributed.update(enabled=True, coordinator_address=f"localhost:{port}",

@@ -12,12 +12,13 @@ import pathlib
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+
+import ports
 
 from bert_jax import exit_codes
 
@@ -222,12 +223,8 @@ def _free_slurm_job_id() -> tuple[int, int]:
   for k in range(4096):
     job_id = 900_000 + (start + k) % 4096
     port = 61440 + job_id % 4096
-    with socket.socket() as s:
-      try:
-        s.bind(("localhost", port))
-      except OSError:
-        continue
-    return job_id, port
+    if ports.bindable(port) and ports.claim(port):  # no other test of the run gets it
+      return job_id, port
   raise RuntimeError("no free port in 61440-65535")
 
 

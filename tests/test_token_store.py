@@ -26,7 +26,6 @@ import pathlib
 import random
 import re
 import shutil
-import socket
 import signal
 import subprocess
 import sys
@@ -34,6 +33,8 @@ import time
 
 import numpy as np
 import pytest
+
+import ports
 
 from data_pipeline import corpora
 from data_pipeline import prepare
@@ -382,15 +383,10 @@ def test_a_gs_store_on_the_emulator(gcs_emulator, files):
     store.select("train", 0, 1, 0, config.data.heldout_modulus)
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
 
 def _run_pair(pretrain_subprocess, config, run: pathlib.Path, name: str) -> list[str]:
   """A 2-process run (2 CPU devices each, jax.distributed on localhost); both logs."""
-  port, processes = _free_port(), []
+  port, processes = ports.free_port(), []
   for i in range(2):
     config.distributed.update(enabled=True, coordinator_address=f"localhost:{port}",
                               num_processes=2, process_id=i)
