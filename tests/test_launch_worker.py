@@ -141,3 +141,40 @@ def test_the_judge_needs_a_lasting_loss():
   assert look("ACTIVE", None, 91) == launch_state.WAIT  # never started
   assert look("ACTIVE", None, 102) == launch_state.RESTART
   assert look("ACTIVE", {"state": "done", "attempt": 4}, 103) == launch_state.DONE
+
+
+def test_a_multi_process_record_asks_jax_only_once_the_cluster_is_joined(tmp_path, monkeypatch):
+  """Fails if a distributed job's heartbeat asks JAX which process it is before the job has
+  joined its cluster, even while jax.distributed.is_initialized() already says True (it does
+  as soon as the client exists, before it connects: a backend started in that gap aborted a
+  2-process CI run), or does not ask once told the cluster is joined."""
+  import threading
+  import jax
+  from bert_jax.run import job_state
+  monkeypatch.setattr(job_state, "_JOINED", threading.Event())
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
+  asked = []
+  monkeypatch.setattr(jax, "process_index", lambda: asked.append(True) or 0)
+  tracker = job_state.Tracker(str(tmp_path), distributed=True, job_id="tpu:p/z/n", attempt=1)
+  assert tracker._process_zero() is None and not asked
+  job_state.cluster_joined()
+  assert tracker._process_zero() is True and asked == [True]
+
+
+def test_joining_the_cluster_tells_the_job_record(monkeypatch, pretrain_test_config):
+  """Fails if setup_mesh does not tell the job's record that the cluster is joined once
+  jax.distributed.initialize has returned (or tells it before)."""
+  import threading
+  import jax
+  from bert_jax.run import job_state
+  from bert_jax.training import state
+  monkeypatch.setattr(job_state, "_JOINED", threading.Event())
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  told_before = []
+  monkeypatch.setattr(jax.distributed, "initialize",
+                      lambda **kwargs: told_before.append(job_state._JOINED.is_set()))
+  config = pretrain_test_config()
+  config.distributed.update(enabled=True, coordinator_address="localhost:1", num_processes=1,
+                            process_id=0)
+  state.setup_mesh(config)
+  assert told_before == [False] and job_state._JOINED.is_set()

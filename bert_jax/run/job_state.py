@@ -87,6 +87,20 @@ def is_live_elsewhere(record: "dict | None", attempt: "int | None", stale_after_
           and time.time() - float(record.get("time", 0)) < stale_after_s)
 
 
+# Set once this process has joined its jax.distributed cluster (bert_jax.training.state, when
+# jax.distributed.initialize has returned); until then the heartbeat does not ask JAX which
+# process this is. jax.distributed.is_initialized() is no such signal: it turns True when the
+# client exists, before client.connect(), and a backend the heartbeat thread started in that
+# gap used the unconnected client, so the coordination service aborted the process ("wrong
+# service incarnation: requested 0"; CI, 2026-12-03, a 2-process job with a job id).
+_JOINED = threading.Event()
+
+
+def cluster_joined() -> None:
+  """Tells the job's record that jax.distributed.initialize has returned in this process."""
+  _JOINED.set()
+
+
 class Tracker:
   """Writes one job's record: 'running' plus heartbeats, then its final state."""
 
@@ -101,9 +115,9 @@ class Tracker:
     """Whether this is process 0; None while a distributed job has not joined its cluster."""
     if not self.distributed:
       return True
+    if not _JOINED.is_set():
+      return None  # asking now could start JAX's backend before the cluster is joined
     import jax  # pylint: disable=g-import-not-at-top  # only multi-process jobs get here
-    if not jax.distributed.is_initialized():
-      return None  # asking now would start JAX's backend before jax.distributed.initialize
     return jax.process_index() == 0
 
   def _write(self, state: str, exit_code: "int | None" = None) -> None:

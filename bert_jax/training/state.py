@@ -29,6 +29,7 @@ import optax
 from bert_jax import errors
 from bert_jax.model import encoder as model_lib
 from bert_jax.run import checkpoint
+from bert_jax.run import job_state
 from bert_jax.training import sharding
 
 TrainState = train_state_lib.TrainState
@@ -52,6 +53,8 @@ def setup_mesh(config: ml_collections.ConfigDict) -> tuple[jax.sharding.Mesh,
               "process_id": None if config.distributed.process_id < 0
                             else config.distributed.process_id}
     jax.distributed.initialize(**kwargs)
+  if config.distributed.enabled:
+    job_state.cluster_joined()  # the job's record may now ask which process this is
   check_accelerator(config.require_accelerator)
   mesh = sharding.make_mesh(config.mesh)
   # JSON round trips turn the rules' tuples into lists; flax wants tuples.
