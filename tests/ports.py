@@ -3,8 +3,7 @@
 A free port is found by binding port 0 and closing the socket, so two tests that ask at
 about the same time (one per pytest-xdist worker) can both be told the same port. Their
 coordinators then both start on it: gRPC binds with SO_REUSEPORT, so neither fails,
-and the kernel spreads the four processes' connections over the two services, which
-abort with "wrong service incarnation" (CI, 2026-12-03, test_multihost's lock test). Each
+and the kernel would spread the four processes' connections over the two services. Each
 port given out is therefore claimed by a file created with O_EXCL in a directory that
 every worker of the run shares (named by xdist's run id), so no other test of the run
 gets it while it may be in use.
