@@ -7,7 +7,6 @@ round, binomial standard deviations, scipy distributions). Tolerances are 4
 binomial standard deviations.
 """
 
-import dataclasses
 import hashlib
 import math
 
@@ -535,75 +534,3 @@ def test_example_seed_depends_on_every_input():
            for s in (0, 1) for e in (0, 1) for i in (0, 1, 2)}
   assert len(seeds) == 12
   np.testing.assert_array_equal(masking.example_seed(3, 2, 5), masking.example_seed(3, 2, 5))
-
-
-# ---------------------------------------------------------------- ratio schedules
-
-
-def test_schedule_ratio_at_every_step():
-  """Fails if linear, cosine or constant schedules give another ratio at any step than the formulas
-  (clamped past the end), max_ratio or end_ratio is wrong, or total_steps 0 is accepted."""
-  linear = masking.bert_masking(ratio=0.4, schedule="linear", final_ratio=0.1)
-  cosine = masking.bert_masking(ratio=0.4, schedule="cosine", final_ratio=0.1)
-  constant = masking.bert_masking(ratio=0.3)
-  assert [linear.ratio_at(s, 10) for s in (0, 10, 15)] == [0.4, 0.1, 0.1]
-  assert [cosine.ratio_at(s, 10) for s in (0, 10, 15)] == [0.4, 0.1, 0.1]
-  for step in range(11):
-    progress = step / 10
-    assert linear.ratio_at(step, 10) == pytest.approx(0.4 - 0.3 * progress, abs=1e-15)
-    assert cosine.ratio_at(step, 10) == pytest.approx(
-        0.1 + 0.15 * (1 + math.cos(math.pi * progress)), abs=1e-15)
-    assert constant.ratio_at(step, 10) == 0.3
-  # Halfway both are at the mean; a quarter in, cosine has moved less than linear.
-  assert linear.ratio_at(5, 10) == pytest.approx(0.25) == cosine.ratio_at(5, 10)
-  assert cosine.ratio_at(2, 8) > linear.ratio_at(2, 8)
-  rising = masking.bert_masking(ratio=0.15, schedule="linear", final_ratio=0.6)
-  assert rising.ratio_at(100, 200) == pytest.approx(0.375)
-  assert (rising.max_ratio, rising.end_ratio) == (0.6, 0.6)
-  assert (linear.max_ratio, linear.end_ratio) == (0.4, 0.1)
-  with pytest.raises(ValueError, match="total_steps"):
-    linear.ratio_at(3, 0)
-
-
-def test_schedule_sizes_predictions_for_its_largest_ratio():
-  """Fails if a rising schedule sizes max_predictions for its first ratio rather than its largest,
-  or an explicit cap too small for the largest is accepted."""
-  rising = masking.bert_masking(ratio=0.15, schedule="cosine", final_ratio=0.6)
-  assert rising.max_predictions(128) == 77  # ceil(0.6 * 128), not 20
-  assert masking.bert_masking(ratio=0.6).max_predictions(128) == 77
-  with pytest.raises(ValueError, match="max_predictions_per_seq=20 is too small"):
-    masking.bert_masking(ratio=0.15, schedule="linear", final_ratio=0.6,
-                        max_predictions_per_seq=20).max_predictions(128)
-
-
-@pytest.mark.parametrize("overrides,field", [
-    (dict(schedule="step"), "schedule"),
-    (dict(final_ratio=0.3), "final_ratio"),  # a final ratio without a schedule means nothing
-    (dict(schedule="linear", final_ratio=0.0), "final_ratio"),
-    (dict(schedule="cosine", final_ratio=1.0), "final_ratio"),
-])
-def test_invalid_schedule_names_the_field(overrides, field):
-  """Fails if an unknown schedule, a final ratio without a schedule, or a final ratio of 0 or 1 is
-  accepted, or refused without naming the field."""
-  with pytest.raises(ValueError, match=field):
-    masking.MaskingSpec.from_config(_config(**overrides), 128)
-
-
-def test_per_example_ratio_masks_as_a_constant_spec_at_that_ratio():
-  """mask_tokens(ratio=r) under a schedule == mask_tokens of a constant spec at r."""
-  subset = tuple(a[:40] for a in DATA)
-  for kwargs in (dict(), dict(whole_word=True), dict(strategy="bernoulli"), dict(span=True)):
-    scheduled = masking.bert_masking(ratio=0.5, schedule="linear", final_ratio=0.1, **kwargs)
-    p = scheduled.max_predictions(LENGTH)
-    for ratio in (0.1, 0.37, 0.5):
-      constant = dataclasses.replace(scheduled.at_ratio(ratio), max_predictions_per_seq=p)
-      for n in (0, 13, 39):
-        row = tuple(a[n] for a in subset)
-        args = dict(mask_id=MASK, vocab_size=VOCAB, special_ids=SPECIALS, max_predictions=p)
-        got = masking.mask_tokens(*row, masking.example_seed(5, 0, n), scheduled,
-                                  ratio=tf.constant(ratio, tf.float64), **args)
-        want = masking.mask_tokens(*row, masking.example_seed(5, 0, n), constant, **args)
-        # The counts themselves are checked once, for the constant spec
-        # (test_fixed_strategy_predicts_exactly_round_ratio_per_sequence).
-        for key in want:
-          np.testing.assert_array_equal(got[key].numpy(), want[key].numpy(), err_msg=key)
