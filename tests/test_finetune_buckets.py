@@ -197,6 +197,26 @@ def test_benchmark_sweep_report_pairs_the_seeds(capsys):
   assert "f1 paired by seed: mean ours - reference -0.0218" in capsys.readouterr().out
 
 
+def test_seed_comparison_report_pairs_the_seeds(capsys):
+  """seed_comparison.report (the tagging benchmark's and the single-rate report): fails if a
+  same-sign gap inside the seed spread is not called a difference by the paired t interval,
+  or if a gap that changes sign is."""
+  from experiments.benchmarks import seed_comparison  # pylint: disable=g-import-not-at-top
+  ours = {s: {"accuracy": a, "f1": f, "seconds": 1.0} for s, (a, f) in
+          enumerate(zip([0.70, 0.74, 0.72], [0.30, 0.34, 0.32]))}
+  reference = {s: {"accuracy": a, "f1": f, "seconds": 1.0} for s, (a, f) in
+               enumerate(zip([0.71, 0.75, 0.73], [0.33, 0.31, 0.32]))}
+  stats = seed_comparison.report("t", [0, 1, 2], {"ours": ours, "reference": reference},
+                                 {"accuracy": "acc", "f1": "F1"})
+  accuracy, f1 = stats["diff/accuracy"], stats["diff/f1"]
+  assert accuracy["within"] and accuracy["paired"]["separated"]  # -0.01 on every seed
+  assert accuracy["paired"]["mean"] == pytest.approx(-0.01)
+  assert f1["within"] and not f1["paired"]["separated"]  # -0.03, +0.03, 0: no difference
+  out = capsys.readouterr().out
+  assert "accuracy paired by seed: mean ours - reference -0.0100" in out
+  assert "f1 paired by seed: mean ours - reference +0.0000" in out
+
+
 def test_benchmark_sweep_pieces_report_as_one_sweep(tmp_path, capsys):
   """finetune_vs_transformers --report_from: a sweep run in pieces (a side, a learning rate
   each) is reported as the whole sweep, wall times summed; would fail if a piece's runs were

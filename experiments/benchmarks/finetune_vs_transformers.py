@@ -106,7 +106,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments.ablation import stats as paired_stats
 from experiments.benchmarks import finetune_sides
 from experiments.benchmarks import seed_comparison
 
@@ -237,17 +236,13 @@ def report_sweep(args, sides: dict[str, dict]) -> dict:
               f"{per['reference']['median']:.4f} = {diff:+.4f}; larger spread {noise:.4f}: "
               f"{verdict}{' (near the edge: more seeds)' if near else ''}; ours lower in "
               f"{lower} of {len(args.seeds)} seeds")
-        paired = [sides["ours"]["runs"][lr, s][metric] - sides["reference"]["runs"][lr, s][metric]
-                  for s in args.seeds]
-        mean, low, high = paired_stats.t_interval(paired)
-        separated = paired_stats.excludes_zero(low, high, len(paired))
-        print(f"lr {lr:g}: {metric} paired by seed: mean ours - reference {mean:+.4f}, 95% t "
-              f"interval [{low:+.4f}, {high:+.4f}]: "
-              f"{'a difference' if separated else 'no difference shown'}")
+        test, text = seed_comparison.paired(
+            {s: sides["ours"]["runs"][lr, s] for s in args.seeds},
+            {s: sides["reference"]["runs"][lr, s] for s in args.seeds}, metric)
+        print(f"lr {lr:g}: {text}")
         stats[f"lr{lr:g}"][metric] = {"diff": diff, "noise": noise, "within": abs(diff) <= noise,
                                       "near_edge": bool(near), "ours_lower": lower,
-                                      "paired": {"mean": mean, "low": low, "high": high,
-                                                 "separated": separated}}
+                                      "paired": test}
   return stats
 
 

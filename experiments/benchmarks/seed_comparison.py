@@ -5,7 +5,10 @@ tagging_vs_transformers (People's Daily POS) train the same data with the
 same recipe in our trainer and in a plain optax loop around a transformers
 model, over several seeds. The reference's optimizer is written here, not
 taken from bert_jax.training.optim, so the reference shares no code with the side it
-checks; the report judges a difference of medians against the seed spread.
+checks. The report judges each metric twice: the difference of medians against the seed
+spread, and the paired test the ablation's reports use (experiments/ablation/stats.py),
+because a small gap of one sign on every seed passes the spread rule and only the paired
+interval shows it.
 """
 
 import argparse
@@ -17,6 +20,8 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 import optax
+
+from experiments.ablation import stats as paired_stats
 
 
 def flags(doc: str, *, examples: tuple[str, int, int], max_seq_length: int, epochs: int,
@@ -92,6 +97,20 @@ def summarize(runs: dict[int, dict], names: Sequence[str]) -> dict[str, dict[str
   return out
 
 
+def paired(ours: dict[int, dict], reference: dict[int, dict], metric: str
+           ) -> tuple[dict, str]:
+  """The paired test of one metric over the seeds both sides ran: ({mean, low, high,
+  separated}, the sentence the reports print). A difference is shown when the 95% Student
+  t interval of (ours - reference) per seed excludes zero (paired_stats.t_interval)."""
+  seeds = [s for s in ours if s in reference]
+  diffs = [ours[s][metric] - reference[s][metric] for s in seeds]
+  mean, low, high = paired_stats.t_interval(diffs)
+  separated = paired_stats.excludes_zero(low, high, len(diffs))
+  text = (f"{metric} paired by seed: mean ours - reference {mean:+.4f}, 95% t interval "
+          f"[{low:+.4f}, {high:+.4f}]: {'a difference' if separated else 'no difference shown'}")
+  return {"mean": mean, "low": low, "high": high, "separated": separated}, text
+
+
 def report(title: str, seeds: Sequence[int], results: dict[str, dict[int, dict]],
            metrics: dict[str, str], reference_note: Callable[[dict], str] | None = None) -> dict:
   """Prints per-seed figures, per-side statistics and the verdict; returns the statistics.
@@ -103,9 +122,10 @@ def report(title: str, seeds: Sequence[int], results: dict[str, dict[int, dict]]
     metrics: metric key -> its column name (e.g. {"f1": "F1"}).
     reference_note: one line about a reference run (start check, losses), if any.
 
-  The verdict per metric: the difference of the medians is within seed noise when
-  it is no larger than the larger max - min spread of the two sides; one seed has
-  no spread, so it cannot pass that test honestly and says so.
+  The verdicts per metric: the difference of the medians is within seed noise when
+  it is no larger than the larger max - min spread of the two sides (one seed has
+  no spread, so it cannot pass that test honestly and says so); and the paired t
+  test over the seeds (paired()).
   """
   sides = list(results)
   names = tuple(metrics) + ("seconds",)
@@ -138,7 +158,10 @@ def report(title: str, seeds: Sequence[int], results: dict[str, dict[int, dict]]
         verdict += " (one seed: no spread to judge by)"
       print(f"{name}: median ours - reference = {diff:+.4f}; larger spread {noise:.4f}: "
             f"{verdict}")
-      stats[f"diff/{name}"] = {"diff": diff, "noise": noise, "within": abs(diff) <= noise}
+      test, text = paired(results["ours"], results["reference"], name)
+      print(text)
+      stats[f"diff/{name}"] = {"diff": diff, "noise": noise, "within": abs(diff) <= noise,
+                               "paired": test}
   return stats
 
 

@@ -61,6 +61,8 @@ tagging_vs_transformers.md has the table with the phases:
      2    0.7315      0.3389      204.6        0.7315           0.3383           281.8
   accuracy: median ours - reference = -0.0009; larger spread 0.0019: within seed noise
   macro_f1: median ours - reference = -0.0004; larger spread 0.0029: within seed noise
+  and paired by seed (recomputed from the table: the report prints this since 2026-12-04),
+  accuracy -0.0005 [-0.0025, +0.0015], macro_f1 +0.0002 [-0.0011, +0.0015]: no difference
 
 Always predicting the most frequent train tag ("n") scores 0.217 on this dev sample.
 
