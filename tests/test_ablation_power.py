@@ -4,12 +4,14 @@ Fails if a planned seed count does not detect its difference about 80% of the ti
 under the report's own decision rule (simulated on synthetic paired results with a
 known spread), if that rule's false-positive rate is not its nominal 5%, if
 detectable_difference and seeds_needed stop being inverses, if report.md stops
-saying per comparison which difference its seeds could not see, or if --plan_seeds
-misreads a pilot or refuses in more than one line.
+saying per comparison which difference its seeds could not see, if --plan_seeds
+misreads a pilot or refuses in more than one line, or if the docs quote other figures
+than the committed zh_proof result's.
 """
 
 import csv
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -166,3 +168,24 @@ def test_plan_seeds_refuses_in_one_line(tmp_path, make, says):
   with pytest.raises(errors.UsageError) as e:
     ablation_power.plan_seeds(make(tmp_path))
   assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_docs_quote_the_committed_zh_proof_result():
+  """Fails if docs/ablation.md's --plan_seeds example is not what plan_seeds prints for the
+  committed zh_proof pilot, or the README's held-out MLM intervals are not its report.md's
+  rounded (a re-run of zh_proof committed without its docs, or docs edited by hand)."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  pilot = root / "experiments" / "results" / "ablation_zh_proof"
+  text = ablation_power.plan_seeds(str(pilot))
+  doc = (root / "docs" / "ablation.md").read_text()
+  example = doc.split("labels, cosine minus r15:\n\n```\n", 1)[1].split("```", 1)[0]
+  assert f"## sentiment_2k (downstream): cos40to15 minus r15\n{example}" in f"{text}\n"
+  report = (pilot / "report.md").read_text()
+  readme = (root / "README.md").read_text()
+  for setting, quoted in (("r40", "r40 minus r15: {}, paired t 95% interval [{}, {}]"),
+                          ("cos40to15", "cosine {} [{}, {}]")):
+    row = next(l for l in report.splitlines() if l.startswith(f"| {setting} | 3 | "))
+    mean, low, high = (float(x) for x in
+                       row.split(" | ")[2].replace("[", "").replace("]", "").replace(",", "").split())
+    figures = [f"{x:+.3f}".replace("+", "") for x in (mean, low, high)]
+    assert quoted.format(*figures) in " ".join(readme.split()), (setting, figures)

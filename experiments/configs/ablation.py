@@ -33,9 +33,10 @@ Variants:
            1e-3} x seeds {0, 1, 2}).
   zh_proof the committed compute-matched result: r15, r40 and cosine 0.40 -> 0.15
            x pretraining seeds 0, 1, 2 under a model-FLOP budget (budget.mode "flops":
-           r15's FLOPs in 500 steps of tiny at batch 64 x 64 tokens, 1.00e13 FLOPs as
-           planned; r40 then trains 279 steps, cos40to15 352, each within one of its
-           steps of the budget: --dry_run lists them), held-out eval and checkpoints
+           r15's FLOPs in 500 steps of tiny at batch 64 x 64 tokens; measured at the
+           prepare stage 9.25e12 FLOPs, r40 291 steps, cos40to15 365, each within one
+           of its steps of the budget; --dry_run's estimate before the corpus exists:
+           1.00e13, 279 and 352), held-out eval and checkpoints
            every 125 steps on 1,024 examples, then the 2,000-label sentiment task only
            (lr {3e-4, 1e-3} x seeds {0, 1, 2}, 2 epochs) with a 10% test split carved
            out of train by text hash (task.test_fraction): the learning rate is picked
