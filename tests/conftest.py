@@ -17,6 +17,14 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="bert_jax_test_jax_cache_")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+# The trainer subprocesses' cache (pretrain_subprocess), made here so that pytest's first
+# process makes it and both xdist workers inherit it: files on either worker start runs of
+# the same small config, and each program is then compiled once per session, not per worker.
+if "BERT_JAX_TEST_SUBPROCESS_JAX_CACHE" not in os.environ:
+  os.environ["BERT_JAX_TEST_SUBPROCESS_JAX_CACHE"] = tempfile.mkdtemp(
+      prefix="bert_jax_test_subprocess_jax_cache_")
+  atexit.register(shutil.rmtree, os.environ["BERT_JAX_TEST_SUBPROCESS_JAX_CACHE"],
+                  ignore_errors=True)
 # The tests' runs make tokenized stores (data.tokenized_dir "" -> $BERT_JAX_CACHE/tokenized):
 # one cache per session, never the user's (no test reads the embedded corpus from it).
 os.environ["BERT_JAX_CACHE"] = tempfile.mkdtemp(prefix="bert_jax_test_cache_")
@@ -125,6 +133,32 @@ def minilm_dir() -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def minilm_2_layers(minilm_dir, tmp_path_factory) -> pathlib.Path:
+  """The real MiniLM's embeddings, pooler and first 2 of its 6 layers, in its own HF layout
+  (config.json says 2 layers; vocab.txt and the tokenizer files copied).
+
+  For the tests whose subject is what runs around fine-tuning (a suite's stages and kills,
+  a refusal's opt-in), not the encoder's numbers: each of their fresh processes compiles an
+  encoder a third as deep. The tests of the encoder itself keep minilm_dir.
+  """
+  import json
+  from safetensors.numpy import load_file, save_file  # test-only dependency
+  root = tmp_path_factory.mktemp("minilm_2_layers")
+  for path in minilm_dir.iterdir():
+    if path.is_file() and path.name not in ("config.json", "model.safetensors"):
+      shutil.copy(path, root / path.name)
+  config = json.loads((minilm_dir / "config.json").read_text())
+  config["num_hidden_layers"] = 2
+  (root / "config.json").write_text(json.dumps(config, indent=2))
+  tensors = load_file(str(minilm_dir / "model.safetensors"))
+  kept = {k: v for k, v in tensors.items()
+          if not k.startswith("encoder.layer.") or int(k.split(".")[2]) < 2}
+  assert len(tensors) - len(kept) == 4 * 16, "MiniLM's layer tensors are not as expected"
+  save_file(kept, str(root / "model.safetensors"))
+  return root
+
+
+@pytest.fixture(scope="session")
 def uncased_vocab(minilm_dir) -> pathlib.Path:
   """The bert-base-uncased WordPiece vocabulary (30,522 entries)."""
   return minilm_dir / "vocab.txt"
@@ -194,7 +228,7 @@ def _pretrain_env(devices: int, cache_dir: pathlib.Path) -> dict:
 
 
 @pytest.fixture(scope="session")
-def pretrain_subprocess(tmp_path_factory):
+def pretrain_subprocess():
   """Starts tests/pretrain_runner.py on a config in a fresh process with `devices` CPU devices.
 
   Returns a function (config, workdir, *, devices=1, synthetic=False, name=None,
@@ -206,7 +240,7 @@ def pretrain_subprocess(tmp_path_factory):
   import subprocess
   import sys
   runner = pathlib.Path(__file__).with_name("pretrain_runner.py")
-  cache_dir = tmp_path_factory.mktemp("jax_compilation_cache")
+  cache_dir = pathlib.Path(os.environ["BERT_JAX_TEST_SUBPROCESS_JAX_CACHE"])
 
   def start(config, workdir, *, devices=1, synthetic=False, name=None, preexec_fn=None,
             stdout=None, env=None, files_dir=None, cwd=None, kill_at=None):

@@ -1,10 +1,11 @@
-"""experiments.evaluate end to end: a suite fine-tuned from the real MiniLM, killed and resumed.
+"""experiments.evaluate end to end: a suite fine-tuned from real MiniLM weights, killed and resumed.
 
 The suite (a config file of the test's own, as a user would write one) has three tiny
 generated GLUE-format tasks -- CoLA (single sentence, MCC, its headerless files),
 MRPC (a pair, F1 / accuracy) and STS-B (regression, Pearson / Spearman), each with a
 test.tsv for the leaderboard files -- and SQuAD v1.1 on allennlp 0.9.0's fixture
-(EM / F1), fine-tuned from all-MiniLM-L6-v2 with 2 learning rates x 1 seed, batch 8,
+(EM / F1), fine-tuned from all-MiniLM-L6-v2's first 2 layers (conftest.minilm_2_layers: the
+suite's stages are the subject, not the encoder) with 2 learning rates x 1 seed, batch 8,
 1 epoch (4 steps a run). The command runs in a fresh process on one CPU device, as a
 user starts it; a second suite of one `custom` member reads CSV files.
 """
@@ -102,9 +103,9 @@ def inputs(allennlp_fixtures, tmp_path_factory) -> dict[str, pathlib.Path]:
   return {"glue": write_glue(root / "glue"), "suite": suite, "cache": root / "jax_cache"}
 
 
-def _command(inputs, minilm_dir, workdir, *extra) -> list[str]:
+def _command(inputs, minilm_2_layers, workdir, *extra) -> list[str]:
   return [sys.executable, "-m", "experiments.evaluate", f"--suite={inputs['suite']}:glue",
-          f"--init_checkpoint={minilm_dir}", f"--workdir={workdir}",
+          f"--init_checkpoint={minilm_2_layers}", f"--workdir={workdir}",
           f"--glue_dir={inputs['glue']}", "--learning_rates=1e-4,5e-5", "--seeds=0",
           "--epochs=1", "--batch_size=8", "--suite.protocol.max_seq_length=32", *extra]
 
@@ -132,10 +133,10 @@ def _csv(path: pathlib.Path) -> list[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def reference(inputs, minilm_dir, tmp_path_factory) -> pathlib.Path:
+def reference(inputs, minilm_2_layers, tmp_path_factory) -> pathlib.Path:
   """The workdir of one uninterrupted run of the suite."""
   workdir = tmp_path_factory.mktemp("suite") / "reference"
-  _finish(_start(_command(inputs, minilm_dir, workdir), workdir, inputs["cache"]), workdir)
+  _finish(_start(_command(inputs, minilm_2_layers, workdir), workdir, inputs["cache"]), workdir)
   return workdir
 
 
@@ -200,13 +201,13 @@ def _moments(order: list[str]) -> tuple[str, ...]:
 
 
 @pytest.mark.slow  # seven kills and restarts of the suite above
-def test_killed_at_every_stage_it_resumes_to_the_same_table(reference, inputs, minilm_dir,
+def test_killed_at_every_stage_it_resumes_to_the_same_table(reference, inputs, minilm_2_layers,
                                                              tmp_path):
   """kill -9 as soon as each moment's file appears, then the same command: table.md equals the
   uninterrupted run's byte for byte and results.csv does but for wall times. Fails if a
   resumed run redoes, skips or changes a run, or if table.md holds anything run-dependent."""
   workdir = tmp_path / "killed"
-  command = _command(inputs, minilm_dir, workdir)
+  command = _command(inputs, minilm_2_layers, workdir)
   order = json.loads((reference / "suite.json").read_text())["order"]
   for moment in _moments(order):
     process = _start(command, workdir, inputs["cache"])
@@ -229,10 +230,10 @@ def test_killed_at_every_stage_it_resumes_to_the_same_table(reference, inputs, m
 
 
 @pytest.mark.slow  # one member, 2 runs of MiniLM
-def test_a_custom_member_reads_csv_files(inputs, minilm_dir, tmp_path):
+def test_a_custom_member_reads_csv_files(inputs, minilm_2_layers, tmp_path):
   """A suite of one `custom` member: its CSV files, the task kind's main metric reported."""
   workdir = tmp_path / "custom"
-  command = [a.replace(":glue", ":custom") for a in _command(inputs, minilm_dir, workdir)]
+  command = [a.replace(":glue", ":custom") for a in _command(inputs, minilm_2_layers, workdir)]
   command = [a for a in command if not a.startswith("--learning_rates")] + ["--learning_rates=1e-4"]
   _finish(_start(command, workdir, inputs["cache"]), workdir)
   rows = _csv(workdir / "results.csv")

@@ -271,18 +271,18 @@ def test_bad_finetuning_inputs_are_one_line_write_nothing_and_the_fix_then_works
   assert "dev/accuracy" in json.loads((run / "result.json").read_text())["final"]
 
 
-@pytest.mark.slow  # a 4-step fine-tune of MiniLM (L=6, H=384)
+@pytest.mark.slow  # a 4-step fine-tune of MiniLM's first 2 layers (H=384)
 def test_allow_vocab_change_lets_the_refused_vocabulary_through_and_records_it(
-    minilm_dir, pretrain_test_config, tmp_path, capfd):
+    minilm_2_layers, pretrain_test_config, tmp_path, capfd):
   """Fails if config.allow_vocab_change=True does not let a run the table refuses (MiniLM
   with its vocabulary reordered) finish, or if the workdir does not keep the opt-in in its
   record with the hash (and a copy) of the vocabulary the run tokenized with."""
-  vocab = (minilm_dir / "vocab.txt").read_text().splitlines()
+  vocab = (minilm_2_layers / "vocab.txt").read_text().splitlines()
   reordered = tmp_path / "reordered_vocab.txt"
   reordered.write_text("\n".join(vocab[:1000] + [vocab[1001], vocab[1000]] + vocab[1002:]) + "\n")
   good = _finetune_input_cases(tmp_path / "task",
                                pathlib.Path(pretrain_test_config().data.vocab_file))[0]
-  overrides = {"init_checkpoint": str(minilm_dir), "vocab_file": str(reordered)}
+  overrides = {"init_checkpoint": str(minilm_2_layers), "vocab_file": str(reordered)}
   run = tmp_path / "ft"
   line = _one_line_refusal(capfd, jobs.run(good(**overrides), str(run)))
   assert "first difference at id 1000" in line and not run.exists(), line
@@ -291,7 +291,7 @@ def test_allow_vocab_change_lets_the_refused_vocabulary_through_and_records_it(
   record = json.loads((run / "record.json").read_text())
   assert record["config"]["allow_vocab_change"] is True
   assert record["vocab_sha256"] == workdir_lib.sha256_of(str(reordered))
-  assert record["vocab_sha256"] != workdir_lib.sha256_of(str(minilm_dir / "vocab.txt"))
+  assert record["vocab_sha256"] != workdir_lib.sha256_of(str(minilm_2_layers / "vocab.txt"))
   assert (run / "vocab.txt").read_text() == reordered.read_text()
 
 
