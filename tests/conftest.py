@@ -154,7 +154,7 @@ def minilm_2_layers(minilm_dir, tmp_path_factory) -> pathlib.Path:
   kept = {k: v for k, v in tensors.items()
           if not k.startswith("encoder.layer.") or int(k.split(".")[2]) < 2}
   assert len(tensors) - len(kept) == 4 * 16, "MiniLM's layer tensors are not as expected"
-  save_file(kept, str(root / "model.safetensors"))
+  save_file(kept, str(root / "model.safetensors"), metadata={"format": "pt"})  # as transformers needs
   return root
 
 

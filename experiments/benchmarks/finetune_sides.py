@@ -5,6 +5,7 @@ padding_accuracy run these; the recipe and what each side does are described in
 finetune_vs_transformers' docstring.
 """
 
+import argparse
 import functools
 import importlib.util
 import pathlib
@@ -60,6 +61,14 @@ def run_reference(args, seed: int, labels, train, dev) -> dict:
       model_dir, from_pt=True, num_labels=len(labels), seed=seed, dtype=jnp.float32,
       hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
       classifier_dropout=None)   # None: the head uses hidden_dropout_prob
+  params = model.params
+  if getattr(args, "reference_head_init", "normal") == "truncated_normal":
+    # Our head's initialiser (BERT's truncated normal, cut at 2 sd, sd 0.02 before the cut)
+    # in place of transformers' plain normal: the A/B that isolates the init distribution,
+    # with this side's order and dropout streams unchanged.
+    kernel = params["classifier"]["kernel"]
+    params["classifier"]["kernel"] = jax.nn.initializers.truncated_normal(0.02)(
+        jax.random.key(seed), kernel.shape, kernel.dtype)
 
   steps_per_epoch = len(train) // args.batch_size   # last partial batch dropped
   total_steps = steps_per_epoch * args.epochs
@@ -74,7 +83,6 @@ def run_reference(args, seed: int, labels, train, dev) -> dict:
 
   train_step, predict = seed_comparison.reference_steps(model, tx, loss_fn)
 
-  params = model.params
   opt_state = tx.init(params)
   order_rng = np.random.default_rng(seed)
   dropout_key = jax.random.key(seed)
@@ -170,3 +178,90 @@ def run_ours(args, seed: int) -> dict:
     result = trainer.finetune(config, workdir)
   return {"accuracy": metric(result, "accuracy"), "f1": metric(result, "f1"),
           "seconds": time.perf_counter() - start}
+
+
+# ---------------------------------------------------------------------------- same start
+
+
+class NoCheckpoints:
+  """A checkpoint manager with nothing in it: state_lib.start then loads the init checkpoint."""
+
+  def latest_step(self):
+    return None
+
+
+def same_start_logits(args, model_dir: pathlib.Path, steps: int, seed: int = 0,
+                      reference_changes: dict | None = None) -> dict:
+  """Both sides trained `steps` steps with every random stream taken out: dropout off,
+  the reference's head set to ours' initial one, the same batches (our featurised train
+  rows, the seed's permutation, max_seq_length). Ours runs the trainer's own jitted steps
+  (steps.build, state_lib.start from `model_dir`), the reference its optax loop.
+
+  Returns {"ours", "reference"}: logits [rows, labels] on the first eval_batch_size train
+  rows after the last step ("start": ours before the first). Whatever differs between them is the implementations'
+  deterministic recipe (optimizer, schedule, clipping, decay mask, loss, model), not seeds.
+  reference_changes: recipe flags given to the reference only (e.g. {"weight_decay": 0.1}),
+  to show how large a one-field recipe difference is beside the sides' own.
+  """
+  import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
+  from bert_jax.finetune import buckets  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import steps as steps_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import task_kind  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import sharding  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
+  args = argparse.Namespace(**{**vars(args), "dropout": 0.0})
+  config = ours_config(args, (seed,))
+  config.init_checkpoint = str(model_dir)
+  mesh, rules = state_lib.setup_mesh(config)
+  prepared = trainer.prepare(config)
+  task = prepared.task
+  programs = steps_lib.build(config, task, prepared.programs, mesh, rules, total_steps=steps)
+  load_init = functools.partial(trainer._merge_pretrained, prepared.loaded,  # pylint: disable=protected-access
+                                prepared.bert_config, task.head_name, config.init_checkpoint)
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
+  state, _ = state_lib.start(NoCheckpoints(), programs.layout, task.model, programs.tx,
+                             init_rng, load_init)
+  state = steps_lib.with_learning_rate(state, args.learning_rate, programs.layout)
+  head = jax.device_get(state.params[task.head_name])  # the steps donate the state
+
+  features, length = task.train.features, args.max_seq_length
+  n = len(features["input_ids"])
+  order = np.concatenate([np.random.default_rng([seed, e]).permutation(n)
+                          for e in range(-(-steps * args.batch_size // n))])
+  batches = [order[i * args.batch_size:(i + 1) * args.batch_size] for i in range(steps)]
+  eval_rows = np.arange(min(args.eval_batch_size, n))
+  eval_batch = sharding.global_batch(
+      buckets.cut(features, task_kind.INPUTS, eval_rows, length, length), mesh)
+  with sharding.activate(mesh, rules):
+    start = np.asarray(programs.eval_step(state.params, eval_batch)["logits"])
+    for rows in batches:
+      batch = buckets.cut(features, task.train_features, rows, length, length)
+      state, _ = programs.train_step(state, sharding.global_batch(batch, mesh), dropout_rng)
+    ours = np.asarray(programs.eval_step(state.params, eval_batch)["logits"])
+
+  model = transformers.FlaxBertForSequenceClassification.from_pretrained(
+      str(model_dir), from_pt=True, num_labels=len(task.labels), seed=seed, dtype=jnp.float32,
+      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout=None)
+  params = model.params
+  params["classifier"] = {k: jnp.asarray(v) for k, v in head.items()}
+  tx = seed_comparison.reference_optimizer(
+      argparse.Namespace(**{**vars(args), **(reference_changes or {})}), steps)
+
+  def loss_fn(params, batch, rng):
+    logits = model(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                   params=params, dropout_rng=rng, train=True).logits
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"]).mean()
+
+  train_step, _ = seed_comparison.reference_steps(model, tx, loss_fn)
+  opt_state = tx.init(params)
+  keys = task_kind.INPUTS + ("label_ids",)
+  for rows in batches:
+    batch = {k: jnp.asarray(v) for k, v in buckets.cut(features, keys, rows, length,
+                                                       length).items()}
+    params, opt_state, _ = train_step(params, opt_state, batch, jax.random.key(0))
+  batch = buckets.cut(features, task_kind.INPUTS, eval_rows, length, length)
+  reference = np.asarray(model(*(batch[k] for k in task_kind.INPUTS), params=params,
+                               train=False).logits)
+  return {"ours": ours, "reference": reference, "start": start}
+

@@ -73,7 +73,10 @@ last partial batch dropped, float32. Every flag reaches both sides, except
 per_example (the default: what our configs ship, the paper's) = one attention-dropout
 mask per example, head, query and key; shared = transformers' recipe, which the
 reference cannot change (one [T, T] mask for every example and head,
-config.model.attention_dropout_shared=True).
+config.model.attention_dropout_shared=True); and --reference_head_init, which sets the
+reference's only: its classifier kernel from transformers' plain normal (the default)
+or from our truncated normal (drawn from the seed), its order and dropout streams
+unchanged, so the two inits pair run for run.
 
 It prints a per-seed table (accuracy, F1, wall time), then per implementation
 the median, min, max and std over seeds, and the difference of medians with
@@ -193,7 +196,8 @@ def report_sweep(args, sides: dict[str, dict]) -> dict:
         f"{args.max_seq_length}, batch {args.batch_size}, {args.epochs} epochs, lr "
         f"{args.learning_rates} x seeds {args.seeds}; ours padding={args.padding}"
         f"{' grouped by length' if getattr(args, 'group_by_length', False) else ''}, "
-        f"attention-dropout mask {getattr(args, 'attention_dropout_mask', 'per_example')}")
+        f"attention-dropout mask {getattr(args, 'attention_dropout_mask', 'per_example')}; "
+        f"reference head init {getattr(args, 'reference_head_init', 'normal')}")
   names = list(sides)
   print(f"{'lr':>8s} {'seed':>4s}" + "".join(f" {n + ' acc':>15s} {n + ' F1':>14s}"
                                              for n in names))
@@ -253,7 +257,7 @@ def merge_pieces(files: list[str]) -> tuple[argparse.Namespace, dict]:
   recipe = ("train_examples", "dev_examples", "max_seq_length", "batch_size", "epochs",
             "warmup_proportion", "weight_decay", "max_grad_norm", "dropout", "eval_batch_size")
   ours_options = ("padding", "group_by_length", "attention_dropout_mask")
-  first, sides = None, {}
+  first, sides, reference_init = None, {}, None
   for f in files:
     piece = json.loads(pathlib.Path(f).read_text())
     if "sides" not in piece:
@@ -263,6 +267,12 @@ def merge_pieces(files: list[str]) -> tuple[argparse.Namespace, dict]:
     for key in recipe + (ours_options if "ours" in piece["sides"] else ()):
       if key in first and a.get(key) != first.get(key):
         raise SystemExit(f"{f}: --{key}={a.get(key)!r}, other pieces {first.get(key)!r}")
+    if "reference" in piece["sides"]:  # pieces from before the flag ran transformers' init
+      init = a.get("reference_head_init", "normal")
+      if reference_init not in (None, init):
+        raise SystemExit(f"{f}: --reference_head_init={init!r}, other pieces "
+                         f"{reference_init!r}")
+      reference_init = init
     for name, side in piece["sides"].items():
       into = sides.setdefault(name, {"seconds": 0.0, "backend_compiles": 0,
                                      "compile_seconds": 0.0, "cache_hits": 0,
@@ -282,20 +292,13 @@ def merge_pieces(files: list[str]) -> tuple[argparse.Namespace, dict]:
   keys = {tuple(sorted(side["runs"])) for side in sides.values()}
   if len(keys) != 1:
     raise SystemExit(f"the pieces' sides hold different (lr, seed) runs: {sorted(keys)}")
-  args = argparse.Namespace(**first)
+  args = argparse.Namespace(**{**first, "reference_head_init": reference_init or "normal"})
   args.learning_rates = sorted({lr for lr, _ in next(iter(keys))})
   args.seeds = sorted({seed for _, seed in next(iter(keys))})
   return args, sides
 
 
 # ---------------------------------------------------------------------------- steps
-
-
-class _NoCheckpoints:
-  """A checkpoint manager with nothing in it: state_lib.start then loads the init checkpoint."""
-
-  def latest_step(self):
-    return None
 
 
 def step_sides(args) -> tuple[dict, dict]:
@@ -319,8 +322,8 @@ def step_sides(args) -> tuple[dict, dict]:
   load_init = functools.partial(trainer._merge_pretrained, prepared.loaded,  # pylint: disable=protected-access
                                 prepared.bert_config, task.head_name, config.init_checkpoint)
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(0))
-  state, _ = state_lib.start(_NoCheckpoints(), programs.layout, task.model, programs.tx,
-                             init_rng, load_init)
+  state, _ = state_lib.start(finetune_sides.NoCheckpoints(), programs.layout, task.model,
+                             programs.tx, init_rng, load_init)
   ours = {"state": steps.with_learning_rate(state, args.learning_rate, programs.layout)}
   features = task.train.features
   rows = np.arange(args.batch_size) % len(features["input_ids"])
@@ -445,6 +448,10 @@ def flags():
                       default="per_example",
                       help="our side's attention-dropout mask: per_example = what our configs "
                            "ship (the paper's); shared = transformers' recipe")
+  parser.add_argument("--reference_head_init", choices=("normal", "truncated_normal"),
+                      default="normal",
+                      help="the reference's classifier kernel: normal = transformers' own (sd "
+                           "0.02); truncated_normal = ours (BERT's), its other streams unchanged")
   parser.add_argument("--report_from", default="",
                       help="comma-separated --sweep --json_out files: report them as one sweep")
   parser.add_argument("--sweep", action="store_true",
