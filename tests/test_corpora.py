@@ -303,14 +303,14 @@ def test_embedded_harvest_is_atomic(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_real_embedded_corpus_is_tens_of_mb_and_deterministic(tmp_path):
-  """Fails if the real embedded corpus is under 10 MB or over 36 MB, a 2 MB cap is not its prefix,
-  or it has 10000 documents or fewer, or a document of one sentence."""
+def test_real_embedded_corpus_is_tens_of_mb_of_multi_sentence_documents(tmp_path):
+  """Fails if the real embedded corpus is under 10 MB or over 36 MB, or it has 10000 documents
+  or fewer, or a document of one sentence. (That a harvest is deterministic and a cap gives
+  a prefix is test_embedded_harvest_is_deterministic_prose_only's: a second real harvest
+  here cost 5-10 s of CI.)"""
   full = corpora.harvest_embedded_corpus(tmp_path / "full" / "corpus.txt")
   size = full.stat().st_size
   assert 10 << 20 <= size <= (32 << 20) + (4 << 20), size
-  small = corpora.harvest_embedded_corpus(tmp_path / "small" / "corpus.txt", max_bytes=2 << 20)
-  assert full.read_bytes().startswith(small.read_bytes())
   docs = list(corpora.read_documents(str(full), split="all"))
   assert len(docs) > 10000
   assert all(len(d) >= 2 for d in docs)
