@@ -154,7 +154,8 @@ def minilm_2_layers(minilm_dir, tmp_path_factory) -> pathlib.Path:
   kept = {k: v for k, v in tensors.items()
           if not k.startswith("encoder.layer.") or int(k.split(".")[2]) < 2}
   assert len(tensors) - len(kept) == 4 * 16, "MiniLM's layer tensors are not as expected"
-  save_file(kept, str(root / "model.safetensors"), metadata={"format": "pt"})  # as transformers needs
+  # transformers' loader needs the "format" metadata that its own save_pretrained writes.
+  save_file(kept, str(root / "model.safetensors"), metadata={"format": "pt"})
   return root
 
 

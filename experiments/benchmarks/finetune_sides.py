@@ -44,6 +44,16 @@ def load_data(train_examples: int, dev_examples: int):
 # ---------------------------------------------------------------------------- reference
 
 
+def reference_loss(model):
+  """The reference's train loss `(params, batch, rng) -> mean softmax cross-entropy` of a
+  transformers Flax classifier, dropout drawn from `rng`."""
+  def loss_fn(params, batch, rng):
+    logits = model(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                   params=params, dropout_rng=rng, train=True).logits
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"]).mean()
+  return loss_fn
+
+
 def run_reference(args, seed: int, labels, train, dev) -> dict:
   """Fine-tunes transformers' FlaxBertForSequenceClassification; dev metrics and timings."""
   import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
@@ -75,13 +85,7 @@ def run_reference(args, seed: int, labels, train, dev) -> dict:
   if total_steps == 0:
     raise SystemExit(f"{len(train)} train examples make no batch of {args.batch_size}")
   tx = seed_comparison.reference_optimizer(args, total_steps)
-
-  def loss_fn(params, batch, rng):
-    logits = model(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-                   params=params, dropout_rng=rng, train=True).logits
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"]).mean()
-
-  train_step, predict = seed_comparison.reference_steps(model, tx, loss_fn)
+  train_step, predict = seed_comparison.reference_steps(model, tx, reference_loss(model))
 
   opt_state = tx.init(params)
   order_rng = np.random.default_rng(seed)
@@ -198,8 +202,9 @@ def same_start_logits(args, model_dir: pathlib.Path, steps: int, seed: int = 0,
   (steps.build, state_lib.start from `model_dir`), the reference its optax loop.
 
   Returns {"ours", "reference"}: logits [rows, labels] on the first eval_batch_size train
-  rows after the last step ("start": ours before the first). Whatever differs between them is the implementations'
-  deterministic recipe (optimizer, schedule, clipping, decay mask, loss, model), not seeds.
+  rows after the last step ("start": ours before the first). Whatever differs between
+  them is the implementations' deterministic recipe (optimizer, schedule, clipping, decay
+  mask, loss, model), not seeds.
   reference_changes: recipe flags given to the reference only (e.g. {"weight_decay": 0.1}),
   to show how large a one-field recipe difference is beside the sides' own.
   """
@@ -247,13 +252,7 @@ def same_start_logits(args, model_dir: pathlib.Path, steps: int, seed: int = 0,
   params["classifier"] = {k: jnp.asarray(v) for k, v in head.items()}
   tx = seed_comparison.reference_optimizer(
       argparse.Namespace(**{**vars(args), **(reference_changes or {})}), steps)
-
-  def loss_fn(params, batch, rng):
-    logits = model(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-                   params=params, dropout_rng=rng, train=True).logits
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"]).mean()
-
-  train_step, _ = seed_comparison.reference_steps(model, tx, loss_fn)
+  train_step, _ = seed_comparison.reference_steps(model, tx, reference_loss(model))
   opt_state = tx.init(params)
   keys = task_kind.INPUTS + ("label_ids",)
   for rows in batches:

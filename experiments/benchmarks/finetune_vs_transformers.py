@@ -107,7 +107,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from experiments.benchmarks import finetune_sides
 from experiments.benchmarks import seed_comparison
@@ -355,13 +354,8 @@ def step_sides(args) -> tuple[dict, dict]:
       hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
       classifier_dropout=None)
   tx = seed_comparison.reference_optimizer(args, 1000)
-
-  def loss_fn(params, batch, rng):
-    logits = model(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-                   params=params, dropout_rng=rng, train=True).logits
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"]).mean()
-
-  train_step, predict = seed_comparison.reference_steps(model, tx, loss_fn)
+  train_step, predict = seed_comparison.reference_steps(model, tx,
+                                                       finetune_sides.reference_loss(model))
   ref = {"params": model.params, "opt_state": tx.init(model.params), "step": 0}
   key = jax.random.key(0)
 
