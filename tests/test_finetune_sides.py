@@ -53,4 +53,3 @@ def test_with_dropout_off_and_one_start_both_sides_train_to_the_same_logits(mini
   logits = finetune_sides.same_start_logits(args, minilm_2_layers, steps=8)
   np.testing.assert_allclose(logits["ours"], logits["reference"], rtol=0, atol=1e-6)
   assert np.abs(logits["ours"] - logits["start"]).max() > 0.05
-

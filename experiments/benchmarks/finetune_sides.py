@@ -187,11 +187,31 @@ def run_ours(args, seed: int) -> dict:
 # ---------------------------------------------------------------------------- same start
 
 
-class NoCheckpoints:
+class _NoCheckpoints:
   """A checkpoint manager with nothing in it: state_lib.start then loads the init checkpoint."""
 
   def latest_step(self):
     return None
+
+
+def ours_start(config, seed: int, total_steps: int) -> tuple:
+  """Our trainer's side at step 0, as a run of `config` starts: (mesh, rules, task,
+  programs, state, dropout_rng), the state loaded from config.init_checkpoint with the
+  head initialised from `seed`, at config.optimizer.learning_rate."""
+  from bert_jax.finetune import steps as steps_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
+  mesh, rules = state_lib.setup_mesh(config)
+  prepared = trainer.prepare(config)
+  task = prepared.task
+  programs = steps_lib.build(config, task, prepared.programs, mesh, rules, total_steps)
+  load_init = functools.partial(trainer._merge_pretrained, prepared.loaded,  # pylint: disable=protected-access
+                                prepared.bert_config, task.head_name, config.init_checkpoint)
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
+  state, _ = state_lib.start(_NoCheckpoints(), programs.layout, task.model, programs.tx,
+                             init_rng, load_init)
+  state = steps_lib.with_learning_rate(state, config.optimizer.learning_rate, programs.layout)
+  return mesh, rules, task, programs, state, dropout_rng
 
 
 def same_start_logits(args, model_dir: pathlib.Path, steps: int, seed: int = 0,
@@ -210,24 +230,12 @@ def same_start_logits(args, model_dir: pathlib.Path, steps: int, seed: int = 0,
   """
   import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
   from bert_jax.finetune import buckets  # pylint: disable=g-import-not-at-top
-  from bert_jax.finetune import steps as steps_lib  # pylint: disable=g-import-not-at-top
   from bert_jax.finetune import task_kind  # pylint: disable=g-import-not-at-top
-  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
   from bert_jax.training import sharding  # pylint: disable=g-import-not-at-top
-  from bert_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
   args = argparse.Namespace(**{**vars(args), "dropout": 0.0})
   config = ours_config(args, (seed,))
   config.init_checkpoint = str(model_dir)
-  mesh, rules = state_lib.setup_mesh(config)
-  prepared = trainer.prepare(config)
-  task = prepared.task
-  programs = steps_lib.build(config, task, prepared.programs, mesh, rules, total_steps=steps)
-  load_init = functools.partial(trainer._merge_pretrained, prepared.loaded,  # pylint: disable=protected-access
-                                prepared.bert_config, task.head_name, config.init_checkpoint)
-  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
-  state, _ = state_lib.start(NoCheckpoints(), programs.layout, task.model, programs.tx,
-                             init_rng, load_init)
-  state = steps_lib.with_learning_rate(state, args.learning_rate, programs.layout)
+  mesh, rules, task, programs, state, dropout_rng = ours_start(config, seed, steps)
   head = jax.device_get(state.params[task.head_name])  # the steps donate the state
 
   features, length = task.train.features, args.max_seq_length

@@ -98,7 +98,6 @@ times are for orientation, the metrics are the point.
 """
 
 import argparse
-import functools
 import json
 import pathlib
 import tempfile
@@ -306,24 +305,13 @@ def step_sides(args) -> tuple[dict, dict]:
   (steps.build, state_lib.start from the same MiniLM weights), the reference the sweep's."""
   import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
   from bert_jax.training import sharding  # pylint: disable=g-import-not-at-top
-  from bert_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
   from bert_jax.finetune import buckets  # pylint: disable=g-import-not-at-top
-  from bert_jax.finetune import steps  # pylint: disable=g-import-not-at-top
-  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
   config = finetune_sides.ours_config(args, (0,))
   with config.unlocked():  # the batches only need rows to cut; featurise no more than that
     config.task.max_train_examples = max(args.batch_size, args.eval_batch_size)
     config.task.max_dev_examples = 8
-  mesh, rules = state_lib.setup_mesh(config)
-  prepared = trainer.prepare(config)
-  task = prepared.task
-  programs = steps.build(config, task, prepared.programs, mesh, rules, total_steps=1000)
-  load_init = functools.partial(trainer._merge_pretrained, prepared.loaded,  # pylint: disable=protected-access
-                                prepared.bert_config, task.head_name, config.init_checkpoint)
-  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(0))
-  state, _ = state_lib.start(finetune_sides.NoCheckpoints(), programs.layout, task.model,
-                             programs.tx, init_rng, load_init)
-  ours = {"state": steps.with_learning_rate(state, args.learning_rate, programs.layout)}
+  mesh, rules, task, programs, state, dropout_rng = finetune_sides.ours_start(config, 0, 1000)
+  ours = {"state": state}
   features = task.train.features
   rows = np.arange(args.batch_size) % len(features["input_ids"])
   eval_rows = np.arange(args.eval_batch_size) % len(features["input_ids"])
