@@ -29,14 +29,26 @@ from absl import logging
 
 from bert_jax import errors
 from bert_jax import exit_codes
-from bert_jax.finetune import trainer as finetune_trainer
-from bert_jax.pretrain import trainer as pretrain_lib
 from bert_jax.run import checkpoint
 from bert_jax.run import job_state
 from bert_jax.run import preemption
 from bert_jax.run import workdir
 
-TRAINERS = {"pretrain": pretrain_lib.train_and_evaluate, "finetune": finetune_trainer.finetune}
+
+# The trainers are imported when a job runs, not with this module: they bring TensorFlow
+# (the input pipelines and tokenizers), two thirds of a process's start-up (6-12 s), which
+# `--help` and a refused flag or config must not wait for.
+def _pretrain(config, workdir_path: str):
+  from bert_jax.pretrain import trainer  # pylint: disable=g-import-not-at-top
+  return trainer.train_and_evaluate(config, workdir_path)
+
+
+def _finetune(config, workdir_path: str):
+  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  return trainer.finetune(config, workdir_path)
+
+
+TRAINERS = {"pretrain": _pretrain, "finetune": _finetune}
 
 
 def _quiet_orbax(record: std_logging.LogRecord) -> bool:

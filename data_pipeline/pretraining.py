@@ -64,6 +64,7 @@ import numpy as np
 from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 
 from data_pipeline import masking
+from data_pipeline import masking_spec
 from data_pipeline import pairs
 from data_pipeline import specs
 from data_pipeline import tokenized_corpus
@@ -165,7 +166,7 @@ class ExampleStream:
 # --------------------------------------------------------------------------
 
 
-def _masked_dataset(stream: ExampleStream, start: dict, spec: masking.MaskingSpec, *,
+def _masked_dataset(stream: ExampleStream, start: dict, spec: masking_spec.MaskingSpec, *,
                     tokenizer, seed: int, batch_size: int, prefetch: int,
                     stop: threading.Event | None = None, first_step: int = 0,
                     schedule_steps: int = 0) -> tf.data.Dataset:

@@ -8,7 +8,7 @@ training and held-out MaskingSpecs, and the static number of predictions.
 
 import importlib.util
 
-from data_pipeline import masking
+from data_pipeline import masking_spec as spec_lib  # masking_spec() below is a function
 from data_pipeline import sentences
 from data_pipeline import word_segmentation
 
@@ -50,20 +50,20 @@ def validate(data_config) -> None:
                      "which is not installed: pip install --no-deps snownlp, or use 'gold'")
 
 
-def masking_spec(data_config) -> masking.MaskingSpec:
+def masking_spec(data_config) -> spec_lib.MaskingSpec:
   """The training MaskingSpec of a data config (validated for its max_seq_length)."""
-  return masking.MaskingSpec.from_config(data_config.masking, data_config.max_seq_length)
+  return spec_lib.MaskingSpec.from_config(data_config.masking, data_config.max_seq_length)
 
 
-def eval_masking_spec(data_config) -> masking.MaskingSpec:
-  """Eval masks: BERT's masking (masking.bert_masking) at eval.masking_ratio, whatever
+def eval_masking_spec(data_config) -> spec_lib.MaskingSpec:
+  """Eval masks: BERT's masking (spec_lib.bert_masking) at eval.masking_ratio, whatever
   training uses, so they are identical across ablations."""
-  spec = masking.bert_masking(data_config.eval.masking_ratio)
+  spec = spec_lib.bert_masking(data_config.eval.masking_ratio)
   spec.max_predictions(data_config.max_seq_length)  # validated like a training spec
   return spec
 
 
-def own_eval_masking_spec(data_config) -> masking.MaskingSpec:
+def own_eval_masking_spec(data_config) -> spec_lib.MaskingSpec:
   """The run's own masking for eval_own/*: the training knobs at the ratio training ends at."""
   spec = masking_spec(data_config)
   return spec.at_ratio(spec.end_ratio)

