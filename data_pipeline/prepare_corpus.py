@@ -379,8 +379,8 @@ class _Preparation:
 
 def prepare_store(data_config, *, vocab_file: str, spm_model_file: str, process_index: int = 0,
                   process_count: int = 1, num_workers: int = 0, tokenizer=None,
-                  check_shards: bool = False, stream=None, grace_s: float = GRACE_S,
-                  stall_s: float = STALL_S) -> token_store.TokenStore:
+                  check_shards: bool = False, stream=None, grace_s: float | None = None,
+                  stall_s: float | None = None) -> token_store.TokenStore:
   """The complete store of `data_config`'s corpus and vocabulary, made when absent (this
   process's share of it; see the module docstring); its files judged like the in-memory
   path judges them (corpora.check_decodable). `check_shards`: read every shard whole and
@@ -398,7 +398,10 @@ def prepare_store(data_config, *, vocab_file: str, spm_model_file: str, process_
         data_config, key, kind, files, vocab_file=vocab_file, spm_model_file=spm_model_file,
         process_index=process_index, process_count=process_count, num_workers=num_workers,
         tokenizer=tokenizer, stream=stream)
-    preparation.run(check_shards, grace_s, stall_s)
+    # The module's waits, read now (not bound as defaults) so that a caller several
+    # layers up, such as a test of the prepared batches, can shorten them.
+    preparation.run(check_shards, GRACE_S if grace_s is None else grace_s,
+                    STALL_S if stall_s is None else stall_s)
     made = preparation.made.values()
     prepared = {"units": len(made), "tokens": sum(i["tokens"] for i in made),
                 "seconds": preparation.seconds,

@@ -191,16 +191,17 @@ def test_the_zip_holds_every_leaderboard_file_with_valid_rows(reference, inputs)
 
 
 def _moments(order: list[str]) -> tuple[str, ...]:
-  """Moments to kill at, in the order the suite writes them, each file marking a stage: the
-  plan, a member's first run starting, a member just finished, a run mid-sweep, the next
-  members' runs, and the final report (the last member's plot is drawn only there)."""
-  first, second, third, last = order
+  """Moments to kill at, in the order the suite writes them, each file marking a stage of its
+  own: the plan, a member's first run starting, a member just finished, a run mid-sweep, and
+  the final report (the last member's plot is drawn only there). The later members' run
+  starts, killed here before, repeat the first member's stage (each kill is a restart that
+  imports TensorFlow again: 15-20 s of CI apiece)."""
+  first, second, _, last = order
   return ("suite.json", f"{first}/lr0.0001_seed0/record.json", f"{first}/summary.json",
-          f"{second}/lr5e-05_seed0/checkpoints", f"{third}/lr0.0001_seed0/record.json",
-          f"{last}/lr5e-05_seed0/record.json", f"plots/{last}.png")
+          f"{second}/lr5e-05_seed0/checkpoints", f"plots/{last}.png")
 
 
-@pytest.mark.slow  # seven kills and restarts of the suite above
+@pytest.mark.slow  # five kills and restarts of the suite above
 def test_killed_at_every_stage_it_resumes_to_the_same_table(reference, inputs, minilm_2_layers,
                                                              tmp_path):
   """kill -9 as soon as each moment's file appears, then the same command: table.md equals the

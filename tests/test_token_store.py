@@ -118,9 +118,12 @@ def _assert_same(batches, others):
     pytest.param("sop", False, "split", 2, marks=pytest.mark.slow),  # whole files round-robin
 ])
 def test_store_gives_the_in_memory_batches(files, store_root, objective, whole_word, layout,
-                                           processes):
+                                           processes, monkeypatch):
   """Fails if any batch, position or eval batch from the store differs from the in-memory
   path's, in either phase, for any process."""
+  # The processes are prepared here one after another: process 0 waits for the others'
+  # shards only briefly, then prepares them itself (its 60 s grace was a minute of idle CI).
+  monkeypatch.setattr(prepare_corpus, "GRACE_S", 0.1)
   corpus = files[0] if layout == "one" else files[1]
   overrides = {"data.objective": objective, "data.masking.whole_word": whole_word}
   for p in range(processes):
