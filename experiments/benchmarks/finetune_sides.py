@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bert_jax.finetune import buckets
 from bert_jax.finetune import glue
 from bert_jax.finetune import metrics
 from bert_jax.finetune import packing
@@ -92,8 +93,15 @@ def run_reference(args, seed: int, labels, train, dev) -> dict:
   dropout_key = jax.random.key(seed)
   losses = []
   step = real_tokens = 0
-  for _ in range(args.epochs):
-    perm = order_rng.permutation(len(train))
+  for epoch in range(args.epochs):
+    if getattr(args, "reference_order", "own") == "ours":
+      # Our trainer's order (fixed padding's: the (seed, epoch) permutation, tail dropped),
+      # so that a reference run and ours of one seed see the same batches and differ only
+      # in their dropout masks; its own stream is drawn beside it and left unused.
+      perm = buckets.train_order(np.zeros(len(train)), seed, epoch, args.batch_size, 1,
+                                 grouped=False).reshape(-1)
+    else:
+      perm = order_rng.permutation(len(train))
     for i in range(steps_per_epoch):
       idx = perm[i * args.batch_size:(i + 1) * args.batch_size]
       batch = {k: v[idx] for k, v in train_f.items()}

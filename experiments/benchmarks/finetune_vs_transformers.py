@@ -73,10 +73,13 @@ last partial batch dropped, float32. Every flag reaches both sides, except
 per_example (the default: what our configs ship, the paper's) = one attention-dropout
 mask per example, head, query and key; shared = transformers' recipe, which the
 reference cannot change (one [T, T] mask for every example and head,
-config.model.attention_dropout_shared=True); and --reference_head_init, which sets the
-reference's only: its classifier kernel from transformers' plain normal (the default)
-or from our truncated normal (drawn from the seed), its order and dropout streams
-unchanged, so the two inits pair run for run.
+config.model.attention_dropout_shared=True); and --reference_head_init and
+--reference_order, which set the reference's only: its classifier kernel from
+transformers' plain normal (the default) or from our truncated normal (drawn from the
+seed), its order and dropout streams unchanged, so the two inits pair run for run; its
+batches from its own permutation (the default) or from our trainer's
+(buckets.train_order), so that ours and the reference of one seed train on the same
+batches and differ only in their dropout masks.
 
 It prints a per-seed table (accuracy, F1, wall time), then per implementation
 the median, min, max and std over seeds, and the difference of medians with
@@ -195,7 +198,8 @@ def report_sweep(args, sides: dict[str, dict]) -> dict:
         f"{args.learning_rates} x seeds {args.seeds}; ours padding={args.padding}"
         f"{' grouped by length' if getattr(args, 'group_by_length', False) else ''}, "
         f"attention-dropout mask {getattr(args, 'attention_dropout_mask', 'per_example')}; "
-        f"reference head init {getattr(args, 'reference_head_init', 'normal')}")
+        f"reference head init {getattr(args, 'reference_head_init', 'normal')}, "
+        f"reference order {getattr(args, 'reference_order', 'own')}")
   names = list(sides)
   print(f"{'lr':>8s} {'seed':>4s}" + "".join(f" {n + ' acc':>15s} {n + ' F1':>14s}"
                                              for n in names))
@@ -255,7 +259,8 @@ def merge_pieces(files: list[str]) -> tuple[argparse.Namespace, dict]:
   recipe = ("train_examples", "dev_examples", "max_seq_length", "batch_size", "epochs",
             "warmup_proportion", "weight_decay", "max_grad_norm", "dropout", "eval_batch_size")
   ours_options = ("padding", "group_by_length", "attention_dropout_mask")
-  first, sides, reference_init = None, {}, None
+  reference_options = {"reference_head_init": "normal", "reference_order": "own"}
+  first, sides, reference = None, {}, {}
   for f in files:
     piece = json.loads(pathlib.Path(f).read_text())
     if "sides" not in piece:
@@ -265,12 +270,11 @@ def merge_pieces(files: list[str]) -> tuple[argparse.Namespace, dict]:
     for key in recipe + (ours_options if "ours" in piece["sides"] else ()):
       if key in first and a.get(key) != first.get(key):
         raise SystemExit(f"{f}: --{key}={a.get(key)!r}, other pieces {first.get(key)!r}")
-    if "reference" in piece["sides"]:  # pieces from before the flag ran transformers' init
-      init = a.get("reference_head_init", "normal")
-      if reference_init not in (None, init):
-        raise SystemExit(f"{f}: --reference_head_init={init!r}, other pieces "
-                         f"{reference_init!r}")
-      reference_init = init
+    if "reference" in piece["sides"]:  # pieces from before a flag ran its default
+      for key, default in reference_options.items():
+        value = a.get(key, default)
+        if reference.setdefault(key, value) != value:
+          raise SystemExit(f"{f}: --{key}={value!r}, other pieces {reference[key]!r}")
     for name, side in piece["sides"].items():
       into = sides.setdefault(name, {"seconds": 0.0, "backend_compiles": 0,
                                      "compile_seconds": 0.0, "cache_hits": 0,
@@ -290,7 +294,7 @@ def merge_pieces(files: list[str]) -> tuple[argparse.Namespace, dict]:
   keys = {tuple(sorted(side["runs"])) for side in sides.values()}
   if len(keys) != 1:
     raise SystemExit(f"the pieces' sides hold different (lr, seed) runs: {sorted(keys)}")
-  args = argparse.Namespace(**{**first, "reference_head_init": reference_init or "normal"})
+  args = argparse.Namespace(**{**first, **reference_options, **reference})
   args.learning_rates = sorted({lr for lr, _ in next(iter(keys))})
   args.seeds = sorted({seed for _, seed in next(iter(keys))})
   return args, sides
@@ -434,6 +438,9 @@ def flags():
                       default="normal",
                       help="the reference's classifier kernel: normal = transformers' own (sd "
                            "0.02); truncated_normal = ours (BERT's), its other streams unchanged")
+  parser.add_argument("--reference_order", choices=("own", "ours"), default="own",
+                      help="the reference's batches: own = its permutation of the seed; ours "
+                           "= our trainer's (buckets.train_order), the same batches as ours")
   parser.add_argument("--report_from", default="",
                       help="comma-separated --sweep --json_out files: report them as one sweep")
   parser.add_argument("--sweep", action="store_true",
