@@ -53,3 +53,23 @@ def test_with_dropout_off_and_one_start_both_sides_train_to_the_same_logits(mini
   logits = finetune_sides.same_start_logits(args, minilm_2_layers, steps=8)
   np.testing.assert_allclose(logits["ours"], logits["reference"], rtol=0, atol=1e-6)
   assert np.abs(logits["ours"] - logits["start"]).max() > 0.05
+
+
+@pytest.mark.slow
+def test_with_dropout_on_both_sides_draw_logits_from_one_distribution(minilm_2_layers):
+  """Fails if, on the same weights and 16 reviews, 64 dropout draws a side give the two sides
+  logits of another spread (the mean over rows of each row's sd across draws more than 10%
+  apart: dropout at another place or rate, e.g. twice before the head) or another centre
+  (each row's mean margin more than 4 standard errors apart on average), or if the draws
+  do not vary at all (dropout off on both would agree trivially)."""
+  from experiments.benchmarks import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
+  args = finetune_vs_transformers.flags().parse_args(
+      ["--train_examples=64", "--dev_examples=8", "--max_seq_length=64", "--eval_batch_size=16"])
+  draws = finetune_sides.dropout_draws(args, minilm_2_layers, draws=64)
+  margin = {side: draws[side][..., 1] - draws[side][..., 0] for side in ("ours", "reference")}
+  spread = {side: m.std(axis=0).mean() for side, m in margin.items()}
+  assert spread["ours"] > 0.05 * np.abs(draws["deterministic"]).mean(), spread
+  assert abs(spread["ours"] / spread["reference"] - 1) < 0.1, spread
+  standard_error = np.sqrt((margin["ours"].var(axis=0) + margin["reference"].var(axis=0)) / 64)
+  apart = np.abs(margin["ours"].mean(axis=0) - margin["reference"].mean(axis=0)) / standard_error
+  assert apart.mean() < 4, apart

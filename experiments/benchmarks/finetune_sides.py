@@ -280,3 +280,38 @@ def same_start_logits(args, model_dir: pathlib.Path, steps: int, seed: int = 0,
                                train=False).logits)
   return {"ours": ours, "reference": reference, "start": start}
 
+
+
+def dropout_draws(args, model_dir: pathlib.Path, draws: int, seed: int = 0) -> dict:
+  """Both sides in train mode on the same weights and rows, `draws` dropout draws each:
+  {"ours", "reference"} logits [draws, rows, labels] and "deterministic" (ours, dropout
+  off; the reference's then agrees to float rounding). The two sides' draws are different
+  numbers from (it should be) one distribution: the places and rates of dropout, which the
+  same-start check (dropout off) cannot see. Rows: the first eval_batch_size train rows at
+  max_seq_length; the head is ours' initial one, given to the reference."""
+  import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
+  from bert_jax.finetune import buckets as buckets_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import task_kind  # pylint: disable=g-import-not-at-top
+  config = ours_config(args, (seed,))
+  config.init_checkpoint = str(model_dir)
+  _, _, task, _, state, _ = ours_start(config, seed, 1)
+  params = jax.device_get(state.params)
+  features, length = task.train.features, args.max_seq_length
+  rows = np.arange(min(args.eval_batch_size, len(features["input_ids"])))
+  inputs = [jnp.asarray(v) for v in buckets_lib.cut(features, task_kind.INPUTS, rows, length,
+                                                     length).values()]
+  model = transformers.FlaxBertForSequenceClassification.from_pretrained(
+      str(model_dir), from_pt=True, num_labels=len(task.labels), seed=seed, dtype=jnp.float32,
+      hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
+      classifier_dropout=None)
+  reference_params = model.params
+  reference_params["classifier"] = {k: jnp.asarray(v) for k, v in params[task.head_name].items()}
+  ours = jax.jit(lambda rng: task.model.apply({"params": params}, *inputs, deterministic=False,
+                                              rngs={"dropout": rng}))
+  reference = jax.jit(lambda rng: model(*inputs, params=reference_params, dropout_rng=rng,
+                                        train=True).logits)
+  keys = jax.random.split(jax.random.key(seed), 2 * draws)
+  return {"ours": np.stack([np.asarray(ours(k)) for k in keys[:draws]]),
+          "reference": np.stack([np.asarray(reference(k)) for k in keys[draws:]]),
+          "deterministic": np.asarray(task.model.apply({"params": params}, *inputs,
+                                                        deterministic=True))}
