@@ -59,8 +59,8 @@ def test_each_documented_command_prints_its_usage(module):
 
 
 def test_the_job_and_ablation_commands_start_without_tensorflow():
-  """Fails if importing bert_jax.main or experiments.ablation's command (in a fresh process)
-  imports TensorFlow: it is two thirds of a process's start, and their --help and flag or
+  """Fails if importing bert_jax.main, experiments.ablation's or experiments.evaluate's
+  command (in a fresh process) imports TensorFlow: it is two thirds of a process's start, and their --help and flag or
   config refusals must not wait for it (docs/architecture.md; bert_jax.jobs imports a
   trainer only when its job runs)."""
   code = ("import sys, bert_jax.main, experiments.ablation.__main__, experiments.evaluate.__main__; "

@@ -55,6 +55,20 @@ def reference_loss(model):
   return loss_fn
 
 
+def reference_model(model_dir, num_labels: int, seed: int, dropout: float):
+  """transformers' FlaxBertForSequenceClassification from `model_dir`, float32.
+
+  from_pt reads model.safetensors without torch; the checkpoint has no classifier, so
+  the head is initialised from `seed` (a warning says so). Dropout rates are passed
+  explicitly so the recipe does not rest on config.json; classifier_dropout None makes
+  the head use hidden_dropout_prob."""
+  import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
+  return transformers.FlaxBertForSequenceClassification.from_pretrained(
+      str(model_dir), from_pt=True, num_labels=num_labels, seed=seed, dtype=jnp.float32,
+      hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+      classifier_dropout=None)
+
+
 def run_reference(args, seed: int, labels, train, dev) -> dict:
   """Fine-tunes transformers' FlaxBertForSequenceClassification; dev metrics and timings."""
   import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
@@ -65,13 +79,7 @@ def run_reference(args, seed: int, labels, train, dev) -> dict:
                                 vocab=tokenizer.get_vocab(), max_seq_length=args.max_seq_length,
                                 labels=labels)
   train_f, dev_f = featurize(train), featurize(dev)
-  # from_pt reads model.safetensors without torch; the checkpoint has no
-  # classifier, so the head is initialised from `seed` (a warning says so).
-  # Dropout rates are passed explicitly so the recipe does not rest on config.json.
-  model = transformers.FlaxBertForSequenceClassification.from_pretrained(
-      model_dir, from_pt=True, num_labels=len(labels), seed=seed, dtype=jnp.float32,
-      hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
-      classifier_dropout=None)   # None: the head uses hidden_dropout_prob
+  model = reference_model(model_dir, len(labels), seed, args.dropout)
   params = model.params
   if getattr(args, "reference_head_init", "normal") == "truncated_normal":
     # Our head's initialiser (BERT's truncated normal, cut at 2 sd, sd 0.02 before the cut)
@@ -236,8 +244,6 @@ def same_start_logits(args, model_dir: pathlib.Path, steps: int, seed: int = 0,
   reference_changes: recipe flags given to the reference only (e.g. {"weight_decay": 0.1}),
   to show how large a one-field recipe difference is beside the sides' own.
   """
-  import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
-  from bert_jax.finetune import buckets  # pylint: disable=g-import-not-at-top
   from bert_jax.finetune import task_kind  # pylint: disable=g-import-not-at-top
   from bert_jax.training import sharding  # pylint: disable=g-import-not-at-top
   args = argparse.Namespace(**{**vars(args), "dropout": 0.0})
@@ -261,9 +267,7 @@ def same_start_logits(args, model_dir: pathlib.Path, steps: int, seed: int = 0,
       state, _ = programs.train_step(state, sharding.global_batch(batch, mesh), dropout_rng)
     ours = np.asarray(programs.eval_step(state.params, eval_batch)["logits"])
 
-  model = transformers.FlaxBertForSequenceClassification.from_pretrained(
-      str(model_dir), from_pt=True, num_labels=len(task.labels), seed=seed, dtype=jnp.float32,
-      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout=None)
+  model = reference_model(model_dir, len(task.labels), seed, dropout=0.0)
   params = model.params
   params["classifier"] = {k: jnp.asarray(v) for k, v in head.items()}
   tx = seed_comparison.reference_optimizer(
@@ -281,7 +285,6 @@ def same_start_logits(args, model_dir: pathlib.Path, steps: int, seed: int = 0,
   return {"ours": ours, "reference": reference, "start": start}
 
 
-
 def dropout_draws(args, model_dir: pathlib.Path, draws: int, seed: int = 0) -> dict:
   """Both sides in train mode on the same weights and rows, `draws` dropout draws each:
   {"ours", "reference"} logits [draws, rows, labels] and "deterministic" (ours, dropout
@@ -289,8 +292,6 @@ def dropout_draws(args, model_dir: pathlib.Path, draws: int, seed: int = 0) -> d
   numbers from (it should be) one distribution: the places and rates of dropout, which the
   same-start check (dropout off) cannot see. Rows: the first eval_batch_size train rows at
   max_seq_length; the head is ours' initial one, given to the reference."""
-  import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
-  from bert_jax.finetune import buckets as buckets_lib  # pylint: disable=g-import-not-at-top
   from bert_jax.finetune import task_kind  # pylint: disable=g-import-not-at-top
   config = ours_config(args, (seed,))
   config.init_checkpoint = str(model_dir)
@@ -298,12 +299,9 @@ def dropout_draws(args, model_dir: pathlib.Path, draws: int, seed: int = 0) -> d
   params = jax.device_get(state.params)
   features, length = task.train.features, args.max_seq_length
   rows = np.arange(min(args.eval_batch_size, len(features["input_ids"])))
-  inputs = [jnp.asarray(v) for v in buckets_lib.cut(features, task_kind.INPUTS, rows, length,
+  inputs = [jnp.asarray(v) for v in buckets.cut(features, task_kind.INPUTS, rows, length,
                                                      length).values()]
-  model = transformers.FlaxBertForSequenceClassification.from_pretrained(
-      str(model_dir), from_pt=True, num_labels=len(task.labels), seed=seed, dtype=jnp.float32,
-      hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
-      classifier_dropout=None)
+  model = reference_model(model_dir, len(task.labels), seed, args.dropout)
   reference_params = model.params
   reference_params["classifier"] = {k: jnp.asarray(v) for k, v in params[task.head_name].items()}
   ours = jax.jit(lambda rng: task.model.apply({"params": params}, *inputs, deterministic=False,
