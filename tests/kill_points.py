@@ -24,6 +24,12 @@ Nothing here is in the library: the seams are bert_jax.training.state.jit_steps
 A spec whose moment never comes leaves the run to finish (exit 0): the tests
 require the SIGKILL exit and the marker.
 
+The offline preparation (data_pipeline.prepare_corpus with one worker, which writes
+its shards in order in its own process) has two moments, "PHASE:UNIT" with the
+shard's unit index (`install_preparation`), both at the rename host/paths.write_atomic
+makes of a shard's whole temporary file: `shard_temp` dies before it (the temporary
+is left, as a kill mid-write leaves it), `shard` right after it.
+
 Checkpoints are saved in the background, and on these tiny runs a save can still be
 in flight several steps later, so which ones a kill leaves would depend on timing.
 Before a step, metrics or batch_log moment the run's earlier saves are let finish
@@ -39,6 +45,7 @@ import signal
 from typing import Any
 
 PHASES = ("step", "save", "metrics", "batch_log")
+PREPARATION_PHASES = ("shard_temp", "shard")
 
 
 def marker(workdir) -> pathlib.Path:
@@ -47,11 +54,11 @@ def marker(workdir) -> pathlib.Path:
   return workdir.parent / f"{workdir.name}.kill.json"
 
 
-def parse(spec: str) -> tuple[str, int]:
-  """("step"|"save"|"metrics"|"batch_log", step) from "PHASE:STEP"."""
+def parse(spec: str, phases: tuple[str, ...] = PHASES) -> tuple[str, int]:
+  """(phase, step or unit) from "PHASE:N", PHASE one of `phases`."""
   phase, _, step = spec.partition(":")
-  if phase not in PHASES or not step.isdigit():
-    raise ValueError(f"kill spec {spec!r}: want PHASE:STEP with PHASE one of {PHASES}")
+  if phase not in phases or not step.isdigit():
+    raise ValueError(f"kill spec {spec!r}: want PHASE:N with PHASE one of {phases}")
   return phase, int(step)
 
 
@@ -179,3 +186,25 @@ def install(spec: str, workdir: str) -> None:
                                   lambda row: row.get("step") == step)
 
     batch_log.BatchLog.__init__ = tearing_init
+
+
+def install_preparation(spec: str, marker_path: str) -> None:
+  """Arms the preparation's kill at `spec` ("shard_temp:UNIT" or "shard:UNIT"); the
+  marker lists the shard directory's files at the moment of death."""
+  phase, unit = parse(spec, PREPARATION_PHASES)
+  from data_pipeline import token_store  # pylint: disable=g-import-not-at-top
+  name = os.path.basename(token_store.shard_name(unit))
+  replace = os.replace
+
+  def dying_replace(src, dst, *args, **kwargs):
+    if os.path.basename(os.fspath(dst)) != name:
+      return replace(src, dst, *args, **kwargs)
+    if phase == "shard":
+      replace(src, dst, *args, **kwargs)
+    shards = os.path.dirname(os.fspath(dst))
+    pathlib.Path(marker_path).write_text(json.dumps(
+        {"phase": phase, "unit": unit, "files": sorted(os.listdir(shards))}))
+    os.kill(os.getpid(), signal.SIGKILL)
+    return None  # never reached
+
+  os.replace = dying_replace  # host/paths.write_atomic's rename of a local file

@@ -6,8 +6,9 @@ What must hold, and what would make each test fail:
   phases, the held-out sets, one process and several (documents round-robin when
   there are fewer files than processes, files round-robin otherwise), tfds corpora
   split per process, and a position saved by the in-memory path resumes on it;
-- a preparation killed with kill -9 at a random shard and run again ends with the
-  same bytes as one never interrupted (and as one made by 2 worker processes);
+- a preparation killed with kill -9 mid-shard (its temporary file whole, not renamed) and,
+  resumed, right after a later shard, then run again, ends with the same bytes as one
+  never interrupted (and as one made by 2 worker processes);
 - a changed file (even of the same size), vocabulary or option is another store; an
   option of the later stages (objective, heldout_modulus, lengths) is the same one;
 - a truncated, damaged or foreign shard is refused by name, and rebuilt by the run;
@@ -23,7 +24,6 @@ import json
 import logging
 import os
 import pathlib
-import random
 import re
 import shutil
 import signal
@@ -334,35 +334,57 @@ def _prepare_command(files, root, workers, **env):
   return args, {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", **env}
 
 
+def _prepare_killed_at(files, root, spec: str, marker: pathlib.Path) -> int:
+  """The offline command with one worker (its shards written in order in its own process),
+  made to kill itself at `spec` (tests/kill_points.py); its exit code."""
+  args, env = _prepare_command(files, root, 1)
+  code = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); import kill_points; "
+          "kill_points.install_preparation(sys.argv.pop(1), sys.argv.pop(1)); "
+          "runpy.run_module('data_pipeline.prepare_corpus', run_name='__main__')")
+  tests = str(pathlib.Path(__file__).parent)
+  return subprocess.run([sys.executable, "-c", code, tests, spec, str(marker), *args[3:]],
+                        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                        timeout=600, check=False).returncode
+
+
 @pytest.mark.slow
-def test_a_preparation_killed_at_a_random_shard_and_rerun_ends_byte_identical(files, tmp_path):
-  """The offline command, killed with kill -9 (its whole process group) once a random
-  number of shards is written, then run again: fails if the store's bytes differ from an
-  uninterrupted preparation's by 2 worker processes, if a temporary file is left, or if
-  the command does not print the store's path, size and tokens/s."""
+def test_a_preparation_killed_mid_shard_and_after_one_then_rerun_ends_byte_identical(
+    files, tmp_path):
+  """The offline command killed with kill -9 at two chosen moments (tests/kill_points.py):
+  unit 2's shard whole in its temporary file, not renamed; then, resumed, right after unit
+  6's shard is renamed; then run to the end. Fails if a kill misses its moment (SIGKILL
+  exit, the shards and temporaries on disk then, a manifest written), if the store's bytes
+  differ from an uninterrupted preparation's by 2 worker processes, if a temporary file
+  is left at the end (the dead writer's included), or if the command does not print the
+  store's path, size and tokens/s."""
   args, env = _prepare_command(files, tmp_path / "reference", 2)
   reference = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True,
                              timeout=600, check=False)
   assert reference.returncode == 0, reference.stderr[-3000:]
   assert re.search(r"tokens/s .*2 workers", reference.stdout), reference.stdout
   assert re.search(r"store: \S+: [\d,]+ tokens, [\d.]+ MiB in \d+ shards", reference.stdout)
-  shards = len(list((tmp_path / "reference").rglob("*.tok")))
-  assert shards > 8  # so the kill lands mid-preparation, at a random one of them
-  args, env = _prepare_command(files, tmp_path / "killed", 1)
-  stop_at = random.Random().randint(1, shards - 2)
-  process = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
-  deadline = time.time() + 600
-  while len(list((tmp_path / "killed").rglob("*.tok"))) < stop_at:
-    assert process.poll() is None and time.time() < deadline
-    time.sleep(0.005)
-  os.killpg(process.pid, signal.SIGKILL)
-  process.wait()
-  assert not list((tmp_path / "killed").rglob(token_store.MANIFEST)), "finished before the kill"
+  assert len(list((tmp_path / "reference").rglob("*.tok"))) > 8  # both kills mid-preparation
+  killed = tmp_path / "killed"
+  name = lambda unit: os.path.basename(token_store.shard_name(unit))
+  for spec, units_on_disk in (("shard_temp:2", range(2)), ("shard:6", range(7))):
+    marker = tmp_path / f"{spec.replace(':', '_')}.kill.json"
+    assert _prepare_killed_at(files, killed, spec, marker) == -signal.SIGKILL, spec
+    evidence = json.loads(marker.read_text())
+    assert evidence["phase"] == spec.split(":")[0]
+    on_disk = evidence["files"]
+    assert [f for f in on_disk if not f.startswith(".")] == [name(u) for u in units_on_disk]
+    temporaries = [f for f in on_disk if f.startswith(".")]
+    if spec.startswith("shard_temp"):
+      assert len(temporaries) == 1 and temporaries[0].startswith(f".{name(2)}.tmp-"), on_disk
+      left = temporaries
+    else:  # the dead writer's, which a run removes once the store is complete
+      assert temporaries == left, on_disk
+    assert not list(killed.rglob(token_store.MANIFEST)), spec
+  args, env = _prepare_command(files, killed, 1)
   rerun = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
                          check=False)
   assert rerun.returncode == 0, rerun.stderr[-3000:]
-  assert _tree(tmp_path / "killed") == _tree(tmp_path / "reference")
+  assert _tree(killed) == _tree(tmp_path / "reference")
 
 
 def test_a_gs_store_on_the_emulator(gcs_emulator, files):
