@@ -60,11 +60,13 @@ def test_each_documented_command_prints_its_usage(module):
 
 def test_the_job_and_ablation_commands_start_without_tensorflow():
   """Fails if importing bert_jax.main, experiments.ablation's or experiments.evaluate's
-  command (in a fresh process) imports TensorFlow: it is two thirds of a process's start, and their --help and flag or
-  config refusals must not wait for it (docs/architecture.md; bert_jax.jobs imports a
-  trainer only when its job runs)."""
-  code = ("import sys, bert_jax.main, experiments.ablation.__main__, experiments.evaluate.__main__; "
-          "print(sorted(m for m in ('tensorflow', 'tensorflow_text', 'keras') if m in sys.modules))")
+  command (in a fresh process) imports TensorFlow: it is two thirds of a process's start,
+  and their --help and flag or config refusals must not wait for it
+  (docs/architecture.md; bert_jax.jobs imports a trainer only when its job runs)."""
+  code = ("import sys, bert_jax.main, experiments.ablation.__main__, "
+          "experiments.evaluate.__main__; "
+          "print(sorted(m for m in ('tensorflow', 'tensorflow_text', 'keras') "
+          "if m in sys.modules))")
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert result.returncode == 0, result.stderr[-3000:]

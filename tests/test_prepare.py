@@ -130,9 +130,9 @@ def test_a_config_typo_is_refused_before_any_corpus_work(tmp_path):
 
   Time: the refusal itself (from the start of bert_jax.main's main(), after its
   imports and the pretraining trainer's) must take under 5 s. The interpreter's imports
-  (JAX, TensorFlow) are timed apart and only bounded loosely: every command pays them, whatever the
-  cache holds, and on the shared 2-core CI machine they alone took 5-34 s (the refusal
-  after them: 0.07 s, measured 2026-12-01 at a load average of 16).
+  (JAX, TensorFlow) are timed apart and only bounded loosely: every command pays them,
+  whatever the cache holds, and on the shared 2-core CI machine they alone took 5-34 s
+  (the refusal after them: 0.07 s, measured 2026-12-01 at a load average of 16).
   """
   cache = tmp_path / "cache"
   cache.mkdir()
