@@ -524,7 +524,12 @@ def slow_manager(*args, **kwargs):
   def slow_wait():
     if stopped:
       print("slow save: still writing", flush=True)
-      time.sleep(300)
+      # Short sleeps, not one of 300 s: a SIGINT that lands after the print but before a
+      # sleep has begun has already run Python's C handler, so nothing interrupts that
+      # sleep and the Python handler would run only when it ends (the test once saw no
+      # exit 60 s after the signal). Each loop turn runs a pending handler.
+      for _ in range(3000):
+        time.sleep(0.1)
     wait()
   manager.wait_until_finished = slow_wait
   return manager
@@ -566,7 +571,12 @@ def test_a_second_ctrl_c_during_the_save_aborts_at_once_and_the_workdir_resumes(
     time.sleep(0.02)
   sent = time.time()
   process.send_signal(signal.SIGINT)
-  assert process.wait(timeout=60) == exit_codes.INTERRUPTED, log.read_text()[-3000:]
+  try:
+    code = process.wait(timeout=60)
+  except subprocess.TimeoutExpired:
+    process.kill()  # else it outlives the test, and its log would no longer say what it did
+    pytest.fail("no exit 60 s after the second SIGINT; its log:\n" + log.read_text()[-3000:])
+  assert code == exit_codes.INTERRUPTED, log.read_text()[-3000:]
   assert time.time() - sent < 30  # not the 300 s the save was still taking
   text = log.read_text()
   assert "Traceback" not in text, text[-3000:]
