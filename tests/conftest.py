@@ -233,10 +233,12 @@ def pretrain_subprocess():
   """Starts tests/pretrain_runner.py on a config in a fresh process with `devices` CPU devices.
 
   Returns a function (config, workdir, *, devices=1, synthetic=False, name=None,
-  preexec_fn=None, stdout=None, env=None, files_dir=None, cwd=None, kill_at=None) ->
-  subprocess.Popen; its config file and output log sit beside the workdir (or in
-  files_dir), named `name` (default: the workdir's name) + ".config.json" / ".log".
-  kill_at ("PHASE:STEP", tests/kill_points.py): the run kills itself at that moment.
+  preexec_fn=None, stdout=None, env=None, files_dir=None, cwd=None, kill_at=None,
+  kill_marker=None) -> subprocess.Popen; its config file and output log sit beside the
+  workdir (or in files_dir), named `name` (default: the workdir's name) + ".config.json"
+  / ".log".
+  kill_at ("PHASE:STEP", tests/kill_points.py): the run kills itself at that moment;
+  kill_marker: where it records that moment (a gs:// workdir needs one).
   """
   import subprocess
   import sys
@@ -244,7 +246,7 @@ def pretrain_subprocess():
   cache_dir = pathlib.Path(os.environ["BERT_JAX_TEST_SUBPROCESS_JAX_CACHE"])
 
   def start(config, workdir, *, devices=1, synthetic=False, name=None, preexec_fn=None,
-            stdout=None, env=None, files_dir=None, cwd=None, kill_at=None):
+            stdout=None, env=None, files_dir=None, cwd=None, kill_at=None, kill_marker=None):
     # files_dir: where the config and log go (beside a local workdir; a gs:// one has no parent here).
     files_dir = pathlib.Path(files_dir or pathlib.Path(workdir).parent)
     name = name or pathlib.Path(workdir).name
@@ -255,6 +257,7 @@ def pretrain_subprocess():
     log = stdout or open(files_dir / f"{name}.log", "ab")
     args = [sys.executable, str(runner), str(config_file), str(workdir)]
     args += (["--synthetic"] if synthetic else []) + ([f"--kill_at={kill_at}"] if kill_at else [])
+    args += [f"--kill_marker={kill_marker}"] if kill_marker else []
     return subprocess.Popen(args, stdout=log,
                             stderr=subprocess.STDOUT,
                             env={**_pretrain_env(devices, cache_dir), **(env or {})},

@@ -21,6 +21,13 @@ what it saw), the test's proof of where it was:
 Nothing here is in the library: the seams are bert_jax.training.state.jit_steps
 (both trainers jit their step through it), orbax's AtomicRenameTemporaryPath.finalize
 (the commit of a local checkpoint), and the open files of MetricWriter and BatchLog.
+
+A gs:// workdir has the step and save moments. There orbax commits a checkpoint by
+writing workdir/checkpoints/<step>/commit_success.txt once its files are in place
+(CommitFileTemporaryPath.finalize), so at a save kill the step's directory holds its
+files without that one. Its marker cannot sit beside it: `install` takes a local
+marker path.
+
 A spec whose moment never comes leaves the run to finish (exit 0): the tests
 require the SIGKILL exit and the marker.
 
@@ -71,9 +78,9 @@ def _settle() -> None:
     manager.wait_until_finished()
 
 
-def _die(workdir, evidence: dict[str, Any]) -> None:
+def _die(marker_file: pathlib.Path, evidence: dict[str, Any]) -> None:
   """Records `evidence` in the marker, then SIGKILL: no handler, no cleanup, no flush."""
-  marker(workdir).write_text(json.dumps(evidence))
+  marker_file.write_text(json.dumps(evidence))
   os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -81,8 +88,8 @@ class _TearingFile:
   """A log's open file that, given the text holding row `step`, writes only up to the
   middle of that row's line, flushes, and dies; every other call goes to `file`."""
 
-  def __init__(self, file, workdir, phase: str, step: int, is_target):
-    self._file, self._workdir, self._phase, self._step = file, workdir, phase, step
+  def __init__(self, file, marker_file, phase: str, step: int, is_target):
+    self._file, self._marker, self._phase, self._step = file, marker_file, phase, step
     self._is_target = is_target  # row -> whether it is the row to tear
 
   def write(self, text: str) -> int:
@@ -93,7 +100,7 @@ class _TearingFile:
         torn = text[:start + len(line) // 2]
         self._file.write(torn)
         self._file.flush()  # in the page cache: it survives the process
-        _die(self._workdir, {"phase": self._phase, "step": self._step,
+        _die(self._marker, {"phase": self._phase, "step": self._step,
                              "torn": torn[start:], "rows_before": text[:start].count("\n")})
       start += len(line)
     return self._file.write(text)
@@ -106,8 +113,8 @@ class _DyingStep:
   """The jitted train step, which dies right after dispatching update `step` (the
   jitted function's other attributes, e.g. its compile cache, are its own)."""
 
-  def __init__(self, train, workdir, step: int):
-    self._train, self._workdir, self._step = train, workdir, step
+  def __init__(self, train, marker_file, step: int):
+    self._train, self._marker, self._step = train, marker_file, step
     self._dispatched = None  # the number of the update being dispatched
 
   def __call__(self, state, batch, rng):
@@ -119,23 +126,34 @@ class _DyingStep:
     _settle()
     out = self._train(state, batch, rng)  # dispatched: die before the host fetches any of it
     ready = all(v.is_ready() for v in out[1].values())  # the step's metrics
-    _die(self._workdir, {"phase": "step", "step": self._step, "outputs_ready": ready})
+    _die(self._marker, {"phase": "step", "step": self._step, "outputs_ready": ready})
     return out  # never reached
 
   def __getattr__(self, name):
     return getattr(self._train, name)
 
 
-def install(spec: str, workdir: str) -> None:
-  """Arms the kill at `spec` ("PHASE:STEP") for the run writing `workdir`."""
+def _normal(path: str) -> str:
+  """A local path resolved (the trainer may name it otherwise); a bucket's as it is."""
+  return path if "://" in path else os.path.realpath(path)
+
+
+def install(spec: str, workdir: str, marker_path: str | None = None) -> None:
+  """Arms the kill at `spec` ("PHASE:STEP") for the run writing `workdir`; its marker
+  goes to `marker_path`, by default marker(workdir) (a gs:// workdir needs one)."""
   phase, step = parse(spec)
-  workdir = os.path.realpath(workdir)
+  if "://" in workdir and phase not in ("step", "save"):
+    raise ValueError(f"kill spec {spec!r}: a gs:// workdir has the step and save moments")
+  if "://" in workdir and not marker_path:
+    raise ValueError("a gs:// workdir's marker needs a local marker_path")
+  workdir = _normal(workdir)
+  marker_file = pathlib.Path(marker_path) if marker_path else marker(workdir)
   from bert_jax.run import checkpoint  # pylint: disable=g-import-not-at-top
   make_manager = checkpoint.make_manager
 
   def recording_make_manager(directory, *args, **kwargs):
     manager = make_manager(directory, *args, **kwargs)
-    if os.path.realpath(directory) == workdir:  # not fine-tuning's best/
+    if _normal(os.fspath(directory)) == workdir:  # not fine-tuning's best/
       _managers.append(manager)
     return manager
 
@@ -146,24 +164,11 @@ def install(spec: str, workdir: str) -> None:
 
     def killing_jit_steps(*args, **kwargs):
       train, evaluate = jit_steps(*args, **kwargs)
-      return _DyingStep(train, workdir, step), evaluate
+      return _DyingStep(train, marker_file, step), evaluate
 
     state_lib.jit_steps = killing_jit_steps
   elif phase == "save":
-    from orbax import checkpoint as ocp  # pylint: disable=g-import-not-at-top
-    cls = ocp.path.atomicity.AtomicRenameTemporaryPath
-    finalize = cls.finalize
-    final = os.path.join(workdir, "checkpoints", str(step))
-
-    async def finalize_or_die(self):
-      if os.path.realpath(os.fspath(self.get_final())) == final:
-        tmp = pathlib.Path(os.fspath(self.get()))
-        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
-        _die(workdir, {"phase": phase, "step": step, "tmp_dir": tmp.name, "files": files,
-                       "final_exists": os.path.exists(final)})
-      return await finalize(self)
-
-    cls.finalize = finalize_or_die
+    _arm_save(workdir, step, marker_file)
   elif phase == "metrics":
     from bert_jax.run import metrics_io  # pylint: disable=g-import-not-at-top
     init = metrics_io.MetricWriter.__init__
@@ -171,7 +176,7 @@ def install(spec: str, workdir: str) -> None:
     def tearing_init(self, *args, **kwargs):
       init(self, *args, **kwargs)
       if getattr(self, "_jsonl", None) is not None:  # process 0, a local workdir
-        self._jsonl = _TearingFile(self._jsonl, workdir, phase, step,
+        self._jsonl = _TearingFile(self._jsonl, marker_file, phase, step,
                                    lambda row: row.get("step") == step and "loss" in row)
 
     metrics_io.MetricWriter.__init__ = tearing_init
@@ -182,10 +187,34 @@ def install(spec: str, workdir: str) -> None:
     def tearing_init(self, *args, **kwargs):
       init(self, *args, **kwargs)
       if self._file is not None:  # a local workdir
-        self._file = _TearingFile(self._file, workdir, phase, step,
+        self._file = _TearingFile(self._file, marker_file, phase, step,
                                   lambda row: row.get("step") == step)
 
     batch_log.BatchLog.__init__ = tearing_init
+
+
+def _arm_save(workdir: str, step: int, marker_file: pathlib.Path) -> None:
+  """Dies when orbax is about to commit checkpoint `step` of `workdir`: locally before
+  the rename of its temporary directory, in a bucket before its commit_success.txt."""
+  from orbax import checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  final = f"{workdir}/checkpoints/{step}"
+
+  def evidence_local(self) -> dict[str, Any]:
+    tmp = pathlib.Path(os.fspath(self.get()))
+    return {"tmp_dir": tmp.name, "final_exists": os.path.exists(final),
+            "files": sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())}
+
+  def evidence_bucket(self) -> dict[str, Any]:
+    return {"entries": sorted(p.name for p in self.get_final().iterdir())}
+
+  for cls, evidence in ((ocp.path.atomicity.AtomicRenameTemporaryPath, evidence_local),
+                        (ocp.path.atomicity.CommitFileTemporaryPath, evidence_bucket)):
+    async def finalize_or_die(self, finalize=cls.finalize, evidence=evidence):
+      if _normal(os.fspath(self.get_final())) == final:
+        _die(marker_file, {"phase": "save", "step": step, **evidence(self)})
+      return await finalize(self)
+
+    cls.finalize = finalize_or_die
 
 
 def install_preparation(spec: str, marker_path: str) -> None:

@@ -1,6 +1,7 @@
 """Subprocess entry for the trainer's end-to-end tests (kill -9, meshes, multi-process).
 
 usage: python tests/pretrain_runner.py CONFIG_JSON WORKDIR [--synthetic] [--kill_at=PHASE:STEP]
+  [--kill_marker=PATH]
 (TEST_LOCK_HEARTBEAT_S in the environment: the workdir lock's heartbeat, for lock tests)
 
 Runs bert_jax.main.run (the entry point minus flag parsing) on a config
@@ -9,7 +10,8 @@ deterministic random stream whose global batch is the same however many
 processes share it (process i gets rows [i*b, (i+1)*b)): the real pipeline
 gives each process different documents, so 2 processes could not be compared
 with 1 process on it. --kill_at makes the run kill itself (SIGKILL) at that
-moment, after recording where (tests/kill_points.py).
+moment, after recording where (tests/kill_points.py): beside the workdir, or in
+--kill_marker's file (a gs:// workdir's).
 """
 
 import json
@@ -89,10 +91,10 @@ def main(argv):
     from data_pipeline import pretraining
     pretraining.PretrainingInput = SyntheticInput
     pretraining.make_eval_batches = synthetic_eval_batches
-  for arg in argv[3:]:
-    if arg.startswith("--kill_at="):
-      import kill_points  # beside this file (sys.path[0])
-      kill_points.install(arg.removeprefix("--kill_at="), argv[2])
+  options = dict(arg[2:].split("=", 1) for arg in argv[3:] if "=" in arg)
+  if "kill_at" in options:
+    import kill_points  # beside this file (sys.path[0])
+    kill_points.install(options["kill_at"], argv[2], options.get("kill_marker"))
   from bert_jax import jobs
   if os.environ.get("TEST_LOCK_HEARTBEAT_S"):  # the lock tests' heartbeat, in seconds
     from bert_jax.run import lock

@@ -9,9 +9,8 @@ writes its own workdir there.
 
 import json
 import os
-import random
+import re
 import signal
-import time
 
 import jax
 import numpy as np
@@ -105,10 +104,11 @@ def test_batch_log_resumed_in_a_bucket_keeps_the_rows_up_to_its_step(gcs_emulato
 def test_pretraining_in_a_bucket_killed_and_resumed_is_bit_identical(
     gcs_emulator, pretrain_reference_run, pretrain_test_config, pretrain_subprocess, toy_files,
     tmp_path):
-  """Fails if a pretraining run in a bucket, killed after step 5 and resumed, differs from the
-  reference in weights or losses, lacks a run file, TensorBoard events or the gs:// corpus in its
-  record, leaves its lock or writes to the working directory, or fine-tuning from it does not start
-  from its encoder and write its workdir in the bucket."""
+  """Fails if a pretraining run in a bucket, killed as it commits checkpoint 10 and again
+  mid-step 13, does not resume from 5 then 10, or its end differs from the reference in
+  weights or losses, lacks a run file, TensorBoard events or the gs:// corpus in its
+  record, leaves its lock or writes to the working directory, or fine-tuning from it does
+  not start from its encoder and write its workdir in the bucket."""
   bucket = gcs_emulator.bucket("bert-run")
   local = pretrain_test_config()
   paths.copy_file(local.data.corpus, f"{bucket}/data/corpus.txt")
@@ -119,23 +119,33 @@ def test_pretraining_in_a_bucket_killed_and_resumed_is_bit_identical(
   cwd = tmp_path / "cwd"  # the processes' working directory: nothing may land here
   cwd.mkdir()
 
-  def start():
-    return pretrain_subprocess(config, run, name="gcs", files_dir=tmp_path, cwd=cwd,
-                               env=gcs_emulator.env)
+  marker = tmp_path / "gcs.kill.json"
+  log = tmp_path / "gcs.log"  # the three starts append to it
 
-  process = start()
-  deadline = time.time() + 300
-  while not paths.exists(f"{run}/checkpoints/5/commit_success.txt"):
-    assert process.poll() is None, (tmp_path / "gcs.log").read_text()[-3000:]
-    assert time.time() < deadline
-    time.sleep(0.01)
-  time.sleep(random.uniform(0.0, 0.05))  # anywhere: a step, the async save, a metrics upload
-  process.send_signal(signal.SIGSTOP)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
-  assert not paths.exists(f"{run}/checkpoints/20"), "the run finished before it was killed"
-  process = start()
-  assert process.wait(timeout=300) == 0, (tmp_path / "gcs.log").read_text()[-3000:]
+  def start(kill_at=None):
+    return pretrain_subprocess(config, run, name="gcs", files_dir=tmp_path, cwd=cwd,
+                               env=gcs_emulator.env, kill_at=kill_at, kill_marker=marker)
+
+  # Killed at two chosen moments (tests/kill_points.py), each resumed by the same command.
+  # First as orbax commits checkpoint 10: its files are in the bucket, its
+  # commit_success.txt is not.
+  code = start("save:10").wait(timeout=300)
+  assert code == -signal.SIGKILL, f"exit {code}\n" + log.read_text()[-3000:]
+  evidence = json.loads(marker.read_text())
+  assert (evidence["phase"], evidence["step"]) == ("save", 10), evidence
+  assert "commit_success.txt" not in evidence["entries"] and evidence["entries"], evidence
+  assert paths.exists(f"{run}/checkpoints/5/commit_success.txt")
+  assert not paths.exists(f"{run}/checkpoints/10/commit_success.txt")
+  # Then with update 13 dispatched: the uncommitted 10 was not taken for a checkpoint
+  # (the run resumed from 5), and was saved again, whole.
+  marker.unlink()
+  code = start("step:13").wait(timeout=300)
+  assert code == -signal.SIGKILL, f"exit {code}\n" + log.read_text()[-3000:]
+  assert json.loads(marker.read_text())["phase"] == "step"
+  assert paths.exists(f"{run}/checkpoints/10/commit_success.txt")
+  assert not paths.exists(f"{run}/checkpoints/15")
+  assert start().wait(timeout=300) == 0, log.read_text()[-3000:]
+  assert re.findall(r"resumed from \S+ at step (\d+)", log.read_text()) == ["5", "10"]
 
   _, resumed = checkpoint.load_params_from_workdir(run)
   _, reference = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
