@@ -6,7 +6,8 @@ when a module is added or removed. These tests walk the packages on disk and
 fail when a module is missing from either, when either names a module that does
 not exist, when the architecture's TensorFlow rule is broken, when modules
 import each other in a circle, when an import crosses the layers the wrong way
-(host <- data_pipeline <- bert_jax), or when docs/ links outside the repository.
+(host <- data_pipeline <- bert_jax), when docs/ links outside the repository, or when a
+test function has no docstring.
 """
 
 import ast
@@ -148,6 +149,17 @@ def test_no_import_circles():
   # An import a -> b closes a circle when b reaches a again.
   circles = sorted({" <-> ".join(sorted((a, b))) for a in graph for b in graph[a] if reaches(b, a)})
   assert circles == []
+
+
+def test_every_test_has_a_docstring():
+  """Fails when a test function under tests/ has no docstring: each says what would make it
+  fail (docs/install.md), which a new test must too."""
+  bare = [f"{path.name}::{node.name}"
+          for path in sorted((ROOT / "tests").glob("test_*.py"))
+          for node in ast.walk(ast.parse(path.read_text()))
+          if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+          and node.name.startswith("test_") and not (ast.get_docstring(node) or "").strip()]
+  assert not bare, bare
 
 
 def test_docs_link_nowhere_outside_the_repository():
