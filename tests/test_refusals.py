@@ -526,8 +526,9 @@ def slow_manager(*args, **kwargs):
       print("slow save: still writing", flush=True)
       # Short sleeps, not one of 300 s: a SIGINT that lands after the print but before a
       # sleep has begun has already run Python's C handler, so nothing interrupts that
-      # sleep and the Python handler would run only when it ends (the test once saw no
-      # exit 60 s after the signal). Each loop turn runs a pending handler.
+      # sleep and the Python handler would run only when it ends. Each loop turn runs a
+      # pending handler. (A candidate for the one time the test saw no exit 60 s after
+      # the signal, not a proven one: the window is microseconds.)
       for _ in range(3000):
         time.sleep(0.1)
     wait()
