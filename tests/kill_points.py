@@ -51,6 +51,8 @@ import pathlib
 import signal
 from typing import Any
 
+from host import paths
+
 PHASES = ("step", "save", "metrics", "batch_log")
 PREPARATION_PHASES = ("shard_temp", "shard")
 
@@ -135,16 +137,16 @@ class _DyingStep:
 
 def _normal(path: str) -> str:
   """A local path resolved (the trainer may name it otherwise); a bucket's as it is."""
-  return path if "://" in path else os.path.realpath(path)
+  return path if paths.is_remote(path) else os.path.realpath(path)
 
 
 def install(spec: str, workdir: str, marker_path: str | None = None) -> None:
   """Arms the kill at `spec` ("PHASE:STEP") for the run writing `workdir`; its marker
   goes to `marker_path`, by default marker(workdir) (a gs:// workdir needs one)."""
   phase, step = parse(spec)
-  if "://" in workdir and phase not in ("step", "save"):
+  if paths.is_remote(workdir) and phase not in ("step", "save"):
     raise ValueError(f"kill spec {spec!r}: a gs:// workdir has the step and save moments")
-  if "://" in workdir and not marker_path:
+  if paths.is_remote(workdir) and not marker_path:
     raise ValueError("a gs:// workdir's marker needs a local marker_path")
   workdir = _normal(workdir)
   marker_file = pathlib.Path(marker_path) if marker_path else marker(workdir)
