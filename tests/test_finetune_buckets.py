@@ -220,7 +220,9 @@ def test_seed_comparison_report_pairs_the_seeds(capsys):
 def test_benchmark_sweep_pieces_report_as_one_sweep(tmp_path, capsys):
   """finetune_vs_transformers --report_from: a sweep run in pieces (a side, a learning rate
   each) is reported as the whole sweep, wall times summed; would fail if a piece's runs were
-  lost or double-counted, or if pieces of different recipes were merged without a word."""
+  lost or double-counted, or if pieces of different recipes (epochs; our head's init, a
+  piece from before --ours_head_init counting as the shipped one) were merged without a
+  word."""
   import json  # pylint: disable=g-import-not-at-top
   from experiments.benchmarks import finetune_vs_transformers as bench  # pylint: disable=g-import-not-at-top
   def piece(name, side, lr, seconds, acc, **args):
@@ -248,3 +250,11 @@ def test_benchmark_sweep_pieces_report_as_one_sweep(tmp_path, capsys):
   assert "OUTSIDE seed noise" in capsys.readouterr().out
   with pytest.raises(SystemExit, match="--epochs=3, other pieces 2"):
     bench.merge_pieces(files[:1] + [piece("o3", "ours", 1e-4, 50.0, 0.6, epochs=3)])
+  # Our side under transformers' head init is another recipe: a piece from before the flag
+  # (none given) ran the shipped truncated normal.
+  normal = piece("o4", "ours", 1e-4, 50.0, 0.6, ours_head_init="normal")
+  with pytest.raises(SystemExit, match="--ours_head_init='normal', other pieces 'truncated_"):
+    bench.merge_pieces(files[:1] + [normal])
+  args, _ = bench.merge_pieces(
+      [normal, piece("o5", "ours", 5e-5, 50.0, 0.6, ours_head_init="normal")])
+  assert args.ours_head_init == "normal"

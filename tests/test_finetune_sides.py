@@ -73,3 +73,45 @@ def test_with_dropout_on_both_sides_draw_logits_from_one_distribution(minilm_2_l
   standard_error = np.sqrt((margin["ours"].var(axis=0) + margin["reference"].var(axis=0)) / 64)
   apart = np.abs(margin["ours"].mean(axis=0) - margin["reference"].mean(axis=0)) / standard_error
   assert apart.mean() < 4, apart
+
+
+def test_normal_from_truncated_maps_bert_s_draw_to_a_plain_normal_at_the_same_quantiles():
+  """Fails if the head-init A/B's map (finetune_sides.normal_from_truncated) does not turn a
+  truncated-normal draw (sd 0.02 before the cut at 2 sd, ~0.0176 after) into a plain normal
+  of sd 0.02 (sd off by 2%, or the share beyond 2 sd, 4.55% for a normal and 0 for the
+  input, off by 0.3 points), or breaks the draw's order (then it would not be a coupling)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  kernel = np.asarray(jax.nn.initializers.truncated_normal(0.02)(
+      jax.random.key(0), (384, 500), np.float32))
+  normal = finetune_sides.normal_from_truncated(kernel, 0.02)
+  assert abs(kernel.std() / 0.02 - 0.88) < 0.01, kernel.std()   # the input is the cut one
+  assert abs(normal.std() / 0.02 - 1) < 0.02, normal.std()
+  assert abs(np.mean(np.abs(normal) > 0.04) - 0.0455) < 0.003, np.mean(np.abs(normal) > 0.04)
+  order = np.argsort(kernel.ravel())
+  assert (np.diff(normal.ravel()[order]) >= 0).all()
+
+
+def test_ours_head_init_normal_replaces_only_the_fresh_classifier_kernel_and_restores():
+  """Fails if ours_head_init("normal") leaves the merged classifier kernel as the trainer
+  drew it, touches the encoder or the head's bias, stays patched into the trainer after
+  the block, or if "truncated_normal" (what ships) changes anything."""
+  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  kernel = np.linspace(-0.035, 0.035, 12, dtype=np.float32).reshape(6, 2)
+  merged = {"bert": {"w": np.ones(3)}, "classifier": {"kernel": kernel, "bias": np.zeros(2)}}
+  shipped = trainer._merge_pretrained  # pylint: disable=protected-access
+  fake = lambda *_: merged
+  trainer._merge_pretrained = fake  # pylint: disable=protected-access
+  try:
+    with finetune_sides.ours_head_init("truncated_normal"):
+      assert trainer._merge_pretrained() is merged  # pylint: disable=protected-access
+    with finetune_sides.ours_head_init("normal"):
+      params = trainer._merge_pretrained()  # pylint: disable=protected-access
+    assert trainer._merge_pretrained is fake  # pylint: disable=protected-access
+  finally:
+    trainer._merge_pretrained = shipped  # pylint: disable=protected-access
+  np.testing.assert_allclose(params["classifier"]["kernel"],
+                             finetune_sides.normal_from_truncated(kernel, 0.02))
+  assert np.abs(params["classifier"]["kernel"]).max() > 0.04   # 0.035 lies past a normal's 2 sd
+  assert params["bert"] is merged["bert"]
+  assert params["classifier"]["bias"] is merged["classifier"]["bias"]
+  np.testing.assert_array_equal(merged["classifier"]["kernel"], kernel)  # input not mutated

@@ -6,6 +6,7 @@ finetune_vs_transformers' docstring.
 """
 
 import argparse
+import contextlib
 import functools
 import importlib.util
 import pathlib
@@ -187,6 +188,44 @@ def ours_config(args, seeds, learning_rates=()):
   config.optimizer.grad_clip_norm = args.max_grad_norm
   config.eval_batch_size = args.eval_batch_size
   return config
+
+
+def normal_from_truncated(kernel, stddev: float):
+  """A plain normal draw (sd `stddev`) from a truncated-normal one (cut at 2 sd before the
+  scale), entry by entry at the same quantile: a monotone coupling, so an A/B of the two
+  distributions keeps each seed's draw as close as two distributions allow."""
+  cut = jax.scipy.special.ndtr(jnp.float32(2.0))
+  u = (jax.scipy.special.ndtr(jnp.asarray(kernel, jnp.float32) / stddev) - (1 - cut)) / (
+      2 * cut - 1)
+  u = jnp.clip(u, 1e-7, 1 - 1e-7)   # a draw at the cut would map to an infinite one
+  return np.asarray(stddev * jax.scipy.special.ndtri(u), np.float32)
+
+
+@contextlib.contextmanager
+def ours_head_init(kind: str, stddev: float = 0.02):
+  """With kind "normal", our trainer's fresh classifier kernel becomes transformers' plain
+  normal (normal_from_truncated of the trainer's own draw) as the checkpoint is merged in;
+  the order, dropout streams and everything else of each run stay as shipped. The mirror
+  of --reference_head_init, for the A/B of the head's init distribution."""
+  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  if kind == "truncated_normal":
+    yield
+    return
+  merge = trainer._merge_pretrained  # pylint: disable=protected-access
+
+  def merge_with_normal_head(*a, **kw):
+    params = merge(*a, **kw)
+    head = dict(params["classifier"])
+    head["kernel"] = normal_from_truncated(head["kernel"], stddev)
+    print(f"ours head init normal: kernel sd {np.std(params['classifier']['kernel']):.5f} -> "
+          f"{np.std(head['kernel']):.5f}", flush=True)
+    return {**params, "classifier": head}
+
+  trainer._merge_pretrained = merge_with_normal_head  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    trainer._merge_pretrained = merge  # pylint: disable=protected-access
 
 
 def run_ours(args, seed: int) -> dict:

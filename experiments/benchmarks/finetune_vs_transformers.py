@@ -69,8 +69,11 @@ warmup then linear decay to 0, AdamW (b1 0.9, b2 0.999, eps 1e-6, weight decay
 0.01 except biases and LayerNorm), global-norm clipping at 1.0, dropout 0.1
 (hidden, attention, classifier), per-epoch permutation from the seed with the
 last partial batch dropped, float32. Every flag reaches both sides, except
---padding, --group_by_length and --attention_dropout_mask, which set our side only:
-per_example (the default: what our configs ship, the paper's) = one attention-dropout
+--padding, --group_by_length, --attention_dropout_mask and --ours_head_init, which set
+our side only: --ours_head_init=normal (--sweep) gives our classifier kernel
+transformers' plain normal, the trainer's own truncated draw mapped at the same quantiles
+(finetune_sides.normal_from_truncated), so that a run pairs with the shipped one of its
+seed; per_example (the default: what our configs ship, the paper's) = one attention-dropout
 mask per example, head, query and key; shared = transformers' recipe, which the
 reference cannot change (one [T, T] mask for every example and head,
 config.model.attention_dropout_shared=True); and --reference_head_init and
@@ -149,7 +152,7 @@ def sweep_ours(args) -> dict:
   from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
   config = finetune_sides.ours_config(args, args.seeds, args.learning_rates)
   with tempfile.TemporaryDirectory(prefix="finetune_sweep_") as workdir, \
-      CompileCounter() as compiles:
+      CompileCounter() as compiles, finetune_sides.ours_head_init(args.ours_head_init):
     start = time.perf_counter()
     summary = trainer.finetune(config, workdir)
     seconds = time.perf_counter() - start
@@ -197,7 +200,8 @@ def report_sweep(args, sides: dict[str, dict]) -> dict:
         f"{args.max_seq_length}, batch {args.batch_size}, {args.epochs} epochs, lr "
         f"{args.learning_rates} x seeds {args.seeds}; ours padding={args.padding}"
         f"{' grouped by length' if getattr(args, 'group_by_length', False) else ''}, "
-        f"attention-dropout mask {getattr(args, 'attention_dropout_mask', 'per_example')}; "
+        f"attention-dropout mask {getattr(args, 'attention_dropout_mask', 'per_example')}, "
+        f"head init {getattr(args, 'ours_head_init', 'truncated_normal')}; "
         f"reference head init {getattr(args, 'reference_head_init', 'normal')}, "
         f"reference order {getattr(args, 'reference_order', 'own')}")
   names = list(sides)
@@ -258,7 +262,8 @@ def merge_pieces(files: list[str]) -> tuple[argparse.Namespace, dict]:
   recipes differ, or one side's pieces that our side ran under different options."""
   recipe = ("train_examples", "dev_examples", "max_seq_length", "batch_size", "epochs",
             "warmup_proportion", "weight_decay", "max_grad_norm", "dropout", "eval_batch_size")
-  ours_options = ("padding", "group_by_length", "attention_dropout_mask")
+  ours_options = {"padding": None, "group_by_length": None, "attention_dropout_mask": None,
+                  "ours_head_init": "truncated_normal"}  # a default: pieces from before it
   reference_options = {"reference_head_init": "normal", "reference_order": "own"}
   first, sides, reference = None, {}, {}
   for f in files:
@@ -267,9 +272,13 @@ def merge_pieces(files: list[str]) -> tuple[argparse.Namespace, dict]:
       raise SystemExit(f"{f} is not a --sweep --json_out file")
     a = piece["args"]
     first = first or a
-    for key in recipe + (ours_options if "ours" in piece["sides"] else ()):
+    for key in recipe:
       if key in first and a.get(key) != first.get(key):
         raise SystemExit(f"{f}: --{key}={a.get(key)!r}, other pieces {first.get(key)!r}")
+    for key, default in (ours_options.items() if "ours" in piece["sides"] else ()):
+      if a.get(key, default) != first.get(key, default) and (key in first or default):
+        raise SystemExit(f"{f}: --{key}={a.get(key, default)!r}, other pieces "
+                         f"{first.get(key, default)!r}")
     if "reference" in piece["sides"]:  # pieces from before a flag ran its default
       for key, default in reference_options.items():
         value = a.get(key, default)
@@ -288,7 +297,7 @@ def merge_pieces(files: list[str]) -> tuple[argparse.Namespace, dict]:
         lr, seed = key.split("|")
         into["runs"][float(lr), int(seed)] = run
     if "ours" in piece["sides"]:
-      first.update({k: a[k] for k in ours_options if k in a})
+      first.update({k: a.get(k, d) for k, d in ours_options.items() if k in a or d})
   for side in sides.values():
     side["shapes"] = "; ".join(dict.fromkeys(side["shapes"]))
   keys = {tuple(sorted(side["runs"])) for side in sides.values()}
@@ -434,6 +443,11 @@ def flags():
                       default="per_example",
                       help="our side's attention-dropout mask: per_example = what our configs "
                            "ship (the paper's); shared = transformers' recipe")
+  parser.add_argument("--ours_head_init", choices=("truncated_normal", "normal"),
+                      default="truncated_normal",
+                      help="--sweep: our classifier kernel: truncated_normal = what the trainer "
+                           "ships (BERT's); normal = transformers' plain normal (sd 0.02), "
+                           "the trainer's draw mapped at the same quantile")
   parser.add_argument("--reference_head_init", choices=("normal", "truncated_normal"),
                       default="normal",
                       help="the reference's classifier kernel: normal = transformers' own (sd "
