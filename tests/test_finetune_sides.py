@@ -115,3 +115,14 @@ def test_ours_head_init_normal_replaces_only_the_fresh_classifier_kernel_and_res
   assert params["bert"] is merged["bert"]
   assert params["classifier"]["bias"] is merged["classifier"]["bias"]
   np.testing.assert_array_equal(merged["classifier"]["kernel"], kernel)  # input not mutated
+
+
+def test_ours_head_init_outside_a_sweep_is_refused(monkeypatch, capsys):
+  """Fails if --ours_head_init=normal without --sweep runs (the per-seed path trains the
+  shipped head, so its figures would be labelled with an init they did not use)."""
+  from experiments.benchmarks import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr("sys.argv", ["finetune_vs_transformers", "--ours_head_init=normal"])
+  with pytest.raises(SystemExit) as exit_info:
+    finetune_vs_transformers.main()
+  assert exit_info.value.code == 2
+  assert "--ours_head_init applies to --sweep runs only" in capsys.readouterr().err

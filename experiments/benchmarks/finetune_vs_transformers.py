@@ -483,6 +483,9 @@ def main():
   if args.sweep or args.step_only:
     parser.set_defaults(max_seq_length=128)
     args = parser.parse_args()
+  if args.ours_head_init != "truncated_normal" and not args.sweep:
+    parser.error("--ours_head_init applies to --sweep runs only (the per-seed comparison and "
+                 "--step_only would run the shipped head)")
   args.seeds = [int(s) for s in args.seeds.split(",")]
   args.learning_rates = [float(r) for r in args.learning_rates.split(",")]
   args.step_lengths = [int(n) for n in args.step_lengths.split(",")]
