@@ -116,24 +116,21 @@ def test_normal_from_truncated_maps_bert_s_draw_to_a_plain_normal_at_the_same_qu
   assert (np.diff(normal.ravel()[order]) >= 0).all()
 
 
-def test_ours_head_init_normal_replaces_only_the_fresh_classifier_kernel_and_restores():
+def test_ours_head_init_normal_replaces_only_the_fresh_classifier_kernel_and_restores(
+    monkeypatch):
   """Fails if ours_head_init("normal") leaves the merged classifier kernel as the trainer
   drew it, touches the encoder or the head's bias, stays patched into the trainer after
   the block, or if "truncated_normal" (what ships) changes anything."""
   from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
   kernel = np.linspace(-0.035, 0.035, 12, dtype=np.float32).reshape(6, 2)
   merged = {"bert": {"w": np.ones(3)}, "classifier": {"kernel": kernel, "bias": np.zeros(2)}}
-  shipped = trainer._merge_pretrained  # pylint: disable=protected-access
   fake = lambda *_: merged
-  trainer._merge_pretrained = fake  # pylint: disable=protected-access
-  try:
-    with finetune_sides.ours_head_init("truncated_normal"):
-      assert trainer._merge_pretrained() is merged  # pylint: disable=protected-access
-    with finetune_sides.ours_head_init("normal"):
-      params = trainer._merge_pretrained()  # pylint: disable=protected-access
-    assert trainer._merge_pretrained is fake  # pylint: disable=protected-access
-  finally:
-    trainer._merge_pretrained = shipped  # pylint: disable=protected-access
+  monkeypatch.setattr(trainer, "_merge_pretrained", fake)
+  with finetune_sides.ours_head_init("truncated_normal"):
+    assert trainer._merge_pretrained() is merged  # pylint: disable=protected-access
+  with finetune_sides.ours_head_init("normal"):
+    params = trainer._merge_pretrained()  # pylint: disable=protected-access
+  assert trainer._merge_pretrained is fake  # pylint: disable=protected-access
   np.testing.assert_allclose(params["classifier"]["kernel"],
                              finetune_sides.normal_from_truncated(kernel, 0.02))
   assert np.abs(params["classifier"]["kernel"]).max() > 0.04   # 0.035 lies past a normal's 2 sd
