@@ -500,3 +500,31 @@ def test_a_kind_that_carves_no_test_split_is_refused():
   config.test_fraction = 0.1
   with pytest.raises(ValueError, match="carves no test split"):
     NoTest().build(config, None, None, 16)
+
+
+@pytest.mark.slow
+def test_a_run_in_a_sweep_equals_the_same_seed_run_alone(toy_files, tmp_path):
+  """Fails if a seed's final dev metrics and logged losses depend on the runs before it in a sweep
+  (state, rng or programs carried over), not on its seed alone: seed 1 after seed 0 in
+  one sweep must give exactly what seed 1 gives alone. The README's fine-tuning
+  comparison relies on it (its figures are re-run exactly from other sweep places)."""
+  import json  # pylint: disable=g-import-not-at-top
+  overrides = {"task.max_train_examples": 64, "task.max_dev_examples": 32}
+  trainer.finetune(toy_config(toy_files, num_epochs=1, seeds=(0, 1), **overrides),
+                   str(tmp_path / "sweep"))
+  trainer.finetune(toy_config(toy_files, num_epochs=1, seeds=(1,), **overrides),
+                   str(tmp_path / "alone"))
+  runs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if (p / "result.json").exists())
+  assert len(runs) == 2, runs
+  in_sweep = json.loads((tmp_path / "sweep" / runs[1] / "result.json").read_text())["final"]
+  other = json.loads((tmp_path / "sweep" / runs[0] / "result.json").read_text())["final"]
+  alone = json.loads((tmp_path / "alone" / "result.json").read_text())["final"]
+  assert "seed1" in runs[1] and in_sweep == alone, (runs, in_sweep, alone)
+  assert other != alone   # seed 0 differs: the comparison can fail
+
+  def losses(run_dir):  # every logged train loss, exact floats, by step
+    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r.get("step"), k, v) for r in rows for k, v in sorted(r.items()) if "loss" in k]
+  assert losses(tmp_path / "sweep" / runs[1]) == losses(tmp_path / "alone")
+  assert losses(tmp_path / "alone") and losses(tmp_path / "alone") != losses(
+      tmp_path / "sweep" / runs[0])
