@@ -14,6 +14,13 @@ from bert_jax.finetune import tokenization
 from experiments.benchmarks import finetune_sides
 
 
+def _reference_rows(reference, examples, labels) -> dict:
+  """The reference side's model rows at the sweep's length 128: transformers'
+  BertTokenizerFast (`reference`) through the shared packing code."""
+  return packing.classification_features(
+      examples, tokenize_word=reference.tokenize, vocab=reference.get_vocab(),
+      max_seq_length=128, labels=labels)
+
 def test_both_sides_featurize_the_sweeps_reviews_to_the_same_ids():
   """Fails if transformers' BertTokenizerFast (the reference side's) and our tokenizer (the
   trainer's) give any other input id, mask or segment id on any of the sweep's 2,000 train
@@ -27,9 +34,7 @@ def test_both_sides_featurize_the_sweeps_reviews_to_the_same_ids():
   assert (len(train), len(dev)) == (2000, 800)
   for examples in (train, dev):
     ours.prime(e.text_a for e in examples)
-    expected = packing.classification_features(
-        examples, tokenize_word=reference.tokenize, vocab=reference.get_vocab(),
-        max_seq_length=128, labels=labels)
+    expected = _reference_rows(reference, examples, labels)
     got = packing.classification_features(examples, tokenize_word=ours, vocab=ours.vocab,
                                           max_seq_length=128, labels=labels)
     assert set(got) == set(expected)
@@ -56,9 +61,7 @@ def test_the_trainer_itself_trains_and_scores_on_the_reference_s_rows():
   assert tuple(task.labels) == tuple(labels) and list(task.dev) == ["dev"]
   for ours, examples in ((task.train, train), (task.dev["dev"], dev)):
     assert [e.guid for e in ours.examples] == [e.guid for e in examples]
-    expected = packing.classification_features(
-        examples, tokenize_word=reference.tokenize, vocab=reference.get_vocab(),
-        max_seq_length=128, labels=labels)
+    expected = _reference_rows(reference, examples, labels)
     assert set(ours.features) == set(expected)
     for name in expected:
       np.testing.assert_array_equal(ours.features[name], expected[name], err_msg=name)

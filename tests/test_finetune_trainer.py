@@ -24,6 +24,7 @@ from bert_jax.finetune import squad
 from bert_jax.finetune import steps
 from bert_jax.finetune import trainer
 from bert_jax.run import checkpoint
+from bert_jax.run import metrics_io
 from bert_jax.training import sharding
 from bert_jax.training import state as state_lib
 from experiments.configs import finetune as finetune_configs
@@ -508,7 +509,6 @@ def test_a_run_in_a_sweep_equals_the_same_seed_run_alone(toy_files, tmp_path):
   (state, rng or programs carried over), not on its seed alone: seed 1 after seed 0 in
   one sweep must give exactly what seed 1 gives alone. The README's fine-tuning
   comparison relies on it (its figures are re-run exactly from other sweep places)."""
-  import json  # pylint: disable=g-import-not-at-top
   overrides = {"task.max_train_examples": 64, "task.max_dev_examples": 32}
   trainer.finetune(toy_config(toy_files, num_epochs=1, seeds=(0, 1), **overrides),
                    str(tmp_path / "sweep"))
@@ -523,8 +523,8 @@ def test_a_run_in_a_sweep_equals_the_same_seed_run_alone(toy_files, tmp_path):
   assert other != alone   # seed 0 differs: the comparison can fail
 
   def losses(run_dir):  # every logged train loss, exact floats, by step
-    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(r.get("step"), k, v) for r in rows for k, v in sorted(r.items()) if "loss" in k]
+    rows = metrics_io.read_metrics(str(run_dir / metrics_io.METRICS_FILE))
+    return [(r["step"], k, v) for r in rows for k, v in sorted(r.items()) if "loss" in k]
   assert losses(tmp_path / "sweep" / runs[1]) == losses(tmp_path / "alone")
   assert losses(tmp_path / "alone") and losses(tmp_path / "alone") != losses(
       tmp_path / "sweep" / runs[0])
