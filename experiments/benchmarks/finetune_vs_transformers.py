@@ -20,6 +20,19 @@ Usage (the issue's figures; a few minutes per run and implementation on 2 CPU co
   # step mode: only the two sides' train and eval steps on the same batches
   python -m experiments.benchmarks.finetune_vs_transformers --step_only --step_lengths=128,64
 
+  # same-masks mode: both sides through a whole run's steps on the same batches and the
+  # same dropout masks, from one start; how far apart they drift, step by step
+  python -m experiments.benchmarks.finetune_vs_transformers --same_masks --learning_rate=5e-5
+
+Same-masks mode (--same_masks) trains both sides from one start (our trainer's state
+from the checkpoint, the reference given our fresh head) on the same batches for the
+recipe's steps, with dropout on and every mask drawn from one stream
+(common_masks; transformers' shared attention mask on our side too), then prints each
+side's loss at a few steps, the largest loss difference, and the two sides' logits on the
+first --eval_batch_size train rows: largest difference and argmax agreement. Equal
+here, the two implementations make the same training from the same random draws, and
+what separates their sweeps is how the draws are made (max_seq_length 128 unless given).
+
 Step mode (--step_only) builds our trainer's jitted steps (steps.build, the state
 from the MiniLM checkpoint as a run starts) and the reference's, on the same rows
 cut to each --step_lengths length, and times them after two warm-up steps in
@@ -471,7 +484,38 @@ def flags():
   parser.add_argument("--step_lengths", default="128,64", help="--step_only: batch lengths")
   parser.add_argument("--step_rounds", type=int, default=3, help="--step_only: A/B rounds")
   parser.add_argument("--step_repeats", type=int, default=2, help="--step_only: steps a round")
+  parser.add_argument("--same_masks", action="store_true",
+                      help="train both sides from one start on the same batches and dropout "
+                           "masks for the recipe's steps; print how far apart they drift "
+                           "(max_seq_length 128 unless given)")
   return parser
+
+
+def same_masks(args) -> dict:
+  """--same_masks: a whole run's steps on both sides with one mask stream; how far apart."""
+  steps = args.train_examples // args.batch_size * args.epochs
+  out = finetune_sides.same_start_logits(args, finetune_sides.minilm_dir(), steps,
+                                         seed=args.seeds[0], same_masks=True)
+  losses = out["losses"]
+  for i in sorted({0, 1, 9, 29, 59, steps // 2, steps - 1} & set(range(steps))):
+    print(f"step {i + 1:4d}  loss ours {losses['ours'][i]:.6f}  reference "
+          f"{losses['reference'][i]:.6f}  diff {losses['ours'][i] - losses['reference'][i]:+.2e}")
+  gap = np.abs(losses["ours"] - losses["reference"])
+  logit_gap = np.abs(out["ours"] - out["reference"])
+  agree = np.mean(out["ours"].argmax(-1) == out["reference"].argmax(-1))
+  stats = {"steps": steps, "max_loss_diff": float(gap.max()),
+           "max_loss_diff_step": int(gap.argmax()) + 1,
+           "max_logit_diff": float(logit_gap.max()),
+           "mean_logit_diff": float(logit_gap.mean()),
+           "logits_moved": float(np.abs(out["ours"] - out["start"]).max()),
+           "argmax_agreement": float(agree), "rows": len(out["ours"]),
+           "losses": {k: v.tolist() for k, v in losses.items()},
+           "mask_shapes": out["masks"].shapes}  # per traced train step, in the order drawn
+  print(f"{steps} steps, seed {args.seeds[0]}: largest loss difference {gap.max():.2e} (step "
+        f"{stats['max_loss_diff_step']}); logits on {stats['rows']} train rows: largest "
+        f"difference {logit_gap.max():.2e}, mean {logit_gap.mean():.2e}, training moved them "
+        f"by up to {stats['logits_moved']:.3f}; argmax agreement {agree:.4f}")
+  return stats
 
 
 def main():
@@ -480,7 +524,7 @@ def main():
   if args.report_from:
     report_sweep(*merge_pieces(args.report_from.split(",")))
     return
-  if args.sweep or args.step_only:
+  if args.sweep or args.step_only or args.same_masks:
     parser.set_defaults(max_seq_length=128)
     args = parser.parse_args()
   if args.ours_head_init != "truncated_normal" and not args.sweep:
@@ -492,12 +536,14 @@ def main():
   if not args.compilation_cache:
     # Before anything compiles (JAX decides once per process); the trainer then keeps it off.
     jax.config.update("jax_enable_compilation_cache", False)
-  if args.step_only:
-    stats = time_steps(args)
-    if args.json_out:
-      pathlib.Path(args.json_out).write_text(json.dumps({"args": vars(args), "steps": stats},
-                                                        indent=2))
-    return
+  for mode, run, key in ((args.same_masks, same_masks, "same_masks"),
+                         (args.step_only, time_steps, "steps")):
+    if mode:
+      stats = run(args)
+      if args.json_out:
+        pathlib.Path(args.json_out).write_text(json.dumps({"args": vars(args), key: stats},
+                                                          indent=2))
+      return
 
   sides = [args.only] if args.only else ["ours", "reference"]
   print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; checkpoint "
