@@ -87,6 +87,16 @@ def test_with_dropout_off_and_one_start_both_sides_train_to_the_same_logits(mini
   assert np.abs(logits["ours"] - logits["start"]).max() > 0.05
 
 
+def _benchmark(monkeypatch, model_dir, tmp_path, flags: list[str]) -> dict:
+  """finetune_vs_transformers' command line run on `model_dir` as MiniLM: its --json_out."""
+  from experiments.benchmarks import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(finetune_sides, "minilm_dir", lambda: model_dir)
+  monkeypatch.setattr(sys, "argv", ["finetune_vs_transformers",
+                                    f"--json_out={tmp_path / 'out.json'}"] + flags)
+  finetune_vs_transformers.main()
+  return json.loads((tmp_path / "out.json").read_text())
+
+
 @pytest.mark.slow
 def test_on_the_same_dropout_masks_both_sides_train_to_the_same_logits(
     minilm_2_layers, monkeypatch, tmp_path):
@@ -98,13 +108,9 @@ def test_on_the_same_dropout_masks_both_sides_train_to_the_same_logits(
   attention output and FFN output, then the classifier's input, or if the masks change
   nothing (the same steps without dropout train to the same losses)."""
   from experiments.benchmarks import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(finetune_sides, "minilm_dir", lambda: minilm_2_layers)
   flags = ["--train_examples=128", "--dev_examples=8", "--max_seq_length=32",
            "--eval_batch_size=32", "--learning_rate=1e-3", "--epochs=2", "--seeds=0"]
-  monkeypatch.setattr(sys, "argv", ["finetune_vs_transformers", "--same_masks",
-                                    f"--json_out={tmp_path / 'same.json'}"] + flags)
-  finetune_vs_transformers.main()
-  out = json.loads((tmp_path / "same.json").read_text())["same_masks"]
+  out = _benchmark(monkeypatch, minilm_2_layers, tmp_path, ["--same_masks"] + flags)["same_masks"]
   batch, length, hidden = 32, 32, 384
   layer = [[1, 1, length, length], [batch, length, hidden], [batch, length, hidden]]
   expected = [[batch, length, hidden]] + 2 * layer + [[batch, hidden]]
@@ -117,6 +123,24 @@ def test_on_the_same_dropout_masks_both_sides_train_to_the_same_logits(
   off = finetune_sides.same_start_logits(
       finetune_vs_transformers.flags().parse_args(flags), minilm_2_layers, steps=8)
   assert np.abs(np.asarray(out["losses"]["ours"]) - off["losses"]["ours"]).max() > 1e-3
+
+
+@pytest.mark.slow
+def test_whole_runs_on_our_draws_score_the_same_on_both_sides(minilm_2_layers, monkeypatch,
+                                                              tmp_path):
+  """Fails if `finetune_vs_transformers --same_draws` (our trainer's whole run against the
+  reference given our order, initial head and dropout keys, every mask from one stream)
+  gives the two sides other dev accuracy or F1 on 200 reviews after 12 steps, or if the
+  option leaves the reference's draws as they were (its last loss then unchanged)."""
+  from experiments.benchmarks import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
+  flags = ["--train_examples=192", "--dev_examples=200", "--max_seq_length=32",
+           "--eval_batch_size=64", "--learning_rate=1e-3", "--epochs=2", "--seeds=1"]
+  runs = _benchmark(monkeypatch, minilm_2_layers, tmp_path, ["--same_draws"] + flags)["runs"]
+  ours, reference = runs["ours"]["1"], runs["reference"]["1"]
+  assert (ours["accuracy"], ours["f1"]) == (reference["accuracy"], reference["f1"]), runs
+  own = finetune_sides.run_reference(finetune_vs_transformers.flags().parse_args(flags), 1,
+                                     *finetune_sides.load_data(192, 200))
+  assert abs(own["last_loss"] - reference["last_loss"]) > 1e-4, (own, reference)
 
 
 @pytest.mark.slow

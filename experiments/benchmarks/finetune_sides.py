@@ -83,7 +83,21 @@ def run_reference(args, seed: int, labels, train, dev) -> dict:
   train_f, dev_f = featurize(train), featurize(dev)
   model = reference_model(model_dir, len(labels), seed, args.dropout)
   params = model.params
-  if getattr(args, "reference_head_init", "normal") == "truncated_normal":
+  steps_per_epoch = len(train) // args.batch_size   # last partial batch dropped
+  total_steps = steps_per_epoch * args.epochs
+  if total_steps == 0:
+    raise SystemExit(f"{len(train)} train examples make no batch of {args.batch_size}")
+  ours_draws = getattr(args, "same_draws", False)
+  dropout_key = jax.random.key(seed)
+  if ours_draws:
+    # Our trainer's draws for this seed: its initial head and its dropout key (the trainer
+    # folds it with the step number, as this loop does), so that under common_masks the
+    # two runs differ in nothing random at all.
+    _, _, task, _, state, dropout_key = ours_start(ours_config(args, (seed,)), seed,
+                                                   total_steps)
+    params["classifier"] = {k: jnp.asarray(v) for k, v in
+                            jax.device_get(state.params[task.head_name]).items()}
+  elif getattr(args, "reference_head_init", "normal") == "truncated_normal":
     # Our head's initialiser (BERT's truncated normal, cut at 2 sd, sd 0.02 before the cut)
     # in place of transformers' plain normal: the A/B that isolates the init distribution,
     # with this side's order and dropout streams unchanged.
@@ -91,20 +105,15 @@ def run_reference(args, seed: int, labels, train, dev) -> dict:
     params["classifier"]["kernel"] = jax.nn.initializers.truncated_normal(0.02)(
         jax.random.key(seed), kernel.shape, kernel.dtype)
 
-  steps_per_epoch = len(train) // args.batch_size   # last partial batch dropped
-  total_steps = steps_per_epoch * args.epochs
-  if total_steps == 0:
-    raise SystemExit(f"{len(train)} train examples make no batch of {args.batch_size}")
   tx = seed_comparison.reference_optimizer(args, total_steps)
   train_step, predict = seed_comparison.reference_steps(model, tx, reference_loss(model))
 
   opt_state = tx.init(params)
   order_rng = np.random.default_rng(seed)
-  dropout_key = jax.random.key(seed)
   losses = []
   step = real_tokens = 0
   for epoch in range(args.epochs):
-    if getattr(args, "reference_order", "own") == "ours":
+    if ours_draws or getattr(args, "reference_order", "own") == "ours":
       # Our trainer's order (fixed padding's: the (seed, epoch) permutation, tail dropped),
       # so that a reference run and ours of one seed see the same batches and differ only
       # in their dropout masks; its own stream is drawn beside it and left unused.

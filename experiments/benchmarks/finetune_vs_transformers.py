@@ -20,6 +20,10 @@ Usage (the issue's figures; a few minutes per run and implementation on 2 CPU co
   # step mode: only the two sides' train and eval steps on the same batches
   python -m experiments.benchmarks.finetune_vs_transformers --step_only --step_lengths=128,64
 
+  # both sides' whole runs on our trainer's draws (order, head, dropout keys, masks):
+  python -m experiments.benchmarks.finetune_vs_transformers --same_draws \
+      --max_seq_length=128 --learning_rate=5e-5 --seeds=10,20
+
   # same-masks mode: both sides through a whole run's steps on the same batches and the
   # same dropout masks, from one start; how far apart they drift, step by step
   python -m experiments.benchmarks.finetune_vs_transformers --same_masks --learning_rate=5e-5
@@ -95,7 +99,10 @@ transformers' plain normal (the default) or from our truncated normal (drawn fro
 seed), its order and dropout streams unchanged, so the two inits pair run for run; its
 batches from its own permutation (the default) or from our trainer's
 (buckets.train_order), so that ours and the reference of one seed train on the same
-batches and differ only in their dropout masks.
+batches and differ only in their dropout masks. --same_draws goes the whole way, in the
+per-seed comparison: the reference takes our trainer's order, initial head and dropout
+keys, both sides the shared attention mask, and every mask of both comes from one stream
+(common_masks), so a seed's two runs share every random draw and differ only in code.
 
 It prints a per-seed table (accuracy, F1, wall time), then per implementation
 the median, min, max and std over seeds, and the difference of medians with
@@ -126,6 +133,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.benchmarks import common_masks
 from experiments.benchmarks import finetune_sides
 from experiments.benchmarks import seed_comparison
 
@@ -484,6 +492,10 @@ def flags():
   parser.add_argument("--step_lengths", default="128,64", help="--step_only: batch lengths")
   parser.add_argument("--step_rounds", type=int, default=3, help="--step_only: A/B rounds")
   parser.add_argument("--step_repeats", type=int, default=2, help="--step_only: steps a round")
+  parser.add_argument("--same_draws", action="store_true",
+                      help="the per-seed comparison with the reference on our trainer's draws "
+                           "(order, initial head, dropout keys) and every dropout mask from "
+                           "one stream, transformers' shared attention mask on both sides")
   parser.add_argument("--same_masks", action="store_true",
                       help="train both sides from one start on the same batches and dropout "
                            "masks for the recipe's steps; print how far apart they drift "
@@ -527,6 +539,11 @@ def main():
   if args.sweep or args.step_only or args.same_masks:
     parser.set_defaults(max_seq_length=128)
     args = parser.parse_args()
+  if args.same_draws and (args.sweep or args.step_only or args.same_masks or args.only):
+    parser.error("--same_draws is a mode of the per-seed comparison of both sides (not with "
+                 "--sweep, --step_only, --same_masks or --only)")
+  if args.same_draws:
+    args.attention_dropout_mask = "shared"  # the one mask the reference can draw
   if args.ours_head_init != "truncated_normal" and not args.sweep:
     parser.error("--ours_head_init applies to --sweep runs only (the per-seed comparison and "
                  "--step_only would run the shipped head)")
@@ -564,9 +581,12 @@ def main():
     return
   results = {s: {} for s in sides}
   for seed in args.seeds:
+    # --same_draws: one mask stream per seed; each side's steps trace inside it.
+    stream = common_masks.Stream(args.max_seq_length) if args.same_draws else None
     for side in sides:
-      r = (finetune_sides.run_ours(args, seed) if side == "ours"
-           else finetune_sides.run_reference(args, seed, labels, train, dev))
+      with common_masks.common_masks(stream):
+        r = (finetune_sides.run_ours(args, seed) if side == "ours"
+             else finetune_sides.run_reference(args, seed, labels, train, dev))
       results[side][seed] = r
       print(f"seed {seed} {side:9s} accuracy {r['accuracy']:.4f}  F1 {r['f1']:.4f}  "
             f"{r['seconds']:.1f} s", flush=True)
