@@ -25,6 +25,7 @@ def _reference_rows(reference, examples, labels) -> dict:
       examples, tokenize_word=reference.tokenize, vocab=reference.get_vocab(),
       max_seq_length=128, labels=labels)
 
+
 def test_both_sides_featurize_the_sweeps_reviews_to_the_same_ids():
   """Fails if transformers' BertTokenizerFast (the reference side's) and our tokenizer (the
   trainer's) give any other input id, mask or segment id on any of the sweep's 2,000 train
