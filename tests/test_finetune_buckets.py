@@ -258,3 +258,12 @@ def test_benchmark_sweep_pieces_report_as_one_sweep(tmp_path, capsys):
   args, _ = bench.merge_pieces(
       [normal, piece("o5", "ours", 5e-5, 50.0, 0.6, ours_head_init="normal")])
   assert args.ours_head_init == "normal"
+  # A reference piece from before "own" was named wrote "normal" for the same init.
+  args, sides = bench.merge_pieces(
+      [files[2], piece("r3", "reference", 5e-5, 20.0, 0.7, reference_head_init="normal"),
+       piece("r4", "reference", 5e-5, 20.0, 0.7, reference_head_init="own")])
+  assert sides["reference"]["seconds"] == 240.0
+  with pytest.raises(SystemExit, match="--reference_head_init='truncated_normal', other "
+                                       "pieces 'own'"):
+    bench.merge_pieces([files[2], piece("r5", "reference", 5e-5, 20.0, 0.7,
+                                        reference_head_init="truncated_normal")])

@@ -180,10 +180,33 @@ def test_normal_from_truncated_maps_bert_s_draw_to_a_plain_normal_at_the_same_qu
   assert (np.diff(normal.ravel()[order]) >= 0).all()
 
 
+def test_the_reference_s_head_is_flax_s_lecun_normal_and_ours_maps_to_it_exactly(
+    minilm_2_layers):
+  """Fails if transformers' Flax classifier kernel, fresh from the checkpoint, is not
+  flax's default Dense init (lecun_normal: sd 1/sqrt(hidden), cut at 2 sd of its unit
+  normal), i.e. if the benchmark's lecun_normal head stood for a law the reference does
+  not draw; or if lecun_from_truncated of our trainer's draw is not, from the same key,
+  exactly lecun_normal's draw (only its scale may change)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  hidden = 384
+  model = finetune_sides.reference_model(minilm_2_layers, 2, seed=3, dropout=0.1)
+  kernel = np.asarray(model.params["classifier"]["kernel"])
+  assert kernel.shape == (hidden, 2)
+  cut = 2 * hidden ** -0.5 / 0.87962566103423978   # 2 sd of the unit normal, scaled
+  assert np.abs(kernel).max() <= cut * (1 + 1e-6)
+  assert abs(kernel.std() * hidden ** 0.5 - 1) < 0.1, kernel.std()   # 768 draws: 3% se
+  assert kernel.std() > 2.5 * 0.0176   # not ours (BERT's 0.02 before the cut)
+  assert not np.asarray(model.params["classifier"]["bias"]).any()
+  key = jax.random.key(5)
+  ours = np.asarray(jax.nn.initializers.truncated_normal(0.02)(key, (hidden, 2)))
+  np.testing.assert_allclose(finetune_sides.lecun_from_truncated(ours, 0.02),
+                             jax.nn.initializers.lecun_normal()(key, (hidden, 2)), rtol=1e-6)
+
+
 def test_ours_head_init_normal_replaces_only_the_fresh_classifier_kernel_and_restores(
     monkeypatch):
-  """Fails if ours_head_init("normal") leaves the merged classifier kernel as the trainer
-  drew it, touches the encoder or the head's bias, stays patched into the trainer after
+  """Fails if ours_head_init("normal") (or "lecun_normal") leaves the merged classifier
+  kernel as the trainer drew it, touches the encoder or the head's bias, stays patched into the trainer after
   the block, or if "truncated_normal" (what ships) changes anything."""
   from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
   kernel = np.linspace(-0.035, 0.035, 12, dtype=np.float32).reshape(6, 2)
@@ -201,6 +224,12 @@ def test_ours_head_init_normal_replaces_only_the_fresh_classifier_kernel_and_res
   assert params["bert"] is merged["bert"]
   assert params["classifier"]["bias"] is merged["classifier"]["bias"]
   np.testing.assert_array_equal(merged["classifier"]["kernel"], kernel)  # input not mutated
+  with finetune_sides.ours_head_init("lecun_normal"):
+    params = trainer._merge_pretrained()  # pylint: disable=protected-access
+  assert trainer._merge_pretrained is fake  # pylint: disable=protected-access
+  np.testing.assert_allclose(params["classifier"]["kernel"],
+                             finetune_sides.lecun_from_truncated(kernel, 0.02))
+  np.testing.assert_array_equal(merged["classifier"]["kernel"], kernel)
 
 
 def test_ours_head_init_outside_a_sweep_is_refused(monkeypatch, capsys):

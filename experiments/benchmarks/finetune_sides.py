@@ -97,10 +97,10 @@ def run_reference(args, seed: int, labels, train, dev) -> dict:
                                                    total_steps)
     params["classifier"] = {k: jnp.asarray(v) for k, v in
                             jax.device_get(state.params[task.head_name]).items()}
-  elif getattr(args, "reference_head_init", "normal") == "truncated_normal":
+  elif getattr(args, "reference_head_init", "own") == "truncated_normal":
     # Our head's initialiser (BERT's truncated normal, cut at 2 sd, sd 0.02 before the cut)
-    # in place of transformers' plain normal: the A/B that isolates the init distribution,
-    # with this side's order and dropout streams unchanged.
+    # in place of transformers' own (flax's lecun_normal, sd 1/sqrt(hidden)): the A/B of
+    # the init, with this side's order and dropout streams unchanged.
     kernel = params["classifier"]["kernel"]
     params["classifier"]["kernel"] = jax.nn.initializers.truncated_normal(0.02)(
         jax.random.key(seed), kernel.shape, kernel.dtype)
@@ -211,10 +211,30 @@ def normal_from_truncated(kernel, stddev: float):
   return np.asarray(stddev * jax.scipy.special.ndtri(u), np.float32)
 
 
+# What a unit truncated normal (cut at 2 sd) keeps of its sd: flax's variance_scaling
+# divides by it so that its truncated draws have the variance asked for.
+_TRUNCATED_SD = 0.87962566103423978
+
+
+def lecun_from_truncated(kernel, stddev: float):
+  """transformers' Flax classifier init from our trainer's draw: that head is a bare
+  `flax.linen.Dense`, so its kernel takes flax's default, lecun_normal (a normal cut at
+  2 sd, scaled so its sd is 1/sqrt(fan_in): 0.051 for MiniLM's 384, against our
+  0.0176). Both are a unit normal cut at 2 sd times a scale, so rescaling the draw
+  gives exactly that law (with the same key, exactly flax's draw), entry by entry."""
+  kernel = np.asarray(kernel, np.float32)
+  scale = kernel.shape[0] ** -0.5 / _TRUNCATED_SD / stddev
+  return (kernel * np.float32(scale)).astype(np.float32)
+
+
+HEAD_INITS = {"normal": normal_from_truncated, "lecun_normal": lecun_from_truncated}
+
+
 @contextlib.contextmanager
 def ours_head_init(kind: str, stddev: float = 0.02):
-  """With kind "normal", our trainer's fresh classifier kernel becomes transformers' plain
-  normal (normal_from_truncated of the trainer's own draw) as the checkpoint is merged in;
+  """With kind "normal" or "lecun_normal", our trainer's fresh classifier kernel becomes
+  a plain normal at `stddev` (normal_from_truncated) or transformers' own Flax init
+  (lecun_from_truncated), from the trainer's own draw, as the checkpoint is merged in;
   the order, dropout streams and everything else of each run stay as shipped. The mirror
   of --reference_head_init, for the A/B of the head's init distribution."""
   from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
@@ -223,15 +243,15 @@ def ours_head_init(kind: str, stddev: float = 0.02):
     return
   merge = trainer._merge_pretrained  # pylint: disable=protected-access
 
-  def merge_with_normal_head(*a, **kw):
+  def merge_with_other_head(*a, **kw):
     params = merge(*a, **kw)
     head = dict(params["classifier"])
-    head["kernel"] = normal_from_truncated(head["kernel"], stddev)
-    print(f"ours head init normal: kernel sd {np.std(params['classifier']['kernel']):.5f} -> "
+    head["kernel"] = HEAD_INITS[kind](head["kernel"], stddev)
+    print(f"ours head init {kind}: kernel sd {np.std(params['classifier']['kernel']):.5f} -> "
           f"{np.std(head['kernel']):.5f}", flush=True)
     return {**params, "classifier": head}
 
-  trainer._merge_pretrained = merge_with_normal_head  # pylint: disable=protected-access
+  trainer._merge_pretrained = merge_with_other_head  # pylint: disable=protected-access
   try:
     yield
   finally:

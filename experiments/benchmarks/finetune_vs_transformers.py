@@ -87,15 +87,17 @@ warmup then linear decay to 0, AdamW (b1 0.9, b2 0.999, eps 1e-6, weight decay
 (hidden, attention, classifier), per-epoch permutation from the seed with the
 last partial batch dropped, float32. Every flag reaches both sides, except
 --padding, --group_by_length, --attention_dropout_mask and --ours_head_init, which set
-our side only: --ours_head_init=normal (--sweep) gives our classifier kernel
-transformers' plain normal, the trainer's own truncated draw mapped at the same quantiles
-(finetune_sides.normal_from_truncated), so that a run pairs with the shipped one of its
-seed; per_example (the default: what our configs ship, the paper's) = one attention-dropout
+our side only: --ours_head_init (--sweep) gives our classifier kernel another law
+from the trainer's own truncated draw, so that a run pairs with the shipped one of its
+seed: normal = a plain normal at sd 0.02, mapped at the same quantiles
+(finetune_sides.normal_from_truncated); lecun_normal = transformers' own Flax classifier
+init (a bare flax Dense: lecun_normal, sd 1/sqrt(hidden), 0.051 for MiniLM), the draw
+rescaled (finetune_sides.lecun_from_truncated); per_example (the default: what our configs ship, the paper's) = one attention-dropout
 mask per example, head, query and key; shared = transformers' recipe, which the
 reference cannot change (one [T, T] mask for every example and head,
 config.model.attention_dropout_shared=True); and --reference_head_init and
 --reference_order, which set the reference's only: its classifier kernel from
-transformers' plain normal (the default) or from our truncated normal (drawn from the
+transformers' own init (the default, own) or from our truncated normal (drawn from the
 seed), its order and dropout streams unchanged, so the two inits pair run for run; its
 batches from its own permutation (the default) or from our trainer's
 (buckets.train_order), so that ours and the reference of one seed train on the same
@@ -223,7 +225,7 @@ def report_sweep(args, sides: dict[str, dict]) -> dict:
         f"{' grouped by length' if getattr(args, 'group_by_length', False) else ''}, "
         f"attention-dropout mask {getattr(args, 'attention_dropout_mask', 'per_example')}, "
         f"head init {getattr(args, 'ours_head_init', 'truncated_normal')}; "
-        f"reference head init {getattr(args, 'reference_head_init', 'normal')}, "
+        f"reference head init {getattr(args, 'reference_head_init', 'own')}, "
         f"reference order {getattr(args, 'reference_order', 'own')}")
   names = list(sides)
   print(f"{'lr':>8s} {'seed':>4s}" + "".join(f" {n + ' acc':>15s} {n + ' F1':>14s}"
@@ -285,7 +287,9 @@ def merge_pieces(files: list[str]) -> tuple[argparse.Namespace, dict]:
             "warmup_proportion", "weight_decay", "max_grad_norm", "dropout", "eval_batch_size")
   ours_options = {"padding": None, "group_by_length": None, "attention_dropout_mask": None,
                   "ours_head_init": "truncated_normal"}  # a default: pieces from before it
-  reference_options = {"reference_head_init": "normal", "reference_order": "own"}
+  reference_options = {"reference_head_init": "own", "reference_order": "own"}
+  # Pieces from before 2026-12-05 wrote "normal" for transformers' own head init.
+  legacy = {("reference_head_init", "normal"): "own"}
   first, sides, reference = None, {}, {}
   for f in files:
     piece = json.loads(pathlib.Path(f).read_text())
@@ -303,6 +307,7 @@ def merge_pieces(files: list[str]) -> tuple[argparse.Namespace, dict]:
     if "reference" in piece["sides"]:  # pieces from before a flag ran its default
       for key, default in reference_options.items():
         value = a.get(key, default)
+        value = legacy.get((key, value), value)
         if reference.setdefault(key, value) != value:
           raise SystemExit(f"{f}: --{key}={value!r}, other pieces {reference[key]!r}")
     for name, side in piece["sides"].items():
@@ -464,15 +469,18 @@ def flags():
                       default="per_example",
                       help="our side's attention-dropout mask: per_example = what our configs "
                            "ship (the paper's); shared = transformers' recipe")
-  parser.add_argument("--ours_head_init", choices=("truncated_normal", "normal"),
+  parser.add_argument("--ours_head_init", choices=("truncated_normal", "normal", "lecun_normal"),
                       default="truncated_normal",
                       help="--sweep: our classifier kernel: truncated_normal = what the trainer "
-                           "ships (BERT's); normal = transformers' plain normal (sd 0.02), "
-                           "the trainer's draw mapped at the same quantile")
-  parser.add_argument("--reference_head_init", choices=("normal", "truncated_normal"),
-                      default="normal",
-                      help="the reference's classifier kernel: normal = transformers' own (sd "
-                           "0.02); truncated_normal = ours (BERT's), its other streams unchanged")
+                           "ships (BERT's, sd 0.02 before the cut); normal = a plain normal "
+                           "(sd 0.02), the trainer's draw mapped at the same quantile; "
+                           "lecun_normal = transformers' own Flax init (sd 1/sqrt(hidden)), "
+                           "the trainer's draw rescaled")
+  parser.add_argument("--reference_head_init", choices=("own", "truncated_normal"),
+                      default="own",
+                      help="the reference's classifier kernel: own = transformers' (a bare "
+                           "flax Dense: lecun_normal, sd 1/sqrt(hidden)); truncated_normal = "
+                           "ours (BERT's), its other streams unchanged")
   parser.add_argument("--reference_order", choices=("own", "ours"), default="own",
                       help="the reference's batches: own = its permutation of the seed; ours "
                            "= our trainer's (buckets.train_order), the same batches as ours")
