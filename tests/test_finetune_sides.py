@@ -206,8 +206,9 @@ def test_the_reference_s_head_is_flax_s_lecun_normal_and_ours_maps_to_it_exactly
 def test_ours_head_init_normal_replaces_only_the_fresh_classifier_kernel_and_restores(
     monkeypatch):
   """Fails if ours_head_init("normal") (or "lecun_normal") leaves the merged classifier
-  kernel as the trainer drew it, touches the encoder or the head's bias, stays patched into the trainer after
-  the block, or if "truncated_normal" (what ships) changes anything."""
+  kernel as the trainer drew it, touches the encoder or the head's bias, stays patched
+  into the trainer after the block, or if "truncated_normal" (what ships) changes
+  anything."""
   from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
   kernel = np.linspace(-0.035, 0.035, 12, dtype=np.float32).reshape(6, 2)
   merged = {"bert": {"w": np.ones(3)}, "classifier": {"kernel": kernel, "bias": np.zeros(2)}}

@@ -92,9 +92,10 @@ from the trainer's own truncated draw, so that a run pairs with the shipped one 
 seed: normal = a plain normal at sd 0.02, mapped at the same quantiles
 (finetune_sides.normal_from_truncated); lecun_normal = transformers' own Flax classifier
 init (a bare flax Dense: lecun_normal, sd 1/sqrt(hidden), 0.051 for MiniLM), the draw
-rescaled (finetune_sides.lecun_from_truncated); per_example (the default: what our configs ship, the paper's) = one attention-dropout
-mask per example, head, query and key; shared = transformers' recipe, which the
-reference cannot change (one [T, T] mask for every example and head,
+rescaled (finetune_sides.lecun_from_truncated); per_example (the default: what our
+configs ship, the paper's) = one attention-dropout mask per example, head, query and key;
+shared = transformers' recipe, which the reference cannot change (one [T, T] mask for
+every example and head,
 config.model.attention_dropout_shared=True); and --reference_head_init and
 --reference_order, which set the reference's only: its classifier kernel from
 transformers' own init (the default, own) or from our truncated normal (drawn from the
