@@ -89,12 +89,21 @@ def test_with_dropout_off_and_one_start_both_sides_train_to_the_same_logits(mini
 
 
 def _benchmark(monkeypatch, model_dir, tmp_path, flags: list[str]) -> dict:
-  """finetune_vs_transformers' command line run on `model_dir` as MiniLM: its --json_out."""
+  """finetune_vs_transformers' command line run on `model_dir` as MiniLM: its --json_out.
+
+  The benchmark turns JAX's compilation cache off for its process (without
+  --compilation_cache); here that process is the test worker's, so the setting is put
+  back, or a later test of the cache in this worker would find it off."""
+  import jax  # pylint: disable=g-import-not-at-top
   from experiments.benchmarks import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(finetune_sides, "minilm_dir", lambda: model_dir)
   monkeypatch.setattr(sys, "argv", ["finetune_vs_transformers",
                                     f"--json_out={tmp_path / 'out.json'}"] + flags)
-  finetune_vs_transformers.main()
+  cache = jax.config.jax_enable_compilation_cache
+  try:
+    finetune_vs_transformers.main()
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache)
   return json.loads((tmp_path / "out.json").read_text())
 
 
