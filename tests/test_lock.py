@@ -154,10 +154,12 @@ def test_a_holder_whose_lock_was_taken_stops_within_one_heartbeat(where, tmp_pat
   with another message, still saves, or writes over or deletes the new holder's lock."""
   workdir = (str(tmp_path / "run") if where == "local"
              else f"{request.getfixturevalue('gcs_emulator').bucket('lock-lost')}/run")
-  holder = workdir_lock.Lock(workdir, heartbeat_s=0.2, job={"id": "j", "attempt": 0})
+  # 1 s, not less: the bound below allows one heartbeat for the write that finds the lock
+  # lost, and on the emulator under a loaded CI machine that write alone took 0.2 s.
+  holder = workdir_lock.Lock(workdir, heartbeat_s=1.0, job={"id": "j", "attempt": 0})
   holder.acquire()
   try:
-    time.sleep(0.5)  # a few heartbeats while it holds the lock: nothing to report
+    time.sleep(2.5 * holder.heartbeat_s)  # heartbeats while it holds the lock: nothing to report
     workdir_lock.check_held(verify=True)
     train_loop.due(1, 10, log_every=1, save_every=5, stop=False)
     # A relaunch of the same job takes the lock over at once, without waiting for staleness.
@@ -181,7 +183,7 @@ def test_a_holder_whose_lock_was_taken_stops_within_one_heartbeat(where, tmp_pat
     # The save refuses too, and the old holder never writes over the new one's lock.
     with pytest.raises(workdir_lock.WorkdirError, match="lost the workdir lock"):
       checkpoint.save(None, 3, {}, {})
-    time.sleep(0.5)
+    time.sleep(2.5 * holder.heartbeat_s)   # the holder's next heartbeats, had it any
     assert json.loads(paths.read_text(thief.path))["token"] == thief.token
     holder.release()
     assert json.loads(paths.read_text(thief.path))["token"] == thief.token  # not deleted
