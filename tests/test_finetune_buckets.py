@@ -142,7 +142,7 @@ def test_benchmark_sweep_report(capsys):
   the speed-up is reference / ours wall time, padding and real tokens/s come from the
   runs' token counts, and the verdict compares medians with the larger seed spread."""
   import argparse  # pylint: disable=g-import-not-at-top
-  from experiments.benchmarks import finetune_vs_transformers as bench  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks import sweep_report as bench  # pylint: disable=g-import-not-at-top
   args = argparse.Namespace(train_examples=2000, dev_examples=800, max_seq_length=128,
                             batch_size=32, epochs=2, learning_rates=[5e-5, 1e-4],
                             seeds=[0, 1, 2], padding="buckets")
@@ -174,7 +174,7 @@ def test_benchmark_sweep_report_pairs_the_seeds(capsys):
   every seed, smaller than the seed spread (so "within seed noise" by the spread rule), is
   not reported as a difference by the paired t interval, or if a gap that changes sign is."""
   import argparse  # pylint: disable=g-import-not-at-top
-  from experiments.benchmarks import finetune_vs_transformers as bench  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks import sweep_report as bench  # pylint: disable=g-import-not-at-top
   args = argparse.Namespace(train_examples=2000, dev_examples=800, max_seq_length=128,
                             batch_size=32, epochs=2, learning_rates=[5e-5], seeds=[0, 1, 2, 3, 4],
                             padding="buckets")
@@ -224,7 +224,7 @@ def test_benchmark_sweep_pieces_report_as_one_sweep(tmp_path, capsys):
   piece from before --ours_head_init counting as the shipped one) were merged without a
   word."""
   import json  # pylint: disable=g-import-not-at-top
-  from experiments.benchmarks import finetune_vs_transformers as bench  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks import sweep_report as bench  # pylint: disable=g-import-not-at-top
   def piece(name, side, lr, seconds, acc, **args):
     runs = {f"{lr!r}|{s}": {"accuracy": acc + 0.01 * s, "f1": 0.5, "real_tokens": 100,
                             "padded_tokens": 200} for s in (0, 1, 2)}
