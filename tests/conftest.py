@@ -278,6 +278,14 @@ def pretrain_reference_run(pretrain_test_config, pretrain_subprocess, tmp_path_f
 
 
 @pytest.fixture(scope="session")
+def installed_artifact(tmp_path_factory):
+  """What a launch uploads (the project's sdist), installed into a fresh virtual environment
+  outside the checkout and unpacked as a worker's tree (tests/installed_artifact.py)."""
+  import installed_artifact as artifact_lib  # pylint: disable=g-import-not-at-top
+  return artifact_lib.install(tmp_path_factory.mktemp("artifact"))
+
+
+@pytest.fixture(scope="session")
 def hf_tokenizer(uncased_vocab):
   """The reference (transformers) WordPiece tokenizer on the real bert-base-uncased vocab."""
   import transformers  # test-only dependency, imported where used

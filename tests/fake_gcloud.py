@@ -27,6 +27,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -206,6 +207,30 @@ def maybe_fail(step):
   sys.exit(1)
 
 
+def install(home: str, worker: int) -> int:
+  """A worker's install: the uploaded sdist unpacked into ~/bert_jax as the real install
+  does; apt, venv and pip stand in by a venv whose python is the installed artifact's
+  (tests/installed_artifact.py, FAKE_WORKER_PYTHON: see FakeGcloud)."""
+  if os.path.exists(os.path.join(home, "bert_jax_job.pid")):
+    pid = open(os.path.join(home, "bert_jax_job.pid")).read().split()[0]
+    if subprocess.run(["kill", "-0", pid], capture_output=True).returncode == 0:
+      return 0  # a live job keeps its tree (the real script's guard)
+  upload = os.path.join(home, "bert_jax_upload", "bert_jax.tar.gz")
+  if not os.path.isfile(upload):
+    print(f"tar: {upload}: Cannot open: No such file or directory", file=sys.stderr)
+    return 2
+  tree = os.path.join(home, "bert_jax")
+  shutil.rmtree(tree, ignore_errors=True)
+  os.makedirs(tree)
+  subprocess.run(["tar", "-xzf", upload, "-C", tree, "--strip-components=1"], check=True)
+  shutil.rmtree(os.path.dirname(upload))
+  bin_dir = os.path.join(home, "bert_jax_venv", "bin")
+  os.makedirs(bin_dir, exist_ok=True)
+  shutil.copy(os.environ["FAKE_WORKER_PYTHON"], os.path.join(bin_dir, "python"))
+  print(f"worker-{worker} python 3.11.0 jax 0.7.2 [TpuDevice(id={worker})]")
+  return 0
+
+
 def main(args: list[str]) -> None:
   """Logs `args` as a JSON line and does what gcloud would with them (see the module docstring)."""
   with open(os.environ["FAKE_GCLOUD_LOG"], "a") as f:
@@ -240,9 +265,14 @@ def main(args: list[str]) -> None:
     if not os.path.exists(local):
       fail(command, f"The following URLs matched no objects or files:\n-{url}")
     sys.stdout.write(open(local).read())
-  elif verb == "scp":
+  elif verb == "scp":  # SOURCE NAME: --worker=all: the source copied into every worker's home
     if not os.path.isdir(positionals[0]):
       fail(command, f"{positionals[0]}: No such file or directory")
+    target = positionals[-1].rstrip(":")
+    for w in range(int(os.environ.get("FAKE_WORKERS", "4"))):
+      home = os.path.join(slice_dir(target), f"worker_{w}")
+      shutil.copytree(positionals[0], os.path.join(home, os.path.basename(positionals[0])),
+                      dirs_exist_ok=True)
   else:  # ssh: each worker is a directory (its $HOME) where the command runs for real
     if states(name)[:1] != ["ACTIVE"]:
       print("ssh: connect to host: Connection timed out", file=sys.stderr)
@@ -254,14 +284,8 @@ def main(args: list[str]) -> None:
       home = os.path.join(slice_dir(name), f"worker_{w}")
       os.makedirs(home, exist_ok=True)
       env = dict(os.environ, HOME=home, FAKE_WORKER=str(w), FAKE_SLICE_DIR=slice_dir(name))
-      if step == "install":  # stands in for apt/venv/pip: a venv whose python is the fake job
-        os.makedirs(os.path.join(home, "bert_jax"), exist_ok=True)
-        os.makedirs(os.path.join(home, "bert_jax_venv", "bin"), exist_ok=True)
-        job = os.path.join(home, "bert_jax_venv", "bin", "python")
-        open(job, "w").write(open(os.environ["FAKE_JOB_SCRIPT"]).read())
-        os.chmod(job, 0o755)
-        print(f"worker-{w} python 3.11.0 jax 0.7.2 [TpuDevice(id={w})]")
-        codes.append(0)
+      if step == "install":
+        codes.append(install(home, w))
         continue
       # Bounded, so that a `tail -F` (or anything) never outlives the test.
       codes.append(subprocess.run(["timeout", "60", "bash", "-c", given["--command"][0]],
@@ -275,22 +299,38 @@ def main(args: list[str]) -> None:
 class FakeGcloud:
   """The fake gcloud's directory, log and environment for one test."""
 
-  def __init__(self, root: pathlib.Path):
+  def __init__(self, root: pathlib.Path, installed):
+    """`installed`: the launch's upload installed outside the checkout (conftest's
+    installed_artifact): the workers' jobs run by its interpreter, in the unpacked upload."""
     self.root, self.log = root, root / "gcloud_log.jsonl"
     bin_dir = root / "bin"
     bin_dir.mkdir()
     script = bin_dir / "gcloud"
     script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "fake_gcloud.py"}" "$@"\n')
     script.chmod(0o755)
-    # What the fake install puts in each worker's venv as its python.
-    job = root / "fake_job"
-    job.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "fake_tpu_job.py"}" "$@"\n')
+    # What the fake install puts in each worker's venv as its python: the installed artifact's
+    # interpreter. A job's start (`python -c RUN_AND_RECORD MODULE ARGS`, bert_jax.launch.plan)
+    # runs the fake job (tests/fake_tpu_job.py, copied out of the checkout) in MODULE's place,
+    # or MODULE itself with FAKE_JOB=real.
+    modules = root / "fake_modules"
+    modules.mkdir()
+    shutil.copy(HERE / "fake_tpu_job.py", modules / "fake_tpu_job.py")
+    python = root / "worker_python"
+    python.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "-c" ] && [ "${FAKE_JOB:-done}" != real ]; then\n'
+        '  code=$2; module=$3; shift 3\n'
+        f'  FAKE_JOB_MODULE="$module" PYTHONPATH="{modules}" exec "{installed.python}" -c "$code" '
+        'fake_tpu_job "$@"\n'
+        "fi\n"
+        f'exec "{installed.python}" "$@"\n')
+    python.chmod(0o755)
     self.logdir = root / "logs"
     self.upload = f"{self.logdir}/staging/bert_jax_upload"
     self.record = root / "gcs" / "bucket" / "run1" / "job_state.json"
     self.env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
                     FAKE_GCLOUD_DIR=str(root), FAKE_GCLOUD_LOG=str(self.log),
-                    FAKE_JOB_SCRIPT=str(job), FAKE_REPO=str(REPO), FAKE_NAME=NAME)
+                    FAKE_WORKER_PYTHON=str(python), FAKE_NAME=NAME)
 
   def argv(self, *flags: str, accelerator_type: str = "v4-32") -> list[str]:
     """`python -m bert_jax.launch` with the standard flags (fast polls) plus `flags`."""

@@ -1,10 +1,13 @@
 """The job a fake worker runs instead of bert_jax.main (tests/fake_gcloud.py installs it).
 
-The fake install makes it each worker's venv python, so the launcher's start
-script (`setsid nohup $HOME/bert_jax_venv/bin/python -m bert_jax.main ...`) runs
-it. Worker 0 (process 0) writes WORKDIR/job_state.json with the real
-bert_jax.run.job_state.Tracker; FAKE_JOB says how it ends (done, fail, preempt_first,
-preempt_always, suspend_first, blip), and a job whose workdir contains FAKE_JOB_FAIL
+The fake install's venv python runs it in the job module's place, by the installed
+upload's interpreter, so the launcher's start script (`setsid nohup
+$HOME/bert_jax_venv/bin/python -c RUN_AND_RECORD bert_jax.main ...`) runs it in the
+worker's unpacked upload and records its exit. Worker 0 (process 0) writes
+WORKDIR/job_state.json with the installed upload's bert_jax.run.job_state.Tracker;
+FAKE_JOB says how it ends (done, fail, preempt_first, preempt_always, suspend_first,
+blip; import_error: it dies as at an import, before any record), a job whose workdir contains
+FAKE_JOB_IMPORT_ERROR dies so, and a job whose workdir contains FAKE_JOB_FAIL
 fails whatever FAKE_JOB says; FAKE_JOB_HOLD keeps it running until the test writes
 the fake directory's `release` file (every job) or `release-<the workdir's last
 part>` (that job), FAKE_JOB_HOLD_S seconds at most (60). Every start is logged to
@@ -38,15 +41,20 @@ def main() -> int:
       if os.path.exists(starts) else 0
   with open(starts, "a") as f:
     f.write(json.dumps({"worker": worker, "job_id": job_id, "attempt": attempt, "pid": os.getpid(),
-                        "argv": sys.argv[1:], "time": time.time()}) + "\n")
+                        "module": os.environ.get("FAKE_JOB_MODULE"), "argv": sys.argv[1:],
+                        "time": time.time()}) + "\n")
   print(f"hello from worker {worker}, attempt {attempt}", flush=True)
   mode = os.environ.get("FAKE_JOB", "done")
   if os.environ.get("FAKE_JOB_FAIL") and os.environ["FAKE_JOB_FAIL"] in workdir:
     mode = "fail"  # this job fails for good
+  if os.environ.get("FAKE_JOB_IMPORT_ERROR") and os.environ["FAKE_JOB_IMPORT_ERROR"] in workdir:
+    mode = "import_error"
+  if mode == "import_error":  # as every job did when the upload lacked host/: no record
+    raise ModuleNotFoundError("No module named 'host'", name="host")
   first = previous == 0
   tracker = None
   if worker == 0:  # process 0 (the others skip the import: it costs a second of CPU each)
-    sys.path.insert(0, os.environ["FAKE_REPO"])
+    # From the installed upload (the working directory is the worker's unpacked sdist).
     from bert_jax.run import job_state
     assert job_state.identity() == (job_id, attempt)
     job_state.HEARTBEAT_S = 0.2

@@ -117,8 +117,8 @@ def _run_of(start: dict) -> str:
 
 
 @pytest.fixture
-def grid(tmp_path, gcs_emulator):
-  harness = Grid(FakeGcloud(tmp_path), gcs_emulator.bucket(f"abl-{uuid.uuid4().hex[:8]}"))
+def grid(tmp_path, gcs_emulator, installed_artifact):
+  harness = Grid(FakeGcloud(tmp_path, installed_artifact), gcs_emulator.bucket(f"abl-{uuid.uuid4().hex[:8]}"))
   yield harness
   for process in harness.processes:  # a failed test leaves no orchestrator behind
     if process.poll() is None:
@@ -299,6 +299,24 @@ def test_a_job_that_fails_for_good_is_retried_to_the_bound_then_given_up(grid, m
   before = len(grid.fake.commands())
   assert grid.run(monkeypatch, max_attempts=2) == 0
   assert len(grid.fake.commands()) == before
+
+
+def test_a_job_that_dies_at_its_start_is_given_up_at_once(grid, monkeypatch, capsys):
+  """r15_seed1's job dies before its first record at every start (an import error). Fails if
+  it is started more than once although --max_attempts allows 3, its slice is kept, or the
+  other runs do not run to their end."""
+  monkeypatch.setenv("FAKE_JOB_IMPORT_ERROR", "r15_seed1")
+  assert grid.run(monkeypatch, max_attempts=3) == 0
+  out = capsys.readouterr().out
+  assert grid.starts() == {"cos40to15_seed0": 1, "r15_seed0": 1, "cos40to15_seed1": 1,
+                           "r15_seed1": 1}, out
+  failed = grid.entries()["r15_seed1"]
+  assert (failed.state, failed.attempt) == ("failed", 1)
+  assert failed.error.startswith("launch failed at step 'start': the job exited 1 on worker 0 "
+                                 "before writing its first record"), failed.error
+  assert "No module named 'host'" in failed.error
+  assert grid.slice_commands(f"{PREFIX}-3") == ["create", "delete"]
+  assert "grid: 3 run(s) done; given up on (unfinished): r15_seed1" in out
 
 
 @pytest.mark.slow

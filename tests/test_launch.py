@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from bert_jax.launch import plan as launch_plan
 from fake_gcloud import NAME, REPO, FakeGcloud
 
 JOB_ID = f"tpu:proj/us-central2-b/{NAME}"
@@ -41,17 +42,21 @@ GUARD = ('if [ -f $HOME/bert_jax_job.pid ] && kill -0 "$(cut -d\' \' -f1 $HOME/b
          ' exit 0; fi; ')
 PY = "$HOME/bert_jax_venv/bin/python"
 INSTALL = VM + ["ssh", NAME, "--worker=all"] + WHERE + [
-    "--command=cd $HOME; " + GUARD + "set -e; rm -rf bert_jax && mv bert_jax_upload bert_jax && "
-    "cd bert_jax && if ! python3.11 -c 'import ensurepip' >/dev/null 2>&1; then "
+    "--command=cd $HOME; " + GUARD + "set -e; rm -rf bert_jax && mkdir bert_jax && "
+    "tar -xzf bert_jax_upload/bert_jax.tar.gz -C bert_jax --strip-components=1 && "
+    "rm -rf bert_jax_upload && cd bert_jax && if ! python3.11 -c 'import ensurepip' >/dev/null 2>&1; then "
     "sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq && "
     "sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "
     "python3.11 python3.11-venv; fi && if ! $HOME/bert_jax_venv/bin/python -c "
     "'import sys; assert sys.version_info >= (3, 11)' >/dev/null 2>&1; then "
     "python3.11 -m venv --clear $HOME/bert_jax_venv; fi && "
-    f"{PY} -m pip install --quiet --upgrade pip && {PY} -m pip install --quiet -e '.[tpu]' && "
+    f"{PY} -m pip install --quiet --upgrade pip && {PY} -m pip install --quiet '.[tpu]' && "
     f"{PY} -c 'import socket, sys, jax; print(socket.gethostname(), \"python\", "
     "sys.version.split()[0], \"jax\", jax.__version__, jax.devices())'"]
-MAIN_ARGS = ("-m bert_jax.main --config=experiments/configs/pretrain.py:base"
+# The job's start: `python -c RUN_AND_RECORD MODULE ARGS` (what RUN_AND_RECORD does is
+# tests/test_artifact.py's).
+MAIN_ARGS = (f"-c {shlex.quote(launch_plan.run_and_record_line())} bert_jax.main "
+             "--config=experiments/configs/pretrain.py:base"
              " --workdir=gs://bucket/run1 --config.distributed.enabled=True"
              " --config.total_steps=7 '--config.data.corpus=gs://bucket/text/*.txt'")
 
@@ -72,8 +77,8 @@ def _attempts_as_placeholder(command: list[str]) -> list[str]:
 
 
 @pytest.fixture
-def gcloud(tmp_path) -> FakeGcloud:
-  fake = FakeGcloud(tmp_path)
+def gcloud(tmp_path, installed_artifact) -> FakeGcloud:
+  fake = FakeGcloud(tmp_path, installed_artifact)
   yield fake
   (tmp_path / "release").write_text("")  # no fake job outlives its test
 
@@ -147,11 +152,14 @@ def test_dry_run_prints_the_written_out_sequence_and_runs_nothing(gcloud):
   real = gcloud.launch("--nofollow_logs")
   assert real.returncode == 0, real.stderr
   assert _collapse_watch([_attempts_as_placeholder(c) for c in gcloud.commands()]) == expected
-  # What was uploaded is an installable tree, without the local build litter.
+  # What was uploaded is the sdist alone, unpacked on every worker as the job's tree.
   upload = pathlib.Path(gcloud.upload)
-  assert (upload / "setup.cfg").read_text() == (REPO / "setup.cfg").read_text()
-  assert (upload / "bert_jax" / "launch" / "__main__.py").is_file()
-  assert not list(upload.rglob("__pycache__")) and not (upload / "tests").exists()
+  assert sorted(p.name for p in upload.iterdir()) == ["bert_jax.tar.gz"]
+  for worker in range(4):
+    tree = gcloud.root / f"worker_{worker}" / "bert_jax"
+    assert (tree / "PKG-INFO").is_file() and (tree / "setup.cfg").is_file()
+    assert (tree / "host" / "paths.py").read_text() == (REPO / "host" / "paths.py").read_text()
+    assert not list(tree.rglob("__pycache__"))
   # Each worker printed its Python, JAX and devices during the install.
   assert "[launch] install: worker-3 python 3.11.0 jax 0.7.2 [TpuDevice(id=3)]" in real.stdout
 
@@ -203,7 +211,8 @@ def test_a_suite_runs_as_one_job_on_a_one_host_slice(gcloud):
   done = launch("--accelerator_type=v4-8", "--", *suite)
   assert done.returncode == 0, done.stderr
   (start,) = gcloud.starts()
-  assert start["argv"] == ["-m", "experiments.evaluate", "--workdir=gs://bucket/run1", *suite]
+  assert start["module"] == "experiments.evaluate"
+  assert start["argv"] == ["--workdir=gs://bucket/run1", *suite]
   record = json.loads(gcloud.record.read_text())
   assert (record["state"], record["attempt"]) == ("done", start["attempt"])
   assert gcloud.commands()[-1] == DELETE
@@ -293,6 +302,32 @@ def test_a_failed_job_stops_with_its_last_lines_and_leaves_the_slice(gcloud):
   assert line.startswith("error: launch failed at step 'run': the job failed (exit code 1 on "), line
   assert "ValueError: boom" in line and "--action=delete" in line, line
   assert gcloud.steps().count("start") == 1 and "delete" not in gcloud.steps()
+
+
+def test_a_job_that_dies_at_import_is_reported_at_once_and_not_started_again(gcloud):
+  """Fails if a job that exits 1 at import (before any record: the upload once lacked host/)
+  is taken for one still starting (until --start_timeout_s) or relaunched, if the launcher's
+  last line lacks the log's traceback, or if the slice of this one-off job is left alive.
+
+  The start timeout here is 600 s: only the exit check can end the watch in time."""
+  started = time.monotonic()
+  result = gcloud.launch("--nofollow_logs", "--start_timeout_s=600", "--poll_s=1",
+                         FAKE_JOB="import_error")
+  elapsed = time.monotonic() - started
+  assert result.returncode == 1, result.stderr
+  assert elapsed < 120, elapsed
+  line = _error_line(result)
+  assert line.startswith("error: launch failed at step 'start': the job exited 1 on worker 0 "
+                         "before writing its first record in the workdir, so it is not started "
+                         "again"), line
+  assert "ModuleNotFoundError: No module named 'host'" in line, line
+  assert line.endswith(f"the slice {NAME} is being deleted"), line
+  assert gcloud.steps().count("start") == 1
+  assert gcloud.commands()[-1] == DELETE and gcloud.slice_state(NAME) == "DELETING"
+  assert not gcloud.record.exists()
+  for worker in range(4):  # the start recorded the exit of this attempt on every worker
+    code, attempt = (gcloud.root / f"worker_{worker}" / "bert_jax_job.exit").read_text().split()
+    assert code == "1" and abs(int(attempt) - time.time()) < 120
 
 
 def test_a_preempted_job_restarts_on_the_same_active_slice(gcloud):

@@ -6,6 +6,7 @@ tests/test_launch.py's.
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -47,12 +48,13 @@ def test_the_install_makes_and_uses_a_python_3_11_environment(tmp_path):
   script = launch_plan.install_script()
   assert "python3.11 -m venv --clear $HOME/bert_jax_venv" in script
   assert "apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3.11 python3.11-venv" in script
-  assert script.index("-m venv") < script.index("pip install --quiet -e '.[tpu]'")
-  assert "$HOME/bert_jax_venv/bin/python -m pip install --quiet -e '.[tpu]'" in script
+  assert script.index("-m venv") < script.index("pip install --quiet '.[tpu]'")
+  assert "$HOME/bert_jax_venv/bin/python -m pip install --quiet '.[tpu]'" in script
   assert "print(socket.gethostname(), \"python\", sys.version.split()[0], \"jax\", " \
       "jax.__version__, jax.devices())" in script
   assert "python3 " not in script and " python3 -m" not in launch_plan.start_script("j", 1, [])
-  assert "setsid nohup $HOME/bert_jax_venv/bin/python -m bert_jax.main" in (
+  assert ("setsid nohup $HOME/bert_jax_venv/bin/python -c "
+          f"{shlex.quote(launch_plan.run_and_record_line())} bert_jax.main") in (
       launch_plan.start_script("j", 1, launch_plan.main_args("c.py", "gs://b/w", [])))
   python311 = shutil.which("python3.11")
   assert python311, "the dev environment has python3.11"

@@ -219,11 +219,11 @@ def test_oversized_batch_is_refused_in_one_line_naming_the_knob():
 
 
 @pytest.mark.slow
-def test_launcher_refuses_an_oversized_batch_before_any_gcloud_call(tmp_path):
+def test_launcher_refuses_an_oversized_batch_before_any_gcloud_call(tmp_path, installed_artifact):
   """Fails if bert_jax.launch makes any gcloud call (not even a read of the slice's or the
   job's state) for a config preflight refuses, or exits without the one-line refusal. The
   fake gcloud (tests/fake_gcloud.py) logs every call it gets."""
-  fake = FakeGcloud(tmp_path)
+  fake = FakeGcloud(tmp_path, installed_artifact)
   result = subprocess.run(
       [sys.executable, "-m", "bert_jax.launch", "--action=run", f"--name={fake_gcloud.NAME}",
        "--project=p", "--zone=us-central2-b", "--accelerator_type=v4-8", f"--config={TINY}",

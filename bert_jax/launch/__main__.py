@@ -23,9 +23,10 @@ r"""Runs bert_jax.main on a Cloud TPU VM slice, detached: create, install, start
      create the slice as a queued resource (reused if ACTIVE;
      `v5e-N` is sent as `v5litepod-N`; --autocheckpoint uses gcloud's alpha
      track for --autocheckpoint-enabled);
-  3. upload this source tree to every worker and install it into a Python 3.11
-     virtual environment (~/bert_jax_venv; Ubuntu 22.04's python3.11 package),
-     printing each worker's Python, JAX version and devices;
+  3. build this source tree's sdist (bert_jax.launch.artifact: what setup.cfg declares),
+     upload it to every worker, unpack it into ~/bert_jax and install it into a
+     Python 3.11 virtual environment (~/bert_jax_venv; Ubuntu 22.04's python3.11
+     package), printing each worker's Python, JAX version and devices;
   4. start `bert_jax.main --config=... --workdir=gs://... --config.distributed.enabled=True
      <every --config.X flag given here>` on every worker under `setsid nohup`, its
      output in ~/bert_jax_job.log there, with BERT_JAX_JOB_ID (tpu:PROJECT/ZONE/NAME,
@@ -48,7 +49,11 @@ not logged in, or an account without permission, stops it at once in one line
 with gcloud's own hint (`gcloud auth login`), without the retries a transient
 failure gets.
 A failed job (record 'failed') stops the launcher with the log's last lines and
-leaves the slice for inspection (`--action=logs`, then `--action=delete`).
+leaves the slice for inspection (`--action=logs`, then `--action=delete`). A job that
+ends before its first record (an import error, a refused flag: worker 0's
+~/bert_jax_job.exit, asked at every look until a record exists) stops it within a
+poll with the log's last lines, is never relaunched, and its slice is deleted unless
+--keep.
 
 `--job=evaluate` runs `python -m experiments.evaluate --workdir=WORKDIR <the flags after
 --> ` instead of bert_jax.main (the paper's tables from a checkpoint, docs/evaluation.md),

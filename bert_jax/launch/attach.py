@@ -49,6 +49,38 @@ def start(gcloud: launch_state.Gcloud, tpu: launch_plan.Slice, attempt: int,
   return attempt
 
 
+def exited(reader: launch_state.Reader, attempt: int) -> None:
+  """Asks worker 0 whether attempt `attempt` ended (plan.exited_command), while the workdir
+  holds no record of it.
+
+  Worker 0's job writes its final record before it exits: an exit found with no record
+  after it (read again now) is a job that never started. A job that saved and exited
+  after a SIGTERM (143: preempted, maintenance) is left to the judge, as is an ssh that
+  failed (nothing is known then): the next look asks again.
+
+  Raises:
+    StartFailed: the job exited before its first record, with its log's last lines.
+  """
+  result = reader.gcloud.run(launch_plan.exited_command(reader.tpu), "start", check=False,
+                             echo=False)
+  code, lines = None, []
+  for line in result.stdout.splitlines():
+    found = re.fullmatch(re.escape(launch_plan.EXITED) + r" (-?\d+) (\S*)", line.strip())
+    if found is None:
+      lines.append(line)
+    elif found.group(2) == str(attempt):
+      code = int(found.group(1))
+  if code is None or code == exit_codes.PREEMPTED:
+    return
+  job = reader.job()
+  if job is not None and job.get("attempt") == attempt:
+    return  # it did start: its record says how it ended
+  raise launch_state.StartFailed(
+      "start", f"the job exited {code} on worker 0 before writing its first record in the "
+      "workdir, so it is not started again (the same start would end the same way); the "
+      f"log's last lines: {launch_state.tail(chr(10).join(lines), lines=6, chars=900)}")
+
+
 class LogFollower:
   """Streams worker 0's job log to the terminal and LOGDIR/worker_0.log while watching."""
 
@@ -91,12 +123,14 @@ class LogFollower:
 
 def watch(reader: launch_state.Reader, judge: launch_state.Judge, poll_s: float,
           follower: "LogFollower | None") -> tuple[str, launch_state.Observation]:
-  """Looks at the slice and the job every `poll_s` until the judge has a final verdict.
+  """Looks at the slice and the job every `poll_s` until the judge has a final verdict; while
+  the job has written no record, each look also asks the workers whether it ended (exited).
 
   Returns:
     (DONE | FAILED | RESTART | RECREATE, the observation that decided it).
   Raises:
     LostContact: gcloud kept failing (the slice and the job are left as they are).
+    StartFailed: the job ended before its first record.
   """
   shown = None
   while True:
@@ -112,6 +146,8 @@ def watch(reader: launch_state.Reader, judge: launch_state.Judge, poll_s: float,
     if verdict in (launch_state.DONE, launch_state.FAILED, launch_state.RESTART,
                    launch_state.RECREATE):
       return verdict, obs
+    if verdict == launch_state.STARTING:
+      exited(reader, judge.attempt)
     if follower is not None and obs.slice_state == launch_plan.ACTIVE:
       follower.poll()
     time.sleep(poll_s)

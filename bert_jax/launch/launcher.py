@@ -11,11 +11,11 @@ it starts in a second and runs where only the launcher's light dependencies are.
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 
+from bert_jax.launch import artifact as launch_artifact
 from bert_jax.launch import attach as launch_attach
 from bert_jax.launch import plan as launch_plan
 from bert_jax.launch import state as launch_state
@@ -110,21 +110,14 @@ class Launcher:
   # --- install ---
 
   def stage(self) -> str:
-    """Copies what `pip install` needs to LOGDIR/staging/bert_jax_upload; returns LOGDIR/staging."""
+    """Builds the project's sdist into LOGDIR/staging/bert_jax_upload (launch.artifact);
+    returns LOGDIR/staging."""
     staging = os.path.join(self.logdir, "staging")
-    upload = os.path.join(staging, launch_plan.UPLOAD_DIR)
-    if not os.path.isfile(os.path.join(self.source_dir, "setup.cfg")):
-      raise LaunchError("upload", f"{self.source_dir!r} is not a bert_jax source tree "
-                        "(no setup.cfg)")
-    shutil.rmtree(upload, ignore_errors=True)
-    os.makedirs(upload)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for entry in launch_plan.SOURCE_ENTRIES:
-      source = os.path.join(self.source_dir, entry)
-      if os.path.isdir(source):
-        shutil.copytree(source, os.path.join(upload, entry), ignore=ignore)
-      elif os.path.isfile(source):
-        shutil.copy2(source, upload)
+    try:
+      built = launch_artifact.build(self.source_dir, os.path.join(staging, launch_plan.UPLOAD_DIR))
+    except launch_artifact.BuildError as e:
+      raise LaunchError("upload", str(e)) from e
+    say(f"upload: {os.path.basename(built)} ({', '.join(launch_artifact.top_level(built))})")
     return staging
 
   def install(self, tries: int = 3) -> None:
@@ -199,6 +192,17 @@ class Launcher:
     return (f"this launch created nothing and started no job{deleted or ' (nothing was deleted)'}"
             "; re-run the same command to go on")
 
+  def _after_start_failure(self, keep: bool) -> str:
+    """Deletes the slice of a job that died at its start (unless `keep`); says what was done."""
+    if keep:
+      return f"the slice {self.tpu.name} is left running (--keep): " + how_to(self.tpu)
+    try:
+      deleted = self.delete(wait=False, step="start")
+    except LaunchError as e:
+      return f"deleting the slice failed ({e}): delete it with --action=delete"
+    return (f"the slice {self.tpu.name} is being deleted" if deleted
+            else f"the slice {self.tpu.name} is gone")
+
   def finish(self, keep: bool) -> None:
     """The job is done: deletes the slice unless `keep`."""
     if keep:
@@ -249,7 +253,11 @@ class Launcher:
     relaunches = 0
     try:
       while True:
-        verdict, obs = launch_attach.watch(self.reader, self.judge, self.poll_s, follower)
+        try:
+          verdict, obs = launch_attach.watch(self.reader, self.judge, self.poll_s, follower)
+        except launch_state.StartFailed as e:
+          raise launch_state.StartFailed("start", f"{str(e).split(': ', 1)[1]}; "
+                                         + self._after_start_failure(keep)) from e
         if verdict == launch_state.DONE:
           say("the job is done")
           self.finish(keep)

@@ -7,11 +7,15 @@ single node has the same name:
   create    gcloud [alpha] compute tpus queued-resources create NAME --node-id=NAME ...
   describe  gcloud compute tpus queued-resources describe NAME ... --format=value(state.state)
   upload    gcloud compute tpus tpu-vm scp --recurse STAGING/bert_jax_upload NAME: --worker=all
-  install   gcloud compute tpus tpu-vm ssh NAME --worker=all --command='... python3.11 -m venv
-              ~/bert_jax_venv ... pip install -e .[tpu] ... print(jax.__version__, jax.devices())'
+              (the project's sdist, bert_jax.launch.artifact)
+  install   gcloud compute tpus tpu-vm ssh NAME --worker=all --command='... tar -xzf the sdist into
+              ~/bert_jax ... python3.11 -m venv ~/bert_jax_venv ... pip install .[tpu] ...
+              print(jax.__version__, jax.devices())'
   start     gcloud compute tpus tpu-vm ssh NAME --worker=all --command='... setsid nohup
-              ~/bert_jax_venv/bin/python -m bert_jax.main ... >> ~/bert_jax_job.log ... &'
+              ~/bert_jax_venv/bin/python -c RUN_AND_RECORD bert_jax.main ... >> ~/bert_jax_job.log ... &'
   job state gcloud storage cat WORKDIR/job_state.json       (written by the job: bert_jax.run.job_state)
+  exited    gcloud compute tpus tpu-vm ssh NAME --worker=0 --command='... cat ~/bert_jax_job.exit ...'
+              (while no record is written: a job that died before its first heartbeat)
   logs      gcloud compute tpus tpu-vm ssh NAME --worker=i --command='tail -n 200 -F ~/bert_jax_job.log'
   delete    gcloud compute tpus queued-resources delete NAME ... --force --async --quiet
 
@@ -24,6 +28,7 @@ import shlex
 
 from bert_jax import accelerators
 from bert_jax import exit_codes
+from bert_jax.launch import artifact
 
 # Queued-resource states (TPU API QueuedResourceState.State).
 ACTIVE = "ACTIVE"
@@ -32,23 +37,25 @@ FAILED_STATES = ("FAILED",)
 # Spot/preemptible capacity taken back: the slice must be deleted and created again.
 PREEMPTED_STATES = ("SUSPENDING", "SUSPENDED", "PREEMPTED")
 
-# Name of the source tree on the workers (under the login user's home directory),
-# and of the directory it is uploaded as before the install swaps it in.
+# Name of the source tree on the workers (under the login user's home directory: the sdist
+# unpacked, the job's working directory), and of the directory the sdist is uploaded in.
 REMOTE_DIR = "bert_jax"
 UPLOAD_DIR = "bert_jax_upload"
 # On each worker (under the login user's home): the Python >= 3.11 environment the job runs
-# from, the job's log, and "PID ATTEMPT" of the job this worker started last.
+# from, the job's log, "PID ATTEMPT" of the job this worker started last, and "EXIT_CODE
+# ATTEMPT" of the last job that ended.
 VENV_DIR = "bert_jax_venv"
 JOB_LOG = "bert_jax_job.log"
 JOB_PID = "bert_jax_job.pid"
+JOB_EXIT = "bert_jax_job.exit"
 # Ubuntu 22.04 (every TPU VM image) ships Python 3.10; the code needs jax >= 0.7, so >= 3.11.
 PYTHON = "python3.11"
 # Printed by the start script: the launcher adopts a job already running on the slice.
 ALREADY_RUNNING = "bert_jax job already running:"
-# What the workers need to `pip install` the project: the packages and the
-# packaging files (setup.cfg reads README.md for the long description).
-SOURCE_ENTRIES = ("setup.cfg", "setup.py", "pyproject.toml", "README.md",
-                  "bert_jax", "data_pipeline", "experiments")
+# Printed by the exit check (exited_script) before a worker's "EXIT_CODE ATTEMPT".
+EXITED = "bert_jax job exited:"
+# How many of a worker's last log lines the exit check prints.
+EXIT_LOG_LINES = 12
 
 
 def _generation(accelerator_type: str) -> "tuple[accelerators.Generation, int]":
@@ -137,7 +144,7 @@ def delete_command(s: Slice) -> list[str]:
 
 
 def upload_command(s: Slice, staging_dir: str) -> list[str]:
-  """Copies the staged source tree (STAGING/bert_jax_upload) to every worker's home."""
+  """Copies the staged sdist (STAGING/bert_jax_upload/bert_jax.tar.gz) to every worker's home."""
   return (_VM + ["scp", "--recurse", f"{staging_dir.rstrip('/')}/{UPLOAD_DIR}", f"{s.name}:",
                  "--worker=all"] + s.where)
 
@@ -166,18 +173,21 @@ def _unless_running() -> str:
 
 
 def install_script() -> str:
-  """What every worker runs: the upload put in place, installed into ~/bert_jax_venv, checked.
+  """What every worker runs: the uploaded sdist unpacked into ~/bert_jax, installed from there
+  into ~/bert_jax_venv, checked.
 
   A worker whose job still runs (a launcher that lost track of it) keeps its tree and
   environment untouched; the start that follows adopts that job.
   """
   python = f"$HOME/{VENV_DIR}/bin/python"
-  # Swapping a fresh upload in keeps files deleted locally from lingering on a reused slice.
+  # A fresh tree per upload keeps files deleted locally from lingering on a reused slice.
   return ("cd $HOME; " + _unless_running()
-          + f"set -e; rm -rf {REMOTE_DIR} && mv {UPLOAD_DIR} {REMOTE_DIR} && cd {REMOTE_DIR} && "
+          + f"set -e; rm -rf {REMOTE_DIR} && mkdir {REMOTE_DIR} && "
+          f"tar -xzf {UPLOAD_DIR}/{artifact.ARTIFACT} -C {REMOTE_DIR} --strip-components=1 && "
+          f"rm -rf {UPLOAD_DIR} && cd {REMOTE_DIR} && "
           + python_env_script() + " && "
           f"{python} -m pip install --quiet --upgrade pip && "
-          f"{python} -m pip install --quiet -e '.[tpu]' && "
+          f"{python} -m pip install --quiet '.[tpu]' && "
           # Every worker says which Python, JAX and devices it has before anything trains: a
           # CPU-only JAX or a missing chip shows here, not hours later.
           f"{python} -c 'import socket, sys, jax; print(socket.gethostname(), \"python\", "
@@ -190,17 +200,40 @@ def install_command(s: Slice) -> list[str]:
 
 
 def main_args(config: str, workdir: str, extra: list[str]) -> list[str]:
-  """The python argv of a bert_jax.main job on every worker; the same gs:// workdir makes a
-  relaunch resume."""
-  return (["-m", "bert_jax.main", f"--config={config}", f"--workdir={workdir}",
+  """The job's module and argv on every worker, a bert_jax.main run; the same gs:// workdir
+  makes a relaunch resume."""
+  return (["bert_jax.main", f"--config={config}", f"--workdir={workdir}",
            "--config.distributed.enabled=True"] + list(extra))
 
 
 def evaluate_args(workdir: str, extra: list[str]) -> list[str]:
-  """The python argv of an experiments.evaluate job (a suite of fine-tuning tasks, one table)
-  on a one-host slice: its flags as given (--suite, --init_checkpoint, --glue_dir, ...); the
-  same gs:// workdir makes a relaunch resume the suite."""
-  return ["-m", "experiments.evaluate", f"--workdir={workdir}"] + list(extra)
+  """The job's module and argv for an experiments.evaluate job (a suite of fine-tuning tasks,
+  one table) on a one-host slice: its flags as given (--suite, --init_checkpoint, --glue_dir,
+  ...); the same gs:// workdir makes a relaunch resume the suite."""
+  return ["experiments.evaluate", f"--workdir={workdir}"] + list(extra)
+
+
+# `python -c RUN_AND_RECORD MODULE ARGS` runs MODULE as `python -m MODULE ARGS` does (the
+# working directory first on sys.path) and, however it ends but killed, leaves "EXIT_CODE
+# ATTEMPT" in ~/bert_jax_job.exit: a job that dies before its first heartbeat (an import
+# error, a refusal) writes no record in the workdir, and the launcher reads this instead
+# (exited_script). The standard library only: it must run when the project cannot import.
+RUN_AND_RECORD = f"""\
+import os, runpy, sys
+def record(code):
+  with open(os.path.join(os.path.expanduser("~"), "{JOB_EXIT}"), "w") as f:
+    f.write("%s %s\\n" % (code, os.environ.get("BERT_JAX_JOB_ATTEMPT", "")))
+sys.argv = sys.argv[1:]
+try:
+  runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+except SystemExit as e:
+  record(e.code if isinstance(e.code, int) else int(e.code is not None))
+  raise
+except BaseException:
+  record(1)
+  raise
+record(0)
+"""
 
 
 def _stop_previous() -> str:
@@ -211,9 +244,16 @@ def _stop_previous() -> str:
           "kill -0 $p 2>/dev/null || break; sleep 0.2; done; kill -KILL $p 2>/dev/null; fi; ")
 
 
+def run_and_record_line() -> str:
+  """RUN_AND_RECORD as one line of Python (an exec of its text), so that every command the
+  launcher prints (--dry_run) stays one line."""
+  return f"exec({RUN_AND_RECORD!r})"
+
+
 def start_script(job_id: str, attempt: int, args: list[str], replace: bool = False) -> str:
-  """What every worker runs to start the job, `python ARGS` (main_args, evaluate_args),
-  detached (unless its last one still runs).
+  """What every worker runs to start the job, `python -m MODULE ARGS` for `args` = [MODULE,
+  *ARGS] (main_args, evaluate_args) through RUN_AND_RECORD, detached (unless its last one
+  still runs).
 
   With `replace` (a relaunch: the launcher judged the previous attempt gone), a
   process of that attempt that still lingers (exiting, or hung on a dead peer)
@@ -226,7 +266,7 @@ def start_script(job_id: str, attempt: int, args: list[str], replace: bool = Fal
   # env, setsid and nohup each exec the next, so $! is the job's own pid (what kill -0 checks).
   job = (shlex.join(["env", f"BERT_JAX_JOB_ID={job_id}", f"BERT_JAX_JOB_ATTEMPT={attempt}",
                      "setsid", "nohup"])
-         + f" $HOME/{VENV_DIR}/bin/python " + shlex.join(args))
+         + f" $HOME/{VENV_DIR}/bin/python " + shlex.join(["-c", run_and_record_line(), *args]))
   pid, log = f"$HOME/{JOB_PID}", f"$HOME/{JOB_LOG}"
   return ((_stop_previous() if replace else _unless_running())
           + f"cd $HOME/{REMOTE_DIR} || exit 1; "
@@ -239,6 +279,24 @@ def start_command(s: Slice, attempt: int, args: list[str], replace: bool = False
   """Starts the job on all workers at once; returns when it is started, not when it ends."""
   return (_VM + ["ssh", s.name, "--worker=all"] + s.where + _KEEPALIVE
           + [f"--command={start_script(s.job_id, attempt, args, replace)}"])
+
+
+def exited_script() -> str:
+  """What a worker runs to say whether its last job ended: EXITED CODE ATTEMPT and the log's
+  last lines, or nothing while it runs (or before it ever started)."""
+  done, log = f"$HOME/{JOB_EXIT}", f"$HOME/{JOB_LOG}"
+  return (f"if [ -f {done} ]; then echo \"{EXITED} $(cat {done})\"; "
+          f"tail -n {EXIT_LOG_LINES} {log}; fi")
+
+
+def exited_command(s: Slice) -> list[str]:
+  """Asks worker 0 whether its job ended (exited_script); read while no record is written.
+
+  Worker 0's process writes the workdir's record, and writes it before it exits, so its
+  exit without a record is a job that never started; every worker runs the same code, so
+  an import error or a refusal ends worker 0's too."""
+  return (_VM + ["ssh", s.name, "--worker=0"] + s.where + _KEEPALIVE
+          + [f"--command={exited_script()}"])
 
 
 def logs_command(s: Slice, worker: int, lines: int, follow: bool) -> list[str]:

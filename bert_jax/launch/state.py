@@ -41,6 +41,11 @@ class LostContact(LaunchError):
   """gcloud could not be reached for a while; the slice and its job are left as they are."""
 
 
+class StartFailed(LaunchError):
+  """The job ended before it wrote its first record (an import error, a refusal of its input):
+  the same start would end the same way, so it is reported, never relaunched."""
+
+
 class NotAuthorized(LostContact):
   """gcloud is not logged in, or the account may not do this: no retry can help, so the
   launcher stops at once (leaving the slice and its job as they are), gcloud's hint kept."""

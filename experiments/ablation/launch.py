@@ -15,7 +15,9 @@ What `run` does, in order (docs/ablation.md, "On Cloud TPU"):
      grid says are running are attached to first, whatever the bound (Launcher.run
      adopts a job whose record says running, and only deletes the slice of one whose
      record says done). A failed attempt (the job failed, or its launch did) is
-     retried up to --max_attempts; then the run is failed: its slice deleted, the
+     retried up to --max_attempts, unless its job died before its first record (an
+     import error, a refusal: the same start would end the same way, StartFailed);
+     then the run is failed: its slice deleted, the
      later stages leave it out of fine-tuning and name it unfinished;
   6. back in stages.run_ablation: the check, fine-tuning here, the report.
 gcloud out of reach (LostContact, NotAuthorized), Ctrl-C or kill -9 leave every job
@@ -38,7 +40,7 @@ from bert_jax import exit_codes
 from bert_jax.launch import launcher as launcher_lib
 from bert_jax.launch import plan as launch_plan
 from bert_jax.launch import state as launch_state
-from bert_jax.launch.state import LaunchError, LostContact, say
+from bert_jax.launch.state import LaunchError, LostContact, StartFailed, say
 from bert_jax.pretrain import phases
 from bert_jax.run import lock as workdir_lock
 from experiments.ablation import grid as ablation_grid
@@ -295,13 +297,15 @@ class Orchestrator:
       except LostContact:
         raise
       except LaunchError as e:
-        if entry.attempt < self.options.max_attempts:
+        # A job that died before its first record would die the same way again: no retry.
+        if entry.attempt < self.options.max_attempts and not isinstance(e, StartFailed):
           say(f"attempt {entry.attempt} failed: {e}; trying again")
           entry = self.grid.update(entry.name, state=ablation_grid.QUEUED, error=str(e))
           continue
-        say(f"attempt {entry.attempt} failed: {e}; given up on (--max_attempts)")
+        say(f"attempt {entry.attempt} failed: {e}; given up on"
+            + ("" if isinstance(e, StartFailed) else " (--max_attempts)"))
         self.grid.update(entry.name, state=ablation_grid.FAILED, error=str(e))
-        if not shared:
+        if not shared and not isinstance(e, StartFailed):  # the launcher deleted that one
           self._delete(tpu)
         return
       self.grid.update(entry.name, state=ablation_grid.DONE)
