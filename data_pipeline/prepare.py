@@ -25,14 +25,15 @@ Everything a refusal needs is read in `prepare`, so a corpus that cannot train
 (no file, undecodable files, no 2-sentence document, an empty held-out split)
 is refused there, before the workdir is touched.
 
-Phases: phase 2 (longer sequences, from a given step) swaps in its own data
-config; `phase2=(first step, data config)` says so (bert_jax.pretrain.phases decides
-both). The stream of phase 2 starts at its own position 0, mid-schedule.
+Phases: the run's phases come from the caller (bert_jax.pretrain.phases, the one
+rule for which phase a step is in), each with its first step, its number and its
+data config; an input or eval set is asked for a given phase. A later phase's
+stream starts at its own position 0, mid-schedule.
 """
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 from data_pipeline import corpora
 from data_pipeline import pairs
@@ -45,13 +46,17 @@ from data_pipeline import tokenized_corpus
 EVAL_KINDS = ("eval", "eval_own")  # fixed 15% held-out masks; the same pairs masked like training
 
 
+# A run's phase and the one-phase run (defined with the data configs they carry).
+Phase = specs.Phase
+one_phase = specs.one_phase
+
+
 @dataclasses.dataclass
 class PretrainingData:
   """The data of one pretraining run on one process (see the module docstring).
 
   Attributes:
-    phase_configs: {phase: data config}; phase 2 only when the run has one.
-    phase2_start: first step of phase 2 (total_steps when there is none).
+    phases: {phase number: Phase} of the run's phases (those with steps).
     total_steps: the run's length, over which a masking schedule runs.
     batch_size, eval_batch_size: per process (the global sizes / process_count).
     process_index, process_count: this process's share of the training documents.
@@ -61,8 +66,7 @@ class PretrainingData:
     tokenized: the tokenized corpus parts read so far (tokenized_corpus.corpus_key -> corpus).
     eval_sets: the held-out sets built so far ((phase, kind) -> this process's batches).
   """
-  phase_configs: dict[int, Any]
-  phase2_start: int
+  phases: dict[int, Phase]
   total_steps: int
   batch_size: int
   eval_batch_size: int
@@ -76,27 +80,23 @@ class PretrainingData:
   eval_sets: dict[tuple[int, str], list[dict]] = dataclasses.field(default_factory=dict)
 
   @classmethod
-  def prepare(cls, data_config, process_index: int = 0, process_count: int = 1, *,
-              batch_size: int, eval_batch_size: int, total_steps: int,
-              phase2: tuple[int, Any] | None = None) -> "PretrainingData":
+  def prepare(cls, phases: Sequence[Phase], process_index: int = 0, process_count: int = 1, *,
+              batch_size: int, eval_batch_size: int, total_steps: int) -> "PretrainingData":
     """Resolves the vocabulary, reads and checks every phase's data; ValueError on bad data.
 
     Args:
-      data_config: config.data (phase 1's data config).
+      phases: the run's phases with steps, in order (bert_jax.pretrain.phases.of, or
+        one_phase); the first one's vocabulary and corpus are the run's.
       process_index, process_count: this process and how many share the run.
       batch_size, eval_batch_size: global batch sizes (divisible by process_count).
       total_steps: the run's length.
-      phase2: (first step, data config) of phase 2, or None for a run without one.
     """
-    phase_configs = {1: data_config}
-    phase2_start = total_steps
-    if phase2 is not None:
-      phase2_start, phase_configs[2] = phase2
-    for config in phase_configs.values():
-      specs.check_data_config(config)
+    for phase in phases:
+      specs.check_data_config(phase.data)
+    data_config = phases[0].data
     vocab_file, spm_model_file = tokenized_corpus.resolve_vocab(data_config)
     data = cls(
-        phase_configs=phase_configs, phase2_start=phase2_start, total_steps=total_steps,
+        phases={phase.index: phase for phase in phases}, total_steps=total_steps,
         batch_size=batch_size // process_count,
         eval_batch_size=eval_batch_size // process_count, process_index=process_index,
         process_count=process_count, tokenizer=tokenized_corpus.load_tokenizer(data_config),
@@ -104,8 +104,8 @@ class PretrainingData:
         fingerprint=corpora.fingerprint(data_config.corpus,
                                         embedded_cache_dir=data_config.embedded_cache_dir,
                                         tfds_data_dir=data_config.tfds_data_dir))
-    for phase in data.phases_in_run():
-      data.check_corpus(phase)
+    for phase in phases:
+      data.check_corpus(phase.index)
     return data
 
   @property
@@ -113,53 +113,51 @@ class PretrainingData:
     """Entries of the vocabulary (the model's true vocab_size)."""
     return len(self.tokenizer.vocab)
 
-  def phase_at(self, step: int) -> int:
-    """The phase (1 or 2) whose data a training step reads."""
-    return 1 if step < self.phase2_start or 2 not in self.phase_configs else 2
+  def _phase(self, index: int | None) -> Phase:
+    """Phase `index`, the first phase for None."""
+    return self.phases[min(self.phases) if index is None else index]
 
-  def phases_in_run(self) -> list[int]:
-    """The phases that have steps, in order."""
-    return sorted({self.phase_at(0), self.phase_at(max(self.total_steps - 1, 0))})
+  def max_predictions(self, phase: int | None = None) -> int:
+    """Static size of a phase's masked_lm_* features (the first phase's by default)."""
+    return specs.max_predictions(self._phase(phase).data)
 
-  def max_predictions(self, phase: int = 1) -> int:
-    """Static size of a phase's masked_lm_* features."""
-    return specs.max_predictions(self.phase_configs[phase])
-
-  def masking_spec(self, phase: int = 1):
+  def masking_spec(self, phase: int | None = None):
     """A phase's training MaskingSpec (its ratio schedule runs over the whole run)."""
-    return specs.masking_spec(self.phase_configs[phase])
+    return specs.masking_spec(self._phase(phase).data)
 
-  def check_corpus(self, phase: int = 1) -> None:
+  def check_corpus(self, phase: int | None = None) -> None:
     """Refuses (ValueError naming the corpus and what to do) data a phase cannot train or
     evaluate on: a glob matching nothing, unreadable or undecodable files (corpora.py),
     no document with the 2 sentences NSP/SOP pairs need, an empty held-out split. What it
     reads is kept for the inputs and eval sets."""
-    config = self.phase_configs[phase]
+    config = self._phase(phase).data
     for split in ("train", "eval"):
       tokenized_corpus.check_pairs(config, self._corpus(config, split), split)
 
-  def train_input(self, step: int, state: dict | None = None) -> pretraining.PretrainingInput:
-    """This process's training input for the phase of `step`, at the position `state` (a
-    checkpoint's {"phase", "input"}) when it is of that phase, else at the phase's start."""
-    phase = self.phase_at(step)
-    config = self.phase_configs[phase]
-    # A masking schedule runs over the whole run; phase 2's stream starts mid-schedule.
+  def train_input(self, phase: int | None = None,
+                  state: dict | None = None) -> pretraining.PretrainingInput:
+    """This process's training input for phase `phase` (the first by default), at the
+    position `state` (a checkpoint's {"phase", "input"}) when it is of that phase, else at
+    the phase's start."""
+    found = self._phase(phase)
+    # A masking schedule runs over the whole run; a later phase's stream starts mid-schedule.
     source = pretraining.PretrainingInput(
-        config, batch_size=self.batch_size, process_index=self.process_index,
-        process_count=self.process_count, split="train",
-        first_step=0 if phase == 1 else self.phase2_start, schedule_steps=self.total_steps,
-        tokenizer=self.tokenizer, corpus=self._corpus(config, "train"))
-    if state is not None and state.get("phase") == phase:
+        found.data, batch_size=self.batch_size, process_index=self.process_index,
+        process_count=self.process_count, split="train", first_step=found.start,
+        schedule_steps=self.total_steps, tokenizer=self.tokenizer,
+        corpus=self._corpus(found.data, "train"))
+    if state is not None and state.get("phase") == found.index:
       source.set_state(state["input"])
     return source
 
-  def eval_batches(self, kind: str = "eval", phase: int = 1) -> list[dict]:
+  def eval_batches(self, kind: str = "eval", phase: int | None = None) -> list[dict]:
     """This process's slice of the fixed held-out set of a phase, built once: `kind` "eval"
     masks at eval.masking_ratio with BERT's knobs, "eval_own" like training."""
     if kind not in EVAL_KINDS:
       raise ValueError(f"eval kind must be one of {EVAL_KINDS}, got {kind!r}")
+    phase = self._phase(phase).index
     if (phase, kind) not in self.eval_sets:
-      config = self.phase_configs[phase]
+      config = self.phases[phase].data
       self.eval_sets[phase, kind] = pretraining.make_eval_batches(
           config, batch_size=self.eval_batch_size, process_index=self.process_index,
           process_count=self.process_count, own_masking=kind == "eval_own",

@@ -61,9 +61,10 @@ def render(example: dict, tokenizer) -> str:
 def write_preview(data_config, *, num_batches: int, batch_size: int, output: str,
                   num_shown: int) -> dict:
   """Writes the batches to ``output`` and prints ``num_shown`` decoded examples; returns the arrays."""
-  data = prepare.PretrainingData.prepare(data_config, batch_size=batch_size,
-                                         eval_batch_size=batch_size, total_steps=num_batches)
-  source = data.train_input(0)
+  data = prepare.PretrainingData.prepare(prepare.one_phase(data_config, num_batches),
+                                         batch_size=batch_size, eval_batch_size=batch_size,
+                                         total_steps=num_batches)
+  source = data.train_input()
   batches = [next(source) for _ in range(num_batches)]
   source.close()
   arrays = {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}

@@ -6,7 +6,9 @@ refused at once, not after the embedded corpus's harvest: field checks, the
 training and held-out MaskingSpecs, and the static number of predictions.
 """
 
+import dataclasses
 import importlib.util
+from typing import Any
 
 from data_pipeline import masking_spec as spec_lib  # masking_spec() below is a function
 from data_pipeline import sentences
@@ -80,3 +82,22 @@ def check_data_config(data_config) -> None:
   validate(data_config)
   masking_spec(data_config)
   eval_masking_spec(data_config)
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+  """One phase of a run: steps [start, end) read `data`, a data config of their own
+  (bert_jax.pretrain.phases makes a run's phases and says which one a step is in)."""
+  index: int  # 1, 2: the phase's number in the config
+  start: int
+  end: int
+  data: Any = dataclasses.field(repr=False)  # ml_collections.ConfigDict
+
+  @property
+  def steps(self) -> int:
+    return self.end - self.start
+
+
+def one_phase(data_config, total_steps: int) -> tuple[Phase]:
+  """The phases of a run that reads one data config throughout."""
+  return (Phase(1, 0, total_steps, data_config),)

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from bert_jax.pretrain import phases
-from bert_jax.pretrain import trainer
+from bert_jax.pretrain import steps as pretrain_steps
 from bert_jax.training import optim
 from bert_jax.training import state as state_lib
 from data_pipeline import specs
@@ -50,18 +50,18 @@ def test_efficient_is_the_script_and_passes_the_trainers_checks():
   config = pretrain.get_config("efficient")
   drift = {k: (_get(config, k), v) for k, v in SCRIPT.items() if _get(config, k) != v}
   assert not drift
-  bert_config = trainer.build_bert_config(config, vocab_size=30522)
+  bert_config = pretrain_steps.network(config, vocab_size=30522)
   assert (bert_config.num_hidden_layers, bert_config.hidden_size,
           bert_config.num_attention_heads, bert_config.intermediate_size) == (24, 1024, 16, 4096)
   assert (bert_config.position_offset, bert_config.max_position_embeddings,
           bert_config.type_vocab_size) == (2, 514, 1)
   assert bert_config.hf_model_type == "roberta-prelayernorm"
-  assert phases.phase2_start(config) == config.total_steps  # one phase
-  _, data_config = phases.phase_data_config(config, 0)
+  (phase,) = phases.of(config)  # one phase
+  data_config = phase.data
   assert specs.max_predictions(data_config) == 52  # ceil(40% of 128) slots
   mesh, _ = state_lib.setup_mesh(config)
   assert mesh.devices.size == len(jax.devices()) == 8
-  trainer.check_config(config, bert_config, mesh)
+  pretrain_steps.check_config(config, mesh)
   # 6% warmup, then linear to 0 at step 23k.
   _, schedule = optim.make_optimizer(config.optimizer, config.total_steps)
   np.testing.assert_allclose([schedule(1_380), schedule(12_190), schedule(23_000)],

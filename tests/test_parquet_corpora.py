@@ -137,9 +137,9 @@ def test_pretraining_batches_over_parquet_equal_those_over_the_same_jsonl(tmp_pa
     if kind == "parquet_store":
       config.tokenized_dir = str(tmp_path / "store")
       config.shard_bytes = 4096  # the ~29 KB file in shards of whole row groups
-      data = prepare.PretrainingData.prepare(config, batch_size=16, eval_batch_size=16,
-                                             total_steps=3)
-      source = data.train_input(0)
+      data = prepare.PretrainingData.prepare(prepare.one_phase(config, 3), batch_size=16,
+                                             eval_batch_size=16, total_steps=3)
+      source = data.train_input()
     else:
       source = pretraining.PretrainingInput(config, batch_size=16)
     batches[kind] = [next(source) for _ in range(3)]

@@ -4,8 +4,8 @@
   eval sets (both phases) give exactly what a PretrainingInput / make_eval_batches
   built on their own give: the trainer's batches did not change by going
   through it.
-- train_input(step, state) resumes a phase at a checkpoint's position and starts
-  phase 2 at its own position 0.
+- train_input(phase, state) resumes a phase at a checkpoint's position and starts
+  phase 2 at its own position 0; bert_jax.pretrain.phases says which phase a step is in.
 - bert_jax.main refuses a config typo before any corpus work: with a fresh,
   empty $BERT_JAX_CACHE (where the embedded corpus would be harvested and its
   vocabulary trained), the cache stays empty.
@@ -60,17 +60,18 @@ def test_reads_once_and_gives_the_pipelines_batches(pretrain_test_config, reads)
                                                    # the in-memory path, whose reads are
                                                    # counted (the store's: test_token_store)
                                                    "data.tokenized_dir": "none"})
+  run_phases = phases.of(config)
   data = prepare.PretrainingData.prepare(
-      config.data, 0, 1, batch_size=config.batch_size, eval_batch_size=config.eval_batch_size,
-      total_steps=config.total_steps, phase2=phases.phase2(config))
+      run_phases, 0, 1, batch_size=config.batch_size, eval_batch_size=config.eval_batch_size,
+      total_steps=config.total_steps)
   assert reads == [("train", 0, 1), ("eval", 0, 1)]  # phase 2 reads the same documents
   assert data.vocab_size == 96 and data.vocab_file == config.data.vocab_file
   assert data.fingerprint["files"] == 1
   assert (data.max_predictions(1), data.max_predictions(2)) == (5, 7)
-  assert [data.phase_at(s) for s in (0, 4, 5, 9)] == [1, 1, 2, 2]
+  assert [phases.at(run_phases, s).index for s in (0, 4, 5, 9)] == [1, 1, 2, 2]
 
   got = {phase: [next(source) for _ in range(2)] for phase, source in
-         ((1, data.train_input(0)), (2, data.train_input(5)))}
+         ((1, data.train_input(1)), (2, data.train_input(2)))}
   kinds = {1: ("eval", "eval_own"), 2: ("eval",)}
   evals = {(phase, kind): data.eval_batches(kind, phase)
            for phase in (1, 2) for kind in kinds[phase]}
@@ -78,7 +79,7 @@ def test_reads_once_and_gives_the_pipelines_batches(pretrain_test_config, reads)
   assert reads == [("train", 0, 1), ("eval", 0, 1)]
 
   for phase, first in ((1, 0), (2, 5)):
-    _, phase_config = phases.phase_data_config(config, first)
+    phase_config = phases.at(run_phases, first).data
     alone = pretraining.PretrainingInput(phase_config, batch_size=8, first_step=first,
                                          schedule_steps=10)
     _assert_same(got[phase], [next(alone) for _ in range(2)])
@@ -96,9 +97,8 @@ def test_train_input_resumes_its_phase_only(pretrain_test_config):
   phase-1 position is applied to phase 2's stream."""
   config = pretrain_test_config(total_steps=10, **{"phase2.start_fraction": 0.5})
   data = prepare.PretrainingData.prepare(
-      config.data, 0, 1, batch_size=8, eval_batch_size=8, total_steps=10,
-      phase2=phases.phase2(config))
-  source = data.train_input(0)
+      phases.of(config), 0, 1, batch_size=8, eval_batch_size=8, total_steps=10)
+  source = data.train_input(1)
   next(source)
   state = {"phase": 1, "input": source.get_state()}
   expected = [next(source) for _ in range(2)]
@@ -106,7 +106,7 @@ def test_train_input_resumes_its_phase_only(pretrain_test_config):
   resumed = data.train_input(1, state)
   _assert_same([next(resumed) for _ in range(2)], expected)
   resumed.close()
-  phase2 = data.train_input(5, state)  # a phase-1 state: phase 2 starts at its position 0
+  phase2 = data.train_input(2, state)  # a phase-1 state: phase 2 starts at its position 0
   assert phase2.get_state()["index"] == 0
   phase2.close()
 
@@ -114,10 +114,12 @@ def test_train_input_resumes_its_phase_only(pretrain_test_config):
 def test_a_run_without_phase_2(pretrain_test_config):
   """Fails if a run whose phase 2 never starts is given one."""
   config = pretrain_test_config()  # tiny: start_fraction 1.0
-  assert phases.phase2(config) is None
-  data = prepare.PretrainingData.prepare(config.data, batch_size=8, eval_batch_size=8,
-                                         total_steps=20, phase2=None)
-  assert data.phases_in_run() == [1] and data.phase_at(19) == 1
+  run_phases = phases.of(config)
+  assert [(p.index, p.start, p.end) for p in run_phases] == [(1, 0, 20)]
+  assert phases.at(run_phases, 19).index == 1
+  data = prepare.PretrainingData.prepare(run_phases, batch_size=8, eval_batch_size=8,
+                                         total_steps=20)
+  assert sorted(data.phases) == [1]
 
 
 @pytest.mark.slow

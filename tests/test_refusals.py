@@ -25,7 +25,7 @@ import pytest
 from bert_jax import errors
 from bert_jax import exit_codes
 from bert_jax import jobs
-from bert_jax.pretrain import trainer as pretrain_lib
+from bert_jax.pretrain import steps as pretrain_steps
 from bert_jax.run import checkpoint
 from bert_jax.run import workdir as workdir_lib
 from bert_jax.training import loop as train_loop
@@ -130,7 +130,7 @@ def _pretrain_cases(config, tmp_path) -> dict:
   no_step = tmp_path / "no_step"  # a workdir whose run never saved a step
   (no_step / "checkpoints").mkdir(parents=True)
   (no_step / "bert_config.json").write_text(json.dumps(dataclasses.asdict(
-      pretrain_lib.build_bert_config(
+      pretrain_steps.network(
           config(), len(tokenized_corpus.load_tokenizer(config().data).vocab)))))
   return {
       "a negative learning rate": config(**{"optimizer.learning_rate": -1.0}),
@@ -404,7 +404,7 @@ def test_a_busy_or_contradicted_workdir_is_refused_before_any_data_is_read(
   config = pretrain_test_config()
   vocab = pathlib.Path(config.data.vocab_file)
   run = tmp_path / "run"
-  bert_config = pretrain_lib.build_bert_config(
+  bert_config = pretrain_steps.network(
       config, len(tokenized_corpus.load_tokenizer(config.data).vocab))
   workdir_lib.open_workdir(str(run), config, bert_config, vocab_file=str(vocab)).release()
 

@@ -84,16 +84,15 @@ def _config(corpus, vocab, tokenized_dir, **overrides):
 def _data(config, process_index=0, process_count=1, total_steps=10):
   from bert_jax.pretrain import phases  # pylint: disable=g-import-not-at-top
   return prepare.PretrainingData.prepare(
-      config.data, process_index, process_count, batch_size=8 * process_count,
-      eval_batch_size=8 * process_count, total_steps=total_steps,
-      phase2=phases.phase2(config))
+      phases.of(config), process_index, process_count, batch_size=8 * process_count,
+      eval_batch_size=8 * process_count, total_steps=total_steps)
 
 
 def _everything(data) -> list[dict]:
   """Both phases' first training batches, their positions after them, the eval sets."""
   out = []
-  for step in (0, 5):
-    source = data.train_input(step)
+  for phase in (1, 2):
+    source = data.train_input(phase)
     out += [next(source) for _ in range(3)]
     out.append({"state": np.array(json.dumps(source.get_state()))})
     source.close()
@@ -144,9 +143,9 @@ def test_gold_chinese_words_from_the_store(toy, tmp_path):
     config.tokenized_dir, config.prepare_workers = str(where), 1
     config.heldout_modulus = 2  # a held-out set to build
     config.eval.num_examples = 4
-    data = prepare.PretrainingData.prepare(config, batch_size=4, eval_batch_size=4,
-                                           total_steps=4)
-    source = data.train_input(0)
+    data = prepare.PretrainingData.prepare(prepare.one_phase(config, 4), batch_size=4,
+                                           eval_batch_size=4, total_steps=4)
+    source = data.train_input()
     batches[str(where)] = [next(source) for _ in range(3)] + data.eval_batches()
     source.close()
   _assert_same(batches["none"], batches[str(tmp_path)])
@@ -155,7 +154,8 @@ def test_gold_chinese_words_from_the_store(toy, tmp_path):
     config.tokenized_dir, config.prepare_workers = str(where), 1
     config.heldout_modulus = 2
     with pytest.raises(ValueError, match="no sentence whose gold words line up"):
-      prepare.PretrainingData.prepare(config, batch_size=4, eval_batch_size=4, total_steps=4)
+      prepare.PretrainingData.prepare(prepare.one_phase(config, 4), batch_size=4,
+                                      eval_batch_size=4, total_steps=4)
 
 
 def _tiny_tfds(data_dir: pathlib.Path) -> None:
@@ -205,7 +205,7 @@ def test_tfds_units_per_process_are_the_process_parts(tmp_path, files):
 def test_a_position_saved_by_the_in_memory_path_resumes_on_the_store(files, store_root):
   """A checkpoint written before the store existed holds an in-memory input's position:
   fails if the store's input refuses it or continues with other batches."""
-  memory = _data(_config(files[0], files[2], "none")).train_input(0)
+  memory = _data(_config(files[0], files[2], "none")).train_input(1)
   next(memory)
   state = {"phase": 1, "input": memory.get_state()}
   expected = [next(memory) for _ in range(2)]

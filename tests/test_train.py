@@ -191,11 +191,11 @@ def test_phase_two_switches_to_long_sequences_and_continues(pretrain_test_config
   config = pretrain_test_config(**{
       "total_steps": 4, "phase2.start_fraction": 0.5, "phase2.max_seq_length": 48,
       "phase2.max_predictions_per_seq": 8, "checkpoint.every_steps": 2})
-  assert phases.phase2_start(config) == 2
-  phase, data_config = phases.phase_data_config(config, 2)
-  assert (phase, data_config.max_seq_length, data_config.masking.max_predictions_per_seq) == (
-      2, 48, 8)
-  assert phases.phase_data_config(config, 1)[1].max_seq_length == 32
+  run_phases = phases.of(config)
+  assert [(p.index, p.start, p.end) for p in run_phases] == [(1, 0, 2), (2, 2, 4)]
+  data_config = phases.at(run_phases, 2).data
+  assert (data_config.max_seq_length, data_config.masking.max_predictions_per_seq) == (48, 8)
+  assert phases.at(run_phases, 1).data.max_seq_length == 32
   pretrain_lib.train_and_evaluate(config, str(tmp_path))
   records = [r for r in _records(tmp_path) if "loss" in r]
   assert [r["step"] for r in records] == [1, 2, 3, 4]
@@ -218,16 +218,16 @@ def test_every_variant_builds_a_consistent_run(variant):
   config = pretrain.get_config(variant)
   overrides = dict(config.model.to_dict(), vocab_size=30522)  # the vocab size is the pipeline's
   bert_config = model_lib.BertConfig.from_size(config.model_size, **overrides)
-  for step in (0, phases.phase2_start(config) % config.total_steps):
-    _, data_config = phases.phase_data_config(config, step)
+  for phase in phases.of(config):
+    data_config = phase.data
     assert data_config.max_seq_length <= bert_config.max_position_embeddings
     assert 0 < specs.max_predictions(data_config) <= data_config.max_seq_length
   optim.make_optimizer(config.optimizer, config.total_steps)
   assert config.batch_size % 8 == 0 and config.eval_batch_size % 8 == 0
   if variant in ("base", "large"):  # the paper's two phases
-    assert phases.phase2_start(config) == 900_000
-    assert specs.max_predictions(phases.phase_data_config(config, 0)[1]) == 20
-    assert specs.max_predictions(phases.phase_data_config(config, 900_000)[1]) == 77
+    one, two = phases.of(config)
+    assert (one.start, two.start, two.end) == (0, 900_000, 1_000_000)
+    assert specs.max_predictions(one.data) == 20 and specs.max_predictions(two.data) == 77
   if variant == "albert":
     assert (bert_config.embedding_size, bert_config.share_layers) == (128, True)
 

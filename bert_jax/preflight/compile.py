@@ -1,7 +1,7 @@
 """Preflight's compile: the real pretraining step lowered and compiled for a slice's devices.
 
-lower_train_step lowers bert_jax.pretrain.steps.train_step exactly as the
-pretraining trainer jits it, on ShapeDtypeStructs (nothing is allocated);
+lower_train_step lowers the trainer's own step (bert_jax.pretrain.steps.build) on
+ShapeDtypeStructs (nothing is allocated);
 compile_phase compiles it for one phase's shapes with libtpu's compile-only
 client and reads the program's memory, XLA's FLOPs and its collectives
 (collective_stats); measure does that for every phase of a run, each compile
@@ -26,14 +26,12 @@ import ml_collections
 
 from bert_jax.model import attention
 from bert_jax.model import encoder as model_lib
-from bert_jax.model import heads
 from bert_jax.preflight import isolation as preflight_isolation
 from bert_jax.preflight.targets import OutOfMemory, Target, out_of_memory
 from bert_jax.preflight.targets import PreflightError
 from bert_jax.pretrain import cost as cost_lib
 from bert_jax.pretrain import phases as phases_lib
-from bert_jax.pretrain import steps as pretrain_step
-from bert_jax.training import optim
+from bert_jax.pretrain import steps as pretrain_steps
 from bert_jax.training import sharding
 from bert_jax.training import state as state_lib
 
@@ -136,9 +134,8 @@ def vocab_size(config: ml_collections.ConfigDict) -> tuple[int, str]:
 
 
 def bert_config_of(config: ml_collections.ConfigDict) -> model_lib.BertConfig:
-  """The run's BertConfig as the trainer's build_bert_config makes it, minus the tokenizer."""
-  return model_lib.BertConfig.from_size(
-      config.model_size, **dict(config.model.to_dict(), vocab_size=vocab_size(config)[0]))
+  """The run's BertConfig as the trainer makes it (steps.network), with vocab_size()'s size."""
+  return pretrain_steps.network(config, vocab_size(config)[0])
 
 
 @contextlib.contextmanager
@@ -159,15 +156,13 @@ def compiling_for(device: Any):
     attention.platform, attention._device_kind, attention.KERNELS["splash"] = saved  # pylint: disable=protected-access
 
 
-def _check_config(config: ml_collections.ConfigDict, bert_config, mesh) -> None:
-  """bert_jax.pretrain.trainer.check_config: the trainer's refusals come first, as one line."""
-  # pylint: disable-next=g-import-not-at-top  # TensorFlow: only here
-  from bert_jax.pretrain import trainer as pretrain
+def _check_config(config: ml_collections.ConfigDict, mesh) -> None:
+  """bert_jax.pretrain.steps.check_config: the trainer's refusals come first, as one line."""
   config = copy.deepcopy(config)
   with config.unlocked():
     config.init_checkpoint = ""  # preflight reads nothing (it may be a gs:// path)
   try:
-    pretrain.check_config(config, bert_config, mesh)
+    pretrain_steps.check_config(config, mesh)
   except ValueError as e:
     raise PreflightError(f"the trainer would refuse this config: {e}") from None
 
@@ -177,22 +172,6 @@ def _size(n: float) -> str:
   if math.isnan(n):
     return "?"
   return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
-
-
-def abstract_batch(batch: int, seq_len: int, predictions: int,
-                   batch_sharding: jax.sharding.NamedSharding) -> dict[str, jax.ShapeDtypeStruct]:
-  """The pretraining batch's shapes and dtypes (as data_pipeline.pretraining feeds them)."""
-  def spec(shape, dtype):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
-  return {
-      "input_ids": spec((batch, seq_len), jnp.int32),
-      "input_mask": spec((batch, seq_len), jnp.int32),
-      "segment_ids": spec((batch, seq_len), jnp.int32),
-      "masked_lm_positions": spec((batch, predictions), jnp.int32),
-      "masked_lm_ids": spec((batch, predictions), jnp.int32),
-      "masked_lm_weights": spec((batch, predictions), jnp.float32),
-      "next_sentence_labels": spec((batch,), jnp.int32),
-  }
 
 
 @dataclasses.dataclass
@@ -205,42 +184,18 @@ class LoweredStep:
 
 def lower_train_step(config: ml_collections.ConfigDict, bert_config: model_lib.BertConfig,
                      mesh: jax.sharding.Mesh, seq_len: int, predictions: int) -> LoweredStep:
-  """bert_jax.pretrain.steps.train_step lowered as the trainer jits it; nothing allocated.
-
-  The trainer's sections "model and optimizer", "shardings" and "step" on
+  """The trainer's train step (bert_jax.pretrain.steps.build, the one builder) lowered on
   ShapeDtypeStructs over `mesh` (the slice's TPU devices here, simulated CPUs in
-  experiments/benchmarks/sharding.py, which measures meshes with it): the
-  optimizer of bert_jax.training.optim, the shardings of
-  bert_jax.training.state.make_layout, the config's logical axis rules under
-  bert_jax.training.sharding.activate, the dropout key of config.rng_impl, and
-  the state donated.
-  """
-  # JSON round trips turn the rules' tuples into lists; flax wants tuples.
-  rules = [(name, tuple(axes) if isinstance(axes, list) else axes)
-           for name, axes in config.logical_axis_rules]
-  model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
-  tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
-
-  def init_params(rng):
-    ids = jnp.zeros((1, seq_len), jnp.int32)
-    return model.init({"params": rng}, ids, ids, ids, jnp.zeros((1, predictions), jnp.int32),
-                      deterministic=True)["params"]
-
-  layout = state_lib.make_layout(model, init_params, tx, mesh, rules, jax.random.key(0))
-  state = state_lib.TrainState(
-      step=layout.abstract["step"], apply_fn=model.apply, params=layout.abstract["params"],
-      tx=tx, opt_state=layout.abstract["opt_state"])
-  batch = abstract_batch(config.batch_size, seq_len, predictions, layout.batch)
-  key = jax.eval_shape(lambda: state_lib.dropout_key(jax.random.PRNGKey(config.seed),
-                                                      config.rng_impl))
+  experiments/benchmarks/sharding.py), under the config's logical axis rules, with the
+  run's dropout key's type; nothing allocated."""
+  programs = pretrain_steps.build(config, bert_config, mesh, seq_len=seq_len,
+                                  predictions=predictions)
+  layout = programs.layout
+  batch = pretrain_steps.abstract_batch(config.batch_size, seq_len, predictions, layout.batch)
+  key = jax.eval_shape(lambda: pretrain_steps.keys(config)[1])
   rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=layout.replicated)
-  with sharding.activate(mesh, rules):
-    lowered = jax.jit(
-        functools.partial(pretrain_step.train_step, grad_accum_steps=config.grad_accum_steps,
-                          skip_nonfinite=config.skip_nonfinite_steps),
-        in_shardings=(layout.state, layout.batch, layout.replicated),
-        out_shardings=(layout.state, layout.replicated), donate_argnums=(0,)
-    ).lower(state, batch, rng)
+  with sharding.activate(mesh, programs.rules):
+    lowered = programs.train_step.lower(programs.abstract_state(), batch, rng)
   return LoweredStep(lowered, layout, batch)
 
 
@@ -305,7 +260,7 @@ def collective_stats(hlo_text: str, batch: int, seq_len: int, hidden: int) -> di
 def check_for_slice(config: ml_collections.ConfigDict, slice_devices: list) -> None:
   """The trainer's refusals of `config` on the slice's mesh, as one line (PreflightError)."""
   with compiling_for(slice_devices[0]):
-    _check_config(config, bert_config_of(config), sharding.make_mesh(config.mesh, slice_devices))
+    _check_config(config, sharding.make_mesh(config.mesh, slice_devices))
 
 
 def compile_phase(config: ml_collections.ConfigDict, tpu: Target, slice_devices: list,
@@ -323,7 +278,7 @@ def compile_phase(config: ml_collections.ConfigDict, tpu: Target, slice_devices:
   mesh = sharding.make_mesh(config.mesh, slice_devices)
   with compiling_for(slice_devices[0]):
     if check:
-      _check_config(config, bert_config, mesh)
+      _check_config(config, mesh)
     step = lower_train_step(config, bert_config, mesh, seq_len, predictions)
   layout = step.layout
   # What the arguments take per device, from their shardings: known even when libtpu refuses.
@@ -373,7 +328,7 @@ def measure(config: ml_collections.ConfigDict, tpu: Target, slice_devices: list,
   compile kills libtpu comes back as a Measurement with `crash` set (it never
   fits) and the phases after it are still compiled.
   """
-  todo = [p for p in phases_lib.phases(config) if not only_phases or p["phase"] in only_phases]
+  todo = [p for p in phases_lib.shapes(config) if not only_phases or p["phase"] in only_phases]
   if isolate:
     check_for_slice(config, slice_devices)  # here: the child does not check
     results = preflight_isolation.compile_phases(config, tpu, todo)

@@ -54,7 +54,7 @@ _CRASH_HANDLER = re.compile(r"coredump_hook|Coroner|process_state\.cc")
 @dataclasses.dataclass
 class Crash:
   """A phase whose compiling child died before it sent a result."""
-  phase: dict[str, Any]      # bert_jax.pretrain.phases.phases' entry
+  phase: dict[str, Any]      # bert_jax.pretrain.phases.shapes' entry
   how: str                   # "signal 11, SIGSEGV" or "exit status 3"
   log_tail: str              # the child's last lines of output (libtpu's stack dump, often)
 

@@ -136,7 +136,7 @@ def search(config: ml_collections.ConfigDict, num_devices: int,
       continue
     attempt = Attempt(settings, first, complete=False)
     if all(m.fits for m in first):
-      rest = [q["phase"] for q in phases_lib.phases(trial) if q["phase"] not in failing_phases]
+      rest = [q["phase"] for q in phases_lib.shapes(trial) if q["phase"] not in failing_phases]
       attempt.measurements += measure(trial, rest) if rest else []
       attempt.measurements.sort(key=lambda m: m.phase)
       attempt.complete = True

@@ -101,8 +101,9 @@ def executed_flops(config: ml_collections.ConfigDict, bert_config: Any, params: 
   sequence length of the phase the step belongs to.
   """
   weights, out = {}, [0.0]
+  run_phases = phases_lib.of(config)
   for step in range(1, max(predictions, default=0) + 1):
-    seq_len = phases_lib.phase_data_config(config, step - 1)[1].max_seq_length
+    seq_len = phases_lib.at(run_phases, step - 1).data.max_seq_length
     if seq_len not in weights:  # one walk of the params per phase, not per step
       weights[seq_len] = flop_weights(bert_config, params, seq_len)
     out.append(out[-1] + _step_flops(weights[seq_len], config.batch_size, seq_len,
@@ -112,13 +113,14 @@ def executed_flops(config: ml_collections.ConfigDict, bert_config: Any, params: 
 
 def run_flops(config: ml_collections.ConfigDict, bert_config: Any, abstract_params: Any
               ) -> list[dict[str, Any]]:
-  """phases() with each phase's model FLOPs per step and in all (config.batch_size examples).
+  """phases.shapes() with each phase's model FLOPs per step and in all (config.batch_size
+  examples).
 
   An estimate before training: every prediction slot P counts as a prediction
   (batch_log's real predictions give the executed figure, step_flops).
   """
   out = []
-  for p in phases_lib.phases(config):
+  for p in phases_lib.shapes(config):
     per_step = step_flops(bert_config, abstract_params, sequences=config.batch_size,
                           seq_len=p["seq_len"], predictions=config.batch_size * p["predictions"])
     out.append({**p, "flops_per_step": per_step, "flops": per_step * p["steps"]})

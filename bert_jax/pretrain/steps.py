@@ -1,18 +1,179 @@
-"""The pretraining step and eval step: pure functions, jitted once by the trainer.
+"""The pretraining step, built from the config in one place: what the trainer runs and the
+preflight compiles.
 
-TensorFlow-free (the input pipeline lives elsewhere), so benchmarks and
-accelerator images that have only jax/flax/optax run the real step. Both steps
-reduce the same objective, bert_jax.pretrain.losses.pretraining_sums.
+  check_config  everything about a config judged without data, on a mesh (run once)
+  network       the run's BertConfig, once its vocabulary is known
+  build         the model, optimizer, shardings and jitted train/eval steps (Programs)
+  keys          the run's init and dropout keys
+  train_step    one optimizer update (pure); eval_step, the held-out sums (pure)
+
+bert_jax.pretrain.trainer, bert_jax.preflight and the benchmarks all call `build`, so a
+keyword of train_step (and any other part of the program) is set here alone:
+preflight compiles exactly what the trainer runs (tests/test_pretrain_steps.py lowers
+both and compares). TensorFlow-free (the input pipeline lives elsewhere), so the
+preflight and accelerator images with only jax/flax/optax run the real step.
 """
 
+import dataclasses
+import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
 
+from bert_jax.model import attention
+from bert_jax.model import encoder as model_lib
+from bert_jax.model import heads
 from bert_jax.pretrain import losses
+from bert_jax.pretrain import phases as phases_lib
+from bert_jax.training import optim
+from bert_jax.training import sharding
 from bert_jax.training import state as state_lib
+from data_pipeline import specs
+from host import paths
 
 TrainState = state_lib.TrainState
+
+
+def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
+  """Refuses, before any data is read or anything compiles, a config that cannot run on
+  `mesh`: every field's domain, every phase's data and masks, the network (whatever the
+  vocabulary turns out to be) against each phase's length and attention kernel."""
+  dp = sharding.data_parallel_size(mesh)
+  per_update = dp * config.grad_accum_steps
+  if config.total_steps <= 0:
+    raise ValueError(f"config.total_steps={config.total_steps} must be positive")
+  if config.grad_accum_steps < 1:
+    raise ValueError(f"config.grad_accum_steps={config.grad_accum_steps} must be >= 1")
+  if config.batch_size % per_update:
+    raise ValueError(
+        f"config.batch_size={config.batch_size} is not divisible by the data-parallel size "
+        f"(mesh data*fsdp={dp}) x config.grad_accum_steps={config.grad_accum_steps}")
+  if config.batch_size % jax.process_count() or config.eval_batch_size % jax.process_count():
+    raise ValueError(f"config.batch_size and eval_batch_size must divide evenly over "
+                     f"{jax.process_count()} processes")
+  if config.eval_batch_size % dp:
+    raise ValueError(f"config.eval_batch_size={config.eval_batch_size} is not divisible by "
+                     f"the data-parallel size {dp}")
+  if config.data.eval.num_examples < config.eval_batch_size:
+    raise ValueError(f"config.data.eval.num_examples={config.data.eval.num_examples} is smaller "
+                     f"than one eval batch (config.eval_batch_size={config.eval_batch_size})")
+  if not 0.0 < config.phase2.start_fraction <= 1.0:
+    raise ValueError(f"config.phase2.start_fraction={config.phase2.start_fraction} not in (0, 1]")
+  for name in ("log_every_steps", "eval_every_steps"):
+    if config[name] <= 0:
+      raise ValueError(f"config.{name}={config[name]} must be positive")
+  if config.checkpoint.every_steps <= 0 or config.checkpoint.keep < 1:
+    raise ValueError(f"config.checkpoint.every_steps={config.checkpoint.every_steps} must be "
+                     f"positive and config.checkpoint.keep={config.checkpoint.keep} at least 1")
+  bert_config = network(config, vocab_size=None)
+  # Every phase's data, masks and eval set, so phase 2 cannot fail at 90% of the run.
+  for phase in phases_lib.of(config):
+    where = f"phase {phase.index} (from step {phase.start})"
+    length = phase.data.max_seq_length
+    if length > bert_config.max_position_embeddings:
+      raise ValueError(
+          f"max_seq_length={length} in {where} exceeds the model's "
+          f"max_position_embeddings={bert_config.max_position_embeddings}")
+    attention.check_training(bert_config, length)  # a kernel this device lacks, say
+    try:
+      specs.check_data_config(phase.data)
+    except ValueError as e:
+      hint = (" (phase 2 takes it from config.phase2.max_predictions_per_seq)"
+              if phase.index == 2 and "max_predictions" in str(e) else "")
+      raise ValueError(f"{where}: {e}{hint}") from None
+  optim.check_config(config.optimizer)
+  state_lib.check_rng_impl(config.rng_impl)
+  if config.init_checkpoint and not paths.exists(config.init_checkpoint):
+    raise ValueError(f"config.init_checkpoint={config.init_checkpoint!r} does not exist")
+
+
+def network(config: ml_collections.ConfigDict, vocab_size: int | None) -> model_lib.BertConfig:
+  """The run's BertConfig: the size-table row plus config.model overrides.
+
+  config.model.vocab_size 0 takes `vocab_size` (the pipeline's vocabulary,
+  PretrainingData.vocab_size); an explicit one must be at least that. It stays
+  the true vocabulary (what HF/TF exports hold): config.model.vocab_multiple
+  pads the word table and MLM logits beyond it. `vocab_size` None: before the
+  vocabulary is known (every other field is the run's; its vocab_size is not).
+  """
+  overrides = config.model.to_dict()
+  if vocab_size is None:
+    overrides["vocab_size"] = overrides["vocab_size"] or 1
+  elif not overrides["vocab_size"]:
+    overrides["vocab_size"] = vocab_size
+  elif overrides["vocab_size"] < vocab_size:
+    raise ValueError(f"config.model.vocab_size={overrides['vocab_size']} is smaller than the "
+                     f"pipeline's vocabulary ({vocab_size} entries)")
+  return model_lib.BertConfig.from_size(config.model_size, **overrides)
+
+
+def keys(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
+  """(init key, dropout key in config.rng_impl's generator) of the run's seed."""
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  return init_rng, state_lib.dropout_key(dropout_rng, config.rng_impl)
+
+
+@dataclasses.dataclass
+class Programs:
+  """What a pretraining run trains with, made from its config by `build`."""
+  model: heads.BertForPreTraining
+  tx: optax.GradientTransformation
+  lr_schedule: Any
+  rules: list[tuple[str, Any]]      # logical axis rules: trace the steps under sharding.activate
+  layout: state_lib.StateLayout
+  train_step: Any   # jitted train_step: (state, batch, rng) -> (state, metrics), state donated
+  eval_step: Any    # jitted eval_step: (params, batch) -> the objective's sums
+
+  def abstract_state(self) -> TrainState:
+    """The state's shapes and shardings (nothing allocated), to lower the train step on."""
+    return TrainState(step=self.layout.abstract["step"], apply_fn=self.model.apply,
+                      params=self.layout.abstract["params"], tx=self.tx,
+                      opt_state=self.layout.abstract["opt_state"])
+
+
+def build(config: ml_collections.ConfigDict, bert_config: model_lib.BertConfig,
+          mesh: jax.sharding.Mesh, *, seq_len: int, predictions: int) -> Programs:
+  """The model, optimizer, shardings and jitted steps of `config` on `mesh`.
+
+  `seq_len` and `predictions`: the shapes the parameters are first traced at (any
+  phase's: the parameters do not depend on them). The steps trace, and so must be
+  called or lowered, under sharding.activate(mesh, programs.rules).
+  """
+  model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
+  tx, lr_schedule = optim.make_optimizer(config.optimizer, config.total_steps)
+  rules = state_lib.axis_rules(config)
+
+  def init_params(rng):
+    ids = jnp.zeros((1, seq_len), jnp.int32)
+    return model.init({"params": rng}, ids, ids, ids, jnp.zeros((1, predictions), jnp.int32),
+                      deterministic=True)["params"]
+
+  layout = state_lib.make_layout(model, init_params, tx, mesh, rules, jax.random.PRNGKey(0))
+  train, evaluate = state_lib.jit_steps(
+      layout, functools.partial(train_step, grad_accum_steps=config.grad_accum_steps,
+                                skip_nonfinite=config.skip_nonfinite_steps),
+      functools.partial(eval_step, apply_fn=model.apply))
+  return Programs(model=model, tx=tx, lr_schedule=lr_schedule, rules=rules, layout=layout,
+                  train_step=train, eval_step=evaluate)
+
+
+def abstract_batch(batch: int, seq_len: int, predictions: int,
+                   batch_sharding: jax.sharding.NamedSharding) -> dict[str, jax.ShapeDtypeStruct]:
+  """The pretraining batch's shapes and dtypes (as data_pipeline.pretraining feeds them)."""
+  def spec(shape, dtype):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
+  return {
+      "input_ids": spec((batch, seq_len), jnp.int32),
+      "input_mask": spec((batch, seq_len), jnp.int32),
+      "segment_ids": spec((batch, seq_len), jnp.int32),
+      "masked_lm_positions": spec((batch, predictions), jnp.int32),
+      "masked_lm_ids": spec((batch, predictions), jnp.int32),
+      "masked_lm_weights": spec((batch, predictions), jnp.float32),
+      "next_sentence_labels": spec((batch,), jnp.int32),
+  }
 
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *,

@@ -28,18 +28,15 @@ from typing import Any
 
 from absl import logging
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from bert_jax import errors
-from bert_jax.model import attention
 from bert_jax.model import encoder as model_lib
-from bert_jax.model import heads
 from bert_jax.pretrain import cost
 from bert_jax.pretrain import losses
 from bert_jax.pretrain import phases
-from bert_jax.pretrain import steps as pretrain_step
+from bert_jax.pretrain import steps as pretrain_steps
 from bert_jax.run import batch_log
 from bert_jax.run import checkpoint
 from bert_jax.run import metrics_io
@@ -53,76 +50,6 @@ from data_pipeline import specs
 from host import paths
 
 
-
-def build_bert_config(config: ml_collections.ConfigDict, vocab_size: int) -> model_lib.BertConfig:
-  """The BertConfig of a run: the size-table row plus config.model overrides.
-
-  config.model.vocab_size 0 takes `vocab_size` (the pipeline's vocabulary,
-  PretrainingData.vocab_size); an explicit one must be at least that. It stays
-  the true vocabulary (what HF/TF exports hold): config.model.vocab_multiple
-  pads the word table and MLM logits beyond it.
-  """
-  overrides = config.model.to_dict()
-  if not overrides["vocab_size"]:
-    overrides["vocab_size"] = vocab_size
-  elif overrides["vocab_size"] < vocab_size:
-    raise ValueError(f"config.model.vocab_size={overrides['vocab_size']} is smaller than the "
-                     f"pipeline's vocabulary ({vocab_size} entries)")
-  return model_lib.BertConfig.from_size(config.model_size, **overrides)
-
-
-def check_config(config: ml_collections.ConfigDict, bert_config: model_lib.BertConfig,
-                 mesh: jax.sharding.Mesh) -> None:
-  """Refuses, before anything compiles, a config that cannot run on this mesh."""
-  dp = sharding.data_parallel_size(mesh)
-  per_update = dp * config.grad_accum_steps
-  if config.total_steps <= 0:
-    raise ValueError(f"config.total_steps={config.total_steps} must be positive")
-  if config.grad_accum_steps < 1:
-    raise ValueError(f"config.grad_accum_steps={config.grad_accum_steps} must be >= 1")
-  if config.batch_size % per_update:
-    raise ValueError(
-        f"config.batch_size={config.batch_size} is not divisible by the data-parallel size "
-        f"(mesh data*fsdp={dp}) x config.grad_accum_steps={config.grad_accum_steps}")
-  if config.batch_size % jax.process_count() or config.eval_batch_size % jax.process_count():
-    raise ValueError(f"config.batch_size and eval_batch_size must divide evenly over "
-                     f"{jax.process_count()} processes")
-  if config.eval_batch_size % dp:
-    raise ValueError(f"config.eval_batch_size={config.eval_batch_size} is not divisible by "
-                     f"the data-parallel size {dp}")
-  if config.data.eval.num_examples < config.eval_batch_size:
-    raise ValueError(f"config.data.eval.num_examples={config.data.eval.num_examples} is smaller "
-                     f"than one eval batch (config.eval_batch_size={config.eval_batch_size})")
-  if not 0.0 < config.phase2.start_fraction <= 1.0:
-    raise ValueError(f"config.phase2.start_fraction={config.phase2.start_fraction} not in (0, 1]")
-  for name in ("log_every_steps", "eval_every_steps"):
-    if config[name] <= 0:
-      raise ValueError(f"config.{name}={config[name]} must be positive")
-  if config.checkpoint.every_steps <= 0 or config.checkpoint.keep < 1:
-    raise ValueError(f"config.checkpoint.every_steps={config.checkpoint.every_steps} must be "
-                     f"positive and config.checkpoint.keep={config.checkpoint.keep} at least 1")
-  # Every phase's data, masks and eval set, so phase 2 cannot fail at 90% of the run.
-  for step in sorted({0, phases.phase2_start(config) % config.total_steps}):
-    phase, data_config = phases.phase_data_config(config, step)
-    where = f"phase {phase} (from step {step})"
-    length = data_config.max_seq_length
-    if length > bert_config.max_position_embeddings:
-      raise ValueError(
-          f"max_seq_length={length} in {where} exceeds the model's "
-          f"max_position_embeddings={bert_config.max_position_embeddings}")
-    attention.check_training(bert_config, length)  # a kernel this device lacks, say
-    try:
-      specs.check_data_config(data_config)
-    except ValueError as e:
-      hint = (" (phase 2 takes it from config.phase2.max_predictions_per_seq)"
-              if phase == 2 and "max_predictions" in str(e) else "")
-      raise ValueError(f"{where}: {e}{hint}") from None
-  optim.check_config(config.optimizer)
-  state_lib.check_rng_impl(config.rng_impl)
-  if config.init_checkpoint and not paths.exists(config.init_checkpoint):
-    raise ValueError(f"config.init_checkpoint={config.init_checkpoint!r} does not exist")
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains (resuming when the workdir has checkpoints) and returns the final eval metrics.
 
@@ -131,23 +58,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   # ------------------------------------------------------------- validate
   with errors.judging_input():  # every ValueError here is a refusal of the input
-    mesh, rules = state_lib.setup_mesh(config)
-    # What needs no vocabulary first: a typo must not wait for the embedded corpus's harvest.
-    provisional = _provisional_bert_config(config)
-    check_config(config, provisional, mesh)
+    mesh, _ = state_lib.setup_mesh(config)
+    # Everything that needs no data first: a typo must not wait for the embedded corpus's
+    # harvest. The phases are decided once, here.
+    pretrain_steps.check_config(config, mesh)
+    run_phases = phases.of(config)
     # Nor may a busy workdir, or one whose record this config contradicts (read only; the
     # lock is taken below, after the data, before the first write).
-    workdir_lib.check_before_data(workdir, config, provisional,
+    workdir_lib.check_before_data(workdir, config, pretrain_steps.network(config, None),
                                   vocab_file=config.data.vocab_file or None,
                                   spm_model_file=config.data.spm_model_file or None)
     # The run's data, once: the vocabulary (for the embedded corpus, made on first use),
     # every phase's corpus read and checked, kept for the inputs and eval sets.
     pretraining_data = prepare_lib.PretrainingData.prepare(
-        config.data, jax.process_index(), jax.process_count(), batch_size=config.batch_size,
-        eval_batch_size=config.eval_batch_size, total_steps=config.total_steps,
-        phase2=phases.phase2(config))
-    bert_config = build_bert_config(config, pretraining_data.vocab_size)
-    check_config(config, bert_config, mesh)
+        run_phases, jax.process_index(), jax.process_count(), batch_size=config.batch_size,
+        eval_batch_size=config.eval_batch_size, total_steps=config.total_steps)
+    bert_config = pretrain_steps.network(config, pretraining_data.vocab_size)
     init = None
     if config.init_checkpoint and not paths.exists(paths.join(workdir, checkpoint.CHECKPOINT_DIR)):
       init = _read_init_checkpoint(config, bert_config)  # a new run's start, read before writing
@@ -163,37 +89,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       cleanup.callback(lock.release)
 
     # --------------------------------------------------------------- data
-    def make_input(step: int, data_state: dict[str, Any] | None):
-      """(phase, its input at `data_state`'s position when of that phase), on the devices."""
-      data = pretraining_data.train_input(step, data_state)
-      return pretraining_data.phase_at(step), sharding.DevicePrefetch(data, mesh)
+    def make_input(phase: phases.Phase, data_state: dict[str, Any] | None):
+      """`phase`'s input at `data_state`'s position when of that phase, on the devices."""
+      return sharding.DevicePrefetch(pretraining_data.train_input(phase.index, data_state), mesh)
 
-    # --------------------------------------------------- model and optimizer
-    model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
-    tx, lr_schedule = optim.make_optimizer(config.optimizer, config.total_steps)
-    init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
-    dropout_rng = state_lib.dropout_key(dropout_rng, config.rng_impl)
-
-    def init_params(rng):
-      length = config.data.max_seq_length
-      predictions = pretraining_data.max_predictions(1)
-      ids = jnp.zeros((1, length), jnp.int32)
-      return model.init({"params": rng}, ids, ids, ids, jnp.zeros((1, predictions), jnp.int32),
-                        deterministic=True)["params"]
-
-    # ----------------------------------------------------------- shardings
-    layout = state_lib.make_layout(model, init_params, tx, mesh, rules, init_rng)
+    # ------------------------------------ model, optimizer, shardings, step
+    first = run_phases[0]
+    programs = pretrain_steps.build(config, bert_config, mesh, seq_len=first.data.max_seq_length,
+                                    predictions=pretraining_data.max_predictions(first.index))
+    model, tx, layout = programs.model, programs.tx, programs.layout
+    init_rng, dropout_rng = pretrain_steps.keys(config)
     logging.info("%s", cost.describe(cost.run_flops(config, bert_config, layout.abstract_params),
                                      jax.devices()[0].device_kind, jax.device_count(), 0.4,
                                      config.peak_tflops_per_device))
-    cleanup.enter_context(sharding.activate(mesh, rules))
-
-    # ---------------------------------------------------------------- step
-    p_train_step, p_eval_step = state_lib.jit_steps(
-        layout, functools.partial(pretrain_step.train_step,
-                                  grad_accum_steps=config.grad_accum_steps,
-                                  skip_nonfinite=config.skip_nonfinite_steps),
-        functools.partial(pretrain_step.eval_step, apply_fn=model.apply))
+    cleanup.enter_context(sharding.activate(mesh, programs.rules))
 
     # ------------------------------------------------------------- restore
     manager = train_loop.open_manager(cleanup, workdir, config.checkpoint)
@@ -203,7 +112,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                         config.init_checkpoint)
     step = int(state.step)
     if previous and step and previous.get("total_steps", config.total_steps) != config.total_steps:
-      _announce_new_total(config, previous["total_steps"], step, lr_schedule)
+      _announce_new_total(config, previous["total_steps"], step, programs.lr_schedule)
     # What each step read (unmasked-batch fingerprints): ablations check runs against it.
     batches = batch_log.BatchLog(workdir, step, process_index=jax.process_index(),
                                  process_count=jax.process_count())
@@ -218,12 +127,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       done = loop.writer.recorded(at_step)
       if "eval/mlm_loss" in done:
         return {k: v for k, v in done.items() if k.split("/")[0] in eval_kinds}
-      phase = pretraining_data.phase_at(min(at_step, config.total_steps - 1))
+      at = phases.at(run_phases, min(at_step, config.total_steps - 1)).index
       result = {}
       for kind in eval_kinds:
         totals: dict[str, float] = {}
-        for local in pretraining_data.eval_batches(kind, phase):
-          sums = jax.device_get(p_eval_step(state.params, sharding.global_batch(local, mesh)))
+        for local in pretraining_data.eval_batches(kind, at):
+          sums = jax.device_get(programs.eval_step(state.params,
+                                                   sharding.global_batch(local, mesh)))
           for k, v in sums.items():
             totals[k] = totals.get(k, 0.0) + float(v)
         result.update({f"{kind}/{k}": float(v) for k, v in
@@ -238,21 +148,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                            total_steps=config.total_steps, log_every=config.log_every_steps,
                            save_every=config.checkpoint.every_steps,
                            skip_nonfinite=config.skip_nonfinite_steps)
-    phase, data = make_input(step, data_state)
+    phase = phases.at(run_phases, step)
+    data = make_input(phase, data_state)
     cleanup.callback(lambda: data.close())  # the input of the phase running at the end
     peak = metrics_io.peak_flops(config.peak_tflops_per_device)
     result = evaluate(step)
 
     while step < config.total_steps:
-      if phases.phase_data_config(config, step)[0] != phase:  # phase 2: longer sequences
+      if step >= phase.end:  # the next phase: phase 2's longer sequences
         data.close()
-        phase, data = make_input(step, None)
-        logging.info("step %d: phase %d, max_seq_length %d", step, phase,
-                     phases.phase_data_config(config, step)[1].max_seq_length)
+        phase = phases.at(run_phases, step)
+        data = make_input(phase, None)
+        logging.info("step %d: phase %d, max_seq_length %d", step, phase.index,
+                     phase.data.max_seq_length)
       local, batch = next(data)
       tokens = local["input_ids"].size * jax.process_count()
-      state, metrics = p_train_step(state, batch, dropout_rng)
-      if step + 1 < config.total_steps and phases.phase_data_config(config, step + 1)[0] == phase:
+      state, metrics = programs.train_step(state, batch, dropout_rng)
+      if step + 1 < phase.end:
         data.fetch_next()  # batch n+1 is read and placed while step n computes
       loop.step_metrics.settle()  # the previous step's, fetched while this one computes
       step += 1
@@ -260,14 +172,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       # MFU from the logged step's real predictions (this process's share, scaled to the
       # global batch): it counts predictions made, not the prediction slots P.
       due = loop.after_step(
-          step, metrics, tokens=tokens, learning_rate=lambda: float(lr_schedule(step - 1)),
+          step, metrics, tokens=tokens,
+          learning_rate=lambda: float(programs.lr_schedule(step - 1)),
           flops=lambda: cost.step_flops(
               bert_config, layout.abstract_params, sequences=config.batch_size,
               seq_len=local["input_ids"].shape[1],
               predictions=float(np.sum(local["masked_lm_weights"])) * jax.process_count()),
           peak=peak)
       if due.save:
-        train_loop.save(manager, step, state, {"phase": phase, "input": data.get_state()},
+        train_loop.save(manager, step, state, {"phase": phase.index, "input": data.get_state()},
                         logs=(batches, loop.writer))
       if due.stop:
         train_loop.preempted(step)
@@ -293,13 +206,6 @@ def _announce_new_total(config: ml_collections.ConfigDict, old_total: int, step:
   logging.warning("total_steps %d -> %d, resuming at step %d: learning rate %.3g -> %.3g%s",
                   old_total, config.total_steps, step, float(old_schedule(step)),
                   float(lr_schedule(step)), masking)
-
-
-def _provisional_bert_config(config: ml_collections.ConfigDict) -> model_lib.BertConfig:
-  """The run's network before its vocabulary is read (check_config needs no vocab_size)."""
-  overrides = dict(config.model.to_dict())
-  overrides["vocab_size"] = overrides["vocab_size"] or 1
-  return model_lib.BertConfig.from_size(config.model_size, **overrides)
 
 
 def _read_init_checkpoint(config: ml_collections.ConfigDict,

@@ -6,6 +6,7 @@ non-finite guard) and decide where a run starts through these functions, so
 there is one copy of each:
 
   setup_mesh          distributed init, accelerator check, device mesh, axis rules
+  axis_rules          config.logical_axis_rules as flax wants them
   make_layout         shardings and abstract shapes of {params, opt_state, step}
   jit_steps           the train and eval steps compiled on a layout
   start               resume from the workdir, else init from a checkpoint, else random
@@ -57,14 +58,18 @@ def setup_mesh(config: ml_collections.ConfigDict) -> tuple[jax.sharding.Mesh,
     job_state.cluster_joined()  # the job's record may now ask which process this is
   check_accelerator(config.require_accelerator)
   mesh = sharding.make_mesh(config.mesh)
-  # JSON round trips turn the rules' tuples into lists; flax wants tuples.
-  rules = [(name, tuple(axes) if isinstance(axes, list) else axes)
-           for name, axes in config.logical_axis_rules]
+  rules = axis_rules(config)
   # The one line that says where the run is (the backends' probing is kept off the terminal).
   kinds = sorted({d.device_kind for d in jax.devices()})
   logging.info("mesh %s over %d devices (%d processes) of kind %s", dict(mesh.shape),
                jax.device_count(), jax.process_count(), ", ".join(kinds))
   return mesh, rules
+
+
+def axis_rules(config: ml_collections.ConfigDict) -> list[tuple[str, Any]]:
+  """config.logical_axis_rules as flax wants them (JSON round trips turn tuples into lists)."""
+  return [(name, tuple(axes) if isinstance(axes, list) else axes)
+          for name, axes in config.logical_axis_rules]
 
 
 def check_accelerator(required: bool) -> None:

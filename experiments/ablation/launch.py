@@ -138,7 +138,7 @@ def shape_key(run: stages.Run) -> str:
   masks and the step counts, plus each phase's sequence length and prediction slots (which
   the masking ratio sets: the MLM head grows with it)."""
   config_arg, flags_ = stages.pretrain_job(run)
-  slots = [(p["phase"], p["seq_len"], p["predictions"]) for p in phases.phases(run.config)]
+  slots = [(p["phase"], p["seq_len"], p["predictions"]) for p in phases.shapes(run.config)]
   return json.dumps([config_arg, [f for f in flags_ if not f.startswith(_NOT_SHAPE)], slots])
 
 

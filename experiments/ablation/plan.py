@@ -91,8 +91,8 @@ def measured_predictions(run: ml_collections.ConfigDict, max_batches: int) -> fl
   from data_pipeline import prepare  # pylint: disable=g-import-not-at-top  # TF only when measuring
   steps = min(run.total_steps, max_batches)
   source = prepare.PretrainingData.prepare(
-      run.data, batch_size=run.batch_size, eval_batch_size=run.eval_batch_size,
-      total_steps=steps).train_input(0)
+      prepare.one_phase(run.data, steps), batch_size=run.batch_size,
+      eval_batch_size=run.eval_batch_size, total_steps=steps).train_input()
   try:
     total = sum(float(np.sum(next(source)["masked_lm_weights"])) for _ in range(steps))
   finally:

@@ -60,11 +60,12 @@ import ml_collections
 from data_pipeline import prepare
 imported = time.perf_counter()
 config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
-data = prepare.PretrainingData.prepare(config.data, batch_size=config.batch_size,
+data = prepare.PretrainingData.prepare(prepare.one_phase(config.data, config.total_steps),
+                                       batch_size=config.batch_size,
                                        eval_batch_size=config.eval_batch_size,
                                        total_steps=config.total_steps)
 prepared = time.perf_counter()
-source = data.train_input(0)
+source = data.train_input()
 batch = next(source)
 first = time.perf_counter()
 print(json.dumps({"imports_s": imported - start, "prepare_s": prepared - imported,

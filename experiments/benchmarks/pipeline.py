@@ -149,7 +149,7 @@ def slice_demand(config: ml_collections.ConfigDict, slice_name: str, mfu: float,
   peak = (config.get("peak_tflops_per_device") or accelerators.PEAK_TFLOPS[kind]) * 1e12
   bert_config, params = model or cost.abstract_model(config, vocab_size)
   out = []
-  for p in phases_lib.phases(config):
+  for p in phases_lib.shapes(config):
     per_sequence = cost.step_flops(bert_config, params, sequences=1, seq_len=p["seq_len"],
                                    predictions=p["predictions"])
     out.append({**p, "hosts": hosts, "devices": devices, "device_kind": kind,
@@ -162,10 +162,10 @@ def slice_demand(config: ml_collections.ConfigDict, slice_name: str, mfu: float,
 def phase_data(config: ml_collections.ConfigDict, phase: int, *, corpus: str,
                vocab_file: str) -> tuple[Any, int]:
   """(data config, first step) of `phase`, reading `corpus` with `vocab_file`."""
-  first = 0 if phase == 1 else phases_lib.phase2_start(config)
-  data = copy.deepcopy(phases_lib.phase_data_config(config, first)[1])
+  (found,) = [p for p in phases_lib.of(config) if p.index == phase]
+  data = copy.deepcopy(found.data)
   data.corpus, data.vocab_file = corpus, vocab_file
-  return data, first
+  return data, found.start
 
 
 def bench_host(config, demand: dict[str, Any], *, corpus: str, vocab_file: str, seconds: float):

@@ -6,9 +6,9 @@ Usage (the issue's figures: tiny and base at sequence length 128, this machine):
 
 Rows per size (--rows), the same BertConfig, batch, dtype and optimizer:
 
-  ours       bert_jax.pretrain.steps.train_step (BertForPreTraining, MLM head on the
-             masked positions only, AdamW chain of bert_jax.training.optim), jitted with
-             donation; the paper recipe (attention dropout 0.1 on the einsum path,
+  ours       the trainer's step, built by bert_jax.pretrain.steps.build (BertForPreTraining,
+             MLM head on the masked positions only, AdamW chain of bert_jax.training.optim,
+             jitted with donation); the paper recipe (attention dropout 0.1 on the einsum path,
              threefry dropout bits): like for like with the reference.
   ours_rbg   the same with config.rng_impl "rbg" (XLA's RngBitGenerator for the masks).
   ours_fast  the fast recipe (experiments/configs/pretrain.py:base_fast): attention
@@ -39,7 +39,6 @@ import time
 import importlib.util
 
 import flax.linen as nn
-from flax.training import train_state
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,10 +48,10 @@ from bert_jax.model import encoder as model_lib
 from bert_jax.model import heads
 from bert_jax.pretrain import cost
 from bert_jax.pretrain import losses
-from bert_jax.pretrain import steps as pretrain_step
+from bert_jax.pretrain import steps as pretrain_steps
 from bert_jax.run import metrics_io
 from bert_jax.training import optim
-from bert_jax.training import state as state_lib
+from bert_jax.training import sharding
 from experiments.configs import pretrain
 
 
@@ -73,17 +72,22 @@ def make_batch(bert_config, batch: int, seq_len: int, predictions: int) -> dict:
   }
 
 
-def ours(bert_config, tx, batch, rng_impl: str = "threefry"):
-  """(step function, state) for bert_jax.pretrain.steps.train_step."""
-  module = heads.BertForPreTraining(bert_config)
-  key = state_lib.dropout_key(jax.random.PRNGKey(1), rng_impl)
-  params = nn.unbox(jax.jit(lambda: module.init(
-      jax.random.key(0), batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-      batch["masked_lm_positions"]))()["params"])
-  state = train_state.TrainState.create(apply_fn=module.apply, params=params, tx=tx)
-  step = jax.jit(functools.partial(pretrain_step.train_step, grad_accum_steps=1, skip_nonfinite=False),
-                 donate_argnums=(0,))
-  return (lambda s, b: step(s, b, key)), state
+def ours(bert_config, batch, rng_impl: str = "threefry"):
+  """(step function, state) for the trainer's own step (bert_jax.pretrain.steps.build) on the
+  base recipe's config (optimizer over 1000 steps), one device."""
+  config = pretrain.get_config("base")
+  config.total_steps, config.rng_impl = 1000, rng_impl
+  config.batch_size = batch["input_ids"].shape[0]
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  programs = pretrain_steps.build(config, bert_config, mesh,
+                                  seq_len=batch["input_ids"].shape[1],
+                                  predictions=batch["masked_lm_positions"].shape[1])
+  key = pretrain_steps.keys(config)[1]
+
+  def step(state, b):
+    with sharding.activate(mesh, programs.rules):
+      return programs.train_step(state, b, key)
+  return step, programs.layout.init(jax.random.key(0))
 
 
 # Row name -> (BertConfig overrides, rng_impl) of our step.
@@ -187,7 +191,7 @@ def main():
         built[name] = reference(base_config, tx, batch)
       else:
         overrides, rng_impl = OURS[name]
-        built[name] = ours(base_config.replace(**overrides), tx, batch, rng_impl)
+        built[name] = ours(base_config.replace(**overrides), batch, rng_impl)
     seconds, first = time_interleaved(built, batch, args.steps)
     del built
     rates = {}
