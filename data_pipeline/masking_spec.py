@@ -1,5 +1,10 @@
 """What masked-LM masking does, as a validated spec: no TensorFlow.
 
+The one place a masking setting is understood: the pipeline applies it
+(data_pipeline.masking, data_pipeline.selection), the ablation's planner asks it for
+the predictions a run makes (expected_predictions) and its report for what the
+setting is (columns, describe, from_record, mean_ratio).
+
 MaskingSpec (ratio, count strategy, mask/random/keep split, whole-word and span
 units, the ratio schedule, corruption apart from prediction) and bert_masking,
 the paper's. data_pipeline/masking.py holds the tf.data ops that apply a spec and
@@ -10,6 +15,8 @@ planning and its report judge masking settings without importing TensorFlow.
 import dataclasses
 import math
 import numbers
+
+import numpy as np
 
 _STRATEGIES = ("fixed", "bernoulli")
 SCHEDULES = ("constant", "linear", "cosine", "polynomial", "warmup_decay")
@@ -253,6 +260,52 @@ class MaskingSpec:
           f"{max_seq_length}: P(more than {explicit} masked) = {tail:.2e} > "
           f"{_BERNOULLI_OVERFLOW_PROB} (set 0 to derive it)")
     return explicit
+
+
+  # --- what a setting means, for the ablation's planner and its report ---
+
+  @classmethod
+  def from_record(cls, masking_config: dict) -> "MaskingSpec":
+    """The spec a run recorded (config.data.masking as a dict); fields the record
+    predates keep BERT's values (no schedule, no prediction rate)."""
+    return dataclasses.replace(bert_masking(), **{
+        f.name: masking_config[f.name] for f in dataclasses.fields(cls)
+        if f.name in masking_config})
+
+  def mean_ratio(self, total_steps: int) -> float:
+    """The ratio averaged over every step of a run (where a schedule sits on a ratio axis)."""
+    return float(np.mean([self.ratio_at(s, total_steps) for s in range(total_steps)]))
+
+  def expected_predictions(self, max_seq_length: int, total_steps: int,
+                           special_tokens: int = 3) -> float:
+    """Predictions per sequence of `max_seq_length` tokens, `special_tokens` of them never
+    predicted ([CLS] A [SEP] B [SEP]), averaged over a run's schedule (sampled at 1,000
+    steps at most): at predict_ratio where it sets the predictions apart from the
+    corruption, within the static slots."""
+    stride = max(1, total_steps // 1000)
+    ratios = [self.ratio_at(s, total_steps) for s in range(0, total_steps, stride)]
+    predicted = self.predict_ratio or float(np.mean(ratios))
+    slots = self.max_predictions(max_seq_length)
+    return float(min(slots, max(1, round(predicted * (max_seq_length - special_tokens)))))
+
+  def columns(self) -> dict[str, str]:
+    """What the setting is, as the report's columns: ratio, schedule, mix, unit, and the
+    expected share of predictions whose input token is unchanged."""
+    mix = "/".join(f"{round(100 * p)}" for p in (self.mask_prob, self.random_prob,
+                                                  self.keep_prob))
+    schedule = (self.schedule if self.schedule == "constant"
+                else f"{self.schedule} {self.ratio:.2f}->{self.final_ratio:.2f}")
+    unit = "span" if self.span else "whole word" if self.whole_word else "token"
+    if self.predict_ratio:
+      mix += f", predict {self.predict_ratio:.2f}"  # Wettig et al.'s prediction rate
+    return {"ratio": f"{self.ratio:.2f}", "schedule": schedule, "mix": mix, "unit": unit,
+            "uncorrupted_fraction": round(self.uncorrupted_fraction(), 4)}
+
+  def describe(self) -> str:
+    """One line: 'ratio 0.15 constant, 80/10/10 mask/random/keep, token units, strategy fixed'."""
+    c = self.columns()
+    return (f"ratio {c['ratio']} {c['schedule']}, {c['mix']} mask/random/keep, {c['unit']} "
+            f"units, strategy {self.strategy}")
 
 
 def bert_masking(ratio: float = 0.15, **changes) -> MaskingSpec:

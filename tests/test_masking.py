@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from data_pipeline import masking
 from data_pipeline import masking_spec
+from data_pipeline import selection
 
 VOCAB = 30522
 PAD, UNK, CLS, SEP, MASK = 0, 100, 101, 102, 103
@@ -349,7 +350,7 @@ def test_span_lengths_follow_truncated_geometric():
   """Fails if a span length falls outside [1, 10] or the lengths fail a chi-square test against
   Geometric(0.2) truncated at 10."""
   spec = masking_spec.bert_masking(ratio=0.15, span=True)
-  lengths = masking.sample_span_lengths(tf.constant([3, 4]), 20000, spec).numpy()
+  lengths = selection.sample_span_lengths(tf.constant([3, 4]), 20000, spec).numpy()
   pmf = scipy.stats.geom(0.2).pmf(np.arange(1, 11))
   observed = np.array([(lengths == k).sum() for k in range(1, 11)])
   assert observed.sum() == len(lengths), "span length outside [1, 10]"
@@ -535,3 +536,26 @@ def test_example_seed_depends_on_every_input():
            for s in (0, 1) for e in (0, 1) for i in (0, 1, 2)}
   assert len(seeds) == 12
   np.testing.assert_array_equal(masking.example_seed(3, 2, 5), masking.example_seed(3, 2, 5))
+
+
+def test_the_spec_answers_what_a_setting_means():
+  """Fails if MaskingSpec's answers to the ablation's planner and report (expected
+  predictions over a schedule, the columns, the one-line description, a recorded config
+  with fields it predates) are not what the setting means."""
+  bert = masking_spec.bert_masking()
+  assert bert.expected_predictions(128, 1000) == 19  # round(0.15 * 125), of 20 slots
+  assert bert.describe() == ("ratio 0.15 constant, 80/10/10 mask/random/keep, token units, "
+                             "strategy fixed")
+  decay = masking_spec.bert_masking(0.3, schedule="linear", final_ratio=0.1)
+  assert abs(decay.mean_ratio(1000) - 0.2) < 1e-3
+  assert decay.expected_predictions(128, 1000) == 25  # the mean ratio 0.2 of 125 tokens
+  assert decay.columns()["schedule"] == "linear 0.30->0.10"
+  rate = masking_spec.bert_masking(0.15, predict_ratio=0.4)
+  assert rate.expected_predictions(128, 1000) == 50  # the prediction rate, within 52 slots
+  assert rate.columns()["mix"] == "80/10/10, predict 0.40"
+  assert rate.columns()["uncorrupted_fraction"] == round(rate.uncorrupted_fraction(), 4)
+  words = masking_spec.bert_masking(whole_word=True)
+  assert words.describe().endswith("whole word units, strategy fixed")
+  # A record from before schedules and prediction rates existed: BERT's values for those.
+  assert masking_spec.MaskingSpec.from_record({"ratio": 0.4, "whole_word": True}) == \
+      masking_spec.bert_masking(0.4, whole_word=True)

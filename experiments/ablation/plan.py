@@ -54,15 +54,9 @@ def vocab_size(data_config: ml_collections.ConfigDict, model_config) -> int:
 
 
 def expected_predictions(run: ml_collections.ConfigDict) -> float:
-  """Predictions per sequence a run is expected to make, averaged over its schedule (at
-  predict_ratio where it sets the predictions apart from the corruption)."""
-  spec = specs.masking_spec(run.data)
-  ratios = [spec.ratio_at(s, run.total_steps) for s in range(0, run.total_steps,
-                                                              max(1, run.total_steps // 1000))]
-  maskable = run.data.max_seq_length - _SPECIAL_TOKENS
-  slots = spec.max_predictions(run.data.max_seq_length)
-  predicted = spec.predict_ratio or float(np.mean(ratios))  # predict_ratio: constant schedules
-  return float(min(slots, max(1, round(predicted * maskable))))
+  """Predictions per sequence a run is expected to make (MaskingSpec.expected_predictions)."""
+  return specs.masking_spec(run.data).expected_predictions(
+      run.data.max_seq_length, run.total_steps, _SPECIAL_TOKENS)
 
 
 def _step_flops(run: ml_collections.ConfigDict):

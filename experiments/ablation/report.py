@@ -20,14 +20,12 @@ Every number comes from files the runs wrote (nothing is re-run):
 """
 
 import csv
-import dataclasses
 import io
 import json
 import statistics
 from typing import Any
 
 import ml_collections
-import numpy as np
 
 from bert_jax.run import batch_log
 from bert_jax.run import checkpoint
@@ -104,32 +102,6 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
   return "\n".join(lines)
 
 
-def _spec(masking_config: dict) -> masking_spec.MaskingSpec:
-  """The MaskingSpec a run recorded (fields it predates keep BERT's values: no schedule)."""
-  return dataclasses.replace(masking_spec.bert_masking(), **{
-      f.name: masking_config[f.name] for f in dataclasses.fields(masking_spec.MaskingSpec)
-      if f.name in masking_config})
-
-
-def mean_ratio(spec: masking_spec.MaskingSpec, total_steps: int) -> float:
-  """The ratio averaged over the run's steps (where a schedule sits on the ratio axis)."""
-  return float(np.mean([spec.ratio_at(s, total_steps) for s in range(total_steps)]))
-
-
-def _describe(spec: masking_spec.MaskingSpec) -> dict[str, str]:
-  """Human-readable masking columns."""
-  mix = "/".join(f"{round(100 * p)}" for p in (spec.mask_prob, spec.random_prob, spec.keep_prob))
-  schedule = (spec.schedule if spec.schedule == "constant"
-              else f"{spec.schedule} {spec.ratio:.2f}->{spec.final_ratio:.2f}")
-  unit = "span" if spec.span else "whole word" if spec.whole_word else "token"
-  if spec.predict_ratio:
-    mix += f", predict {spec.predict_ratio:.2f}"  # Wettig et al.'s prediction rate
-  return {"ratio": f"{spec.ratio:.2f}", "schedule": schedule, "mix": mix, "unit": unit,
-          # Expected share of predictions whose input token is unchanged (keep_prob, plus
-          # predict_ratio's uncorrupted predictions).
-          "uncorrupted_fraction": round(spec.uncorrupted_fraction(), 4)}
-
-
 def collect(workdir: str, plan: dict[str, Any], unfinished: tuple[str, ...] = ()
             ) -> list[dict[str, Any]]:
   """One dict per planned run that has started: every number of the report.
@@ -147,7 +119,7 @@ def collect(workdir: str, plan: dict[str, Any], unfinished: tuple[str, ...] = ()
     config = ml_collections.ConfigDict(
         json.loads(paths.read_text(paths.join(run_dir, workdir_lib.CONFIG_FILE))))
     bert_config = checkpoint.read_bert_config(run_dir)
-    spec = _spec(config.data.masking.to_dict())
+    spec = masking_spec.MaskingSpec.from_record(config.data.masking.to_dict())
     metrics = metrics_io.read_metrics(paths.join(run_dir, metrics_io.METRICS_FILE)) \
         if paths.exists(paths.join(run_dir, metrics_io.METRICS_FILE)) else []
     train_rows = [r for r in metrics if "steps_per_s" in r]
@@ -168,7 +140,7 @@ def collect(workdir: str, plan: dict[str, Any], unfinished: tuple[str, ...] = ()
     flops = cumulative[min(steps, len(cumulative) - 1)]
     row = {"run": run["name"], "setting": run["setting"], "seed": run["seed"],
            "finished": run["name"] not in unfinished,
-           **_describe(spec), "mean_ratio": round(mean_ratio(spec, config.total_steps), 4),
+           **spec.columns(), "mean_ratio": round(spec.mean_ratio(config.total_steps), 4),
            "prediction_slots": "/".join(str(p) for _, _, p in phases),
            "steps": steps, "total_steps": config.total_steps,
            "tokens": sum(r["tokens"] for rows_ in logs.values() for r in rows_),

@@ -18,7 +18,6 @@ import ml_collections
 
 from bert_jax import errors
 from bert_jax import exit_codes
-from bert_jax.run import batch_log
 from bert_jax.run import checkpoint
 from bert_jax.run import preemption
 from bert_jax.run import workdir as workdir_lib
