@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import convert
-from bert_jax.finetune import packing
+from bert_jax.finetune.features import packing
 from bert_jax.model import encoder as model_lib
-from data_pipeline import tokenizers
+from data_pipeline.vocab import tokenizers
 from host import paths
 from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 

@@ -44,8 +44,8 @@ def _pretrain(config, workdir_path: str):
 
 
 def _finetune(config, workdir_path: str):
-  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
-  return trainer.finetune(config, workdir_path)
+  from bert_jax.finetune import sweep as finetune_sweep  # pylint: disable=g-import-not-at-top
+  return finetune_sweep.finetune(config, workdir_path)
 
 
 TRAINERS = {"pretrain": _pretrain, "finetune": _finetune}

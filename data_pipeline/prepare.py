@@ -35,13 +35,12 @@ import dataclasses
 import logging
 from typing import Any, Sequence
 
-from data_pipeline import corpora
-from data_pipeline import pairs
-from data_pipeline import prepare_corpus
-from data_pipeline import pretraining
+from data_pipeline.sources import corpora
+from data_pipeline.store import prepare_corpus
+from data_pipeline.examples import pretraining
 from data_pipeline import specs
-from data_pipeline import token_store
-from data_pipeline import tokenized_corpus
+from data_pipeline.store import token_store
+from data_pipeline.store import tokenized_corpus
 
 EVAL_KINDS = ("eval", "eval_own")  # fixed 15% held-out masks; the same pairs masked like training
 
@@ -76,7 +75,7 @@ class PretrainingData:
   vocab_file: str
   spm_model_file: str
   fingerprint: dict
-  tokenized: dict[tuple, pairs.TokenizedCorpus] = dataclasses.field(default_factory=dict)
+  tokenized: dict[tuple, tokenized_corpus.TokenizedCorpus] = dataclasses.field(default_factory=dict)
   eval_sets: dict[tuple[int, str], list[dict]] = dataclasses.field(default_factory=dict)
 
   @classmethod
@@ -164,7 +163,7 @@ class PretrainingData:
           tokenizer=self.tokenizer, corpus=self._corpus(config, "eval"))
     return self.eval_sets[phase, kind]
 
-  def _corpus(self, config, split: str) -> pairs.TokenizedCorpus:
+  def _corpus(self, config, split: str) -> tokenized_corpus.TokenizedCorpus:
     """This process's tokenized training documents, or the whole held-out set (every
     process builds the same one), read once."""
     index, count, limit = ((self.process_index, self.process_count, 0) if split == "train"
@@ -181,7 +180,7 @@ class PretrainingData:
     return self.tokenized[key]
 
   def _stored(self, config, split: str, index: int, count: int,
-              limit: int) -> pairs.TokenizedCorpus:
+              limit: int) -> tokenized_corpus.TokenizedCorpus:
     """A split's documents from the store (made first when absent); when a shard is found
     damaged, every shard is read whole, the damaged ones rebuilt, and the split read again."""
     try:

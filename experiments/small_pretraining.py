@@ -4,7 +4,7 @@ A generated corpus over a fixed word list, a WordPiece vocabulary holding
 exactly those words (padded to 96 entries, so a tensor axis of 2 divides it),
 and a tiny config on them: L=2, H=64, A=2, sequences of 32 tokens, 5
 predictions. tests/conftest.py (pretrain_test_config) and
-experiments/benchmarks/fast_recipe.py start from here and set only what is
+experiments/benchmarks/pretrain/fast_recipe.py start from here and set only what is
 theirs (batch, steps, checkpoints).
 """
 

@@ -31,7 +31,7 @@ marker path.
 A spec whose moment never comes leaves the run to finish (exit 0): the tests
 require the SIGKILL exit and the marker.
 
-The offline preparation (data_pipeline.prepare_corpus with one worker, which writes
+The offline preparation (data_pipeline.store.prepare_corpus with one worker, which writes
 its shards in order in its own process) has two moments, "PHASE:UNIT" with the
 shard's unit index (`install_preparation`), both at the rename host/paths.write_atomic
 makes of a shard's whole temporary file: `shard_temp` dies before it (the temporary
@@ -223,7 +223,7 @@ def install_preparation(spec: str, marker_path: str) -> None:
   """Arms the preparation's kill at `spec` ("shard_temp:UNIT" or "shard:UNIT"); the
   marker lists the shard directory's files at the moment of death."""
   phase, unit = parse(spec, PREPARATION_PHASES)
-  from data_pipeline import token_store  # pylint: disable=g-import-not-at-top
+  from data_pipeline.store import token_store  # pylint: disable=g-import-not-at-top
   name = os.path.basename(token_store.shard_name(unit))
   replace = os.replace
 

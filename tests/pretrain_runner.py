@@ -60,7 +60,7 @@ class SyntheticInput:
     self.position += 1
     lo = self.process_index * self.batch_size
     batch = {k: v[lo:lo + self.batch_size] for k, v in full.items()}
-    from data_pipeline import pretraining  # pylint: disable=g-import-not-at-top  # after sys.path
+    from data_pipeline.examples import pretraining  # pylint: disable=g-import-not-at-top  # after sys.path
     self.last_fingerprint = pretraining.batch_fingerprint(
         batch["input_ids"], batch["segment_ids"], batch["next_sentence_labels"])
     return batch
@@ -88,7 +88,7 @@ def synthetic_eval_batches(data_config, *, batch_size, process_index=0, process_
 def main(argv):
   config = ml_collections.ConfigDict(json.loads(pathlib.Path(argv[1]).read_text()))
   if "--synthetic" in argv:
-    from data_pipeline import pretraining
+    from data_pipeline.examples import pretraining
     pretraining.PretrainingInput = SyntheticInput
     pretraining.make_eval_batches = synthetic_eval_batches
   options = dict(arg[2:].split("=", 1) for arg in argv[3:] if "=" in arg)

@@ -26,6 +26,7 @@ import pytest
 from bert_jax.pretrain import trainer as pretrain_lib
 from data_pipeline import specs
 from experiments.ablation import report as ablation_report
+from experiments.ablation import plan as ablation_plan
 from experiments.ablation import stages as ablation
 from experiments.configs import ablation as ablation_configs
 from experiments.configs import finetune as finetune_configs
@@ -135,7 +136,7 @@ def test_every_variant_plans_runs_that_differ_only_in_masking(variant, tmp_path)
   and a schedule), a run's seeds or prediction slots are off, or one seed's runs differ in nothing
   or outside data.masking (FLOP mode: also steps and warm-up)."""
   config = ablation_configs.get_config(variant)
-  runs = ablation.plan(config, str(tmp_path))
+  runs = ablation_plan.grid_runs(config, str(tmp_path))
   assert len(runs) == len(config.settings) * len(config.pretrain_seeds)
   if variant == "zh_tiny":
     ratios = {r.config.data.masking.ratio for r in runs}
@@ -163,16 +164,16 @@ def test_settings_may_only_set_masking_fields(tmp_path):
   a non-masking field (learning_rate) or a final_ratio under a constant schedule."""
   config = ablation_configs.get_config("smoke")
   config.settings.r15.ratio = 0.2
-  runs = {r.setting: r for r in ablation.plan(config, str(tmp_path))}
+  runs = {r.setting: r for r in ablation_plan.grid_runs(config, str(tmp_path))}
   assert runs["r15"].config.data.masking.ratio == 0.2
   with config.settings.r15.unlocked():
     config.settings.r15.learning_rate = 0.1
   with pytest.raises(ablation.AblationError, match="learning_rate.*not fields of"):
-    ablation.plan(config, str(tmp_path))
+    ablation_plan.grid_runs(config, str(tmp_path))
   config = ablation_configs.get_config("smoke")
   config.settings.r15.final_ratio = 0.3  # with a constant schedule
   with pytest.raises(ablation.AblationError, match="final_ratio"):
-    ablation.plan(config, str(tmp_path))
+    ablation_plan.grid_runs(config, str(tmp_path))
 
 
 def test_printed_commands_rebuild_every_run_config(tmp_path):
@@ -180,7 +181,7 @@ def test_printed_commands_rebuild_every_run_config(tmp_path):
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   config = ablation_configs.get_config("zh_tiny")
   config.pretrain.total_steps = 777  # an override given on the ablation's command line
-  runs = ablation.plan(config, str(tmp_path))
+  runs = ablation_plan.grid_runs(config, str(tmp_path))
   lines = ablation.commands(config, str(tmp_path), runs,
                             ["--config=experiments/configs/ablation.py:zh_tiny",
                              "--config.pretrain.total_steps=777"])
@@ -188,7 +189,7 @@ def test_printed_commands_rebuild_every_run_config(tmp_path):
   assert len(mains) == len(runs) * (1 + len(config.downstream))
   assert "--config.pretrain.total_steps=777" in lines[1]
   expected = [r.config for r in runs] + [
-      ablation.finetune_config(config, task, r, str(tmp_path))
+      ablation_plan.finetune_config(config, task, r, str(tmp_path))
       for r in runs for task in config.downstream]
   dirs = [tmp_path / r.pretrain_dir for r in runs] + [
       tmp_path / r.finetune_dirs[task] for r in runs for task in config.downstream]

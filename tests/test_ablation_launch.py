@@ -16,7 +16,6 @@ import json
 import pathlib
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -24,10 +23,10 @@ import pytest
 from bert_jax.launch import launcher as launcher_lib
 from experiments.ablation import grid as ablation_grid
 from experiments.ablation import launch as ablation_launch
+from experiments.ablation import plan as ablation_plan
 from experiments.ablation import stages
 from experiments.configs import ablation as ablation_configs
 from fake_gcloud import REPO, FakeGcloud
-from host import paths
 
 PREFIX = "abl"
 # The launch flags every test gives: fast polls, a one-VM slice (the fake's FAKE_WORKERS=1).
@@ -87,7 +86,7 @@ class Grid:
 
   def record(self, run: str) -> dict | None:
     """Run `run`'s job record where its fake job wrote it."""
-    path = (self.fake.root / "gcs" / self.workdir[len("gs://"):] / stages.PRETRAIN_DIR / run
+    path = (self.fake.root / "gcs" / self.workdir[len("gs://"):] / ablation_plan.PRETRAIN_DIR / run
             / "job_state.json")
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -162,7 +161,7 @@ def test_preflight_runs_once_per_distinct_shape(monkeypatch, tmp_path):
   config = smoke_config()
   with config.unlocked():  # r15's ratio, every prediction [MASK]: r15's shape
     config.settings.r15_mask = ablation_configs.masking_setting(0.15, mix=(1.0, 0.0, 0.0))
-  runs = stages.plan(config, "gs://b/abl")
+  runs = ablation_plan.grid_runs(config, "gs://b/abl")
   ablation_launch.share_store(runs, "gs://b/abl")
   compiled = []
   monkeypatch.setattr(launcher_lib, "preflight",
@@ -186,11 +185,11 @@ def test_the_later_stages_leave_a_given_up_run_out_and_name_it_unfinished(monkey
   it (it would refuse the whole stage: that run never finished) or if the report is not
   told it is unfinished, from the workdir alone (--stage=report without --config too)."""
   workdir, config = str(tmp_path), smoke_config()
-  stages.prepare(config, workdir, stages.plan(config, workdir))
+  stages.prepare(config, workdir, ablation_plan.grid_runs(config, workdir))
   grid = ablation_grid.Grid(workdir)
   grid.merge([ablation_grid.Entry(name=r.name, setting=r.setting, seed=r.seed, index=0,
                                   workdir=r.pretrain_dir, args=[])
-              for r in stages.plan(config, workdir)])
+              for r in ablation_plan.grid_runs(config, workdir)])
   grid.update("r15_seed1", state=ablation_grid.FAILED, attempt=3, error="boom")
   reported, finetuned = [], []
   monkeypatch.setattr(stages.ablation_report, "write_report",

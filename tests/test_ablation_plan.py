@@ -30,8 +30,8 @@ def test_flop_mode_gives_each_setting_the_steps_that_spend_the_budget(tmp_path):
   config = ablation_configs.get_config("smoke")
   config.budget.mode = "flops"
   config.budget.flops = 3e11
-  runs = ablation.plan(config, str(tmp_path))
-  matched = ablation.budget_steps(config, str(tmp_path))
+  runs = ablation_plan.grid_runs(config, str(tmp_path))
+  matched = ablation_plan.budget_steps(config, str(tmp_path))
   steps = {r.setting: r.config.total_steps for r in runs}
   assert len(set(steps.values())) == 2  # the cosine run's steps cost more: it gets fewer
   for setting, m in matched.items():
@@ -45,7 +45,7 @@ def test_flop_mode_gives_each_setting_the_steps_that_spend_the_budget(tmp_path):
   for r in runs:  # warm-up stretched with the run
     assert r.config.optimizer.warmup_steps == max(
         1, round(base.optimizer.warmup_steps * r.config.total_steps / base.total_steps))
-  ablation.write_plan(config, str(tmp_path), runs, matched)
+  ablation_plan.write_plan(config, str(tmp_path), runs, matched)
   written = json.loads((tmp_path / "plan.json").read_text())
   assert written["budget"]["mode"] == "flops"
   assert written["budget"]["settings"]["r15"]["steps"] == steps["r15"]
@@ -56,15 +56,15 @@ def test_a_zero_budget_is_the_baselines_steps_and_step_mode_changes_nothing(tmp_
   (0: the baseline's FLOPs) gives the baseline r15 other steps, or a budget under one step is
   accepted."""
   config = ablation_configs.get_config("smoke")
-  step_runs = ablation.plan(config, str(tmp_path))
+  step_runs = ablation_plan.grid_runs(config, str(tmp_path))
   assert {r.config.total_steps for r in step_runs} == {config.pretrain.total_steps}
   config.budget.mode = "flops"
   config.budget.flops = 0.0  # said, not inherited: 0 is what this test is about
-  matched = ablation.budget_steps(config, str(tmp_path))
+  matched = ablation_plan.budget_steps(config, str(tmp_path))
   assert matched["r15"]["steps"] == config.pretrain.total_steps
   config.budget.flops = 1.0
   with pytest.raises(ablation.AblationError, match="less than one step"):
-    ablation.plan(config, str(tmp_path))
+    ablation_plan.grid_runs(config, str(tmp_path))
 
 
 def test_seeds_baseline_and_random_init_are_planned(tmp_path):
@@ -80,13 +80,13 @@ def test_seeds_baseline_and_random_init_are_planned(tmp_path):
     assert config.report.baseline in config.settings
   config = ablation_configs.get_config("smoke")
   task = next(iter(config.downstream))
-  assert ablation.random_init_dirs(config) == {task: f"finetune/random_init/{task}"}
-  floor = ablation.finetune_config(config, task, None, str(tmp_path))
+  assert ablation_plan.random_init_dirs(config) == {task: f"finetune/random_init/{task}"}
+  floor = ablation_plan.finetune_config(config, task, None, str(tmp_path))
   assert floor.init_checkpoint == "" and floor.model_size == config.pretrain.model_size
   assert floor.learning_rates == config.downstream[task].learning_rates  # the same sweep
   config.report.baseline = "r99"
   with pytest.raises(ablation.AblationError, match="config.report.baseline='r99'"):
-    ablation.plan(config, str(tmp_path))
+    ablation_plan.grid_runs(config, str(tmp_path))
 
 
 def test_zh_proof_is_the_compute_matched_three_seed_plan(tmp_path):
@@ -98,7 +98,7 @@ def test_zh_proof_is_the_compute_matched_three_seed_plan(tmp_path):
   assert config.budget.mode == "flops" and config.budget.flops == 0.0
   assert set(config.settings) == {"r15", "r40", "cos40to15"}
   assert tuple(config.pretrain_seeds) == (0, 1, 2) and config.random_init
-  matched = ablation.budget_steps(config, str(tmp_path))
+  matched = ablation_plan.budget_steps(config, str(tmp_path))
   assert matched["r15"]["steps"] == 500
   assert matched["r40"]["steps"] < matched["cos40to15"]["steps"] < 500
   budget = matched["r15"]["flops"]
@@ -128,7 +128,7 @@ def test_the_masking_papers_grids_are_their_settings_on_the_efficient_recipe(var
   setting is missing or other, if a run differs from pretrain.py:efficient in more than its
   masks, seeds, evaluation and checkpoint cadence, or if the dry run's target is not a v4-32."""
   config = ablation_configs.get_config(variant)
-  runs = ablation.plan(config, str(tmp_path))
+  runs = ablation_plan.grid_runs(config, str(tmp_path))
   by = {r.setting: r for r in runs if r.seed == 0}
   fields = ("ratio", "mask_prob", "random_prob", "keep_prob", "predict_ratio", "schedule",
             "final_ratio", "whole_word", "span")
@@ -168,7 +168,7 @@ def test_the_masking_papers_grids_are_their_settings_on_the_efficient_recipe(var
 def test_predictions_estimate_follows_predict_ratio(tmp_path):
   """Fails if --dry_run's expected predictions for a corrupt 40% / predict 15% run are the
   corruption's (50 of 125 maskable tokens) rather than the predictions' (19)."""
-  runs = {r.setting: r for r in ablation.plan(ablation_configs.get_config("wettig"),
+  runs = {r.setting: r for r in ablation_plan.grid_runs(ablation_configs.get_config("wettig"),
                                               str(tmp_path)) if r.seed == 0}
   assert ablation_plan.expected_predictions(runs["c40_p15"].config) == 19 == \
       ablation_plan.expected_predictions(runs["r15"].config)
@@ -180,7 +180,7 @@ def _smoke_runs(tmp_path):
   """The smoke variant's runs in step mode (20 steps, eval and checkpoints every 10)."""
   config = ablation_configs.get_config("smoke")
   assert config.budget.mode == "steps" and config.budget.finetune_at_equal_flops
-  return config, {r.setting: r for r in ablation.plan(config, str(tmp_path))}
+  return config, {r.setting: r for r in ablation_plan.grid_runs(config, str(tmp_path))}
 
 
 def test_step_mode_fine_tunes_the_checkpoint_at_the_smallest_runs_flops(tmp_path):
@@ -196,25 +196,25 @@ def test_step_mode_fine_tunes_the_checkpoint_at_the_smallest_runs_flops(tmp_path
   cumulative = {s: [f * step for step in range(p.total_steps + 1)] for s, f in per_step.items()}
   kept = {s: [10, 20] for s in runs}  # every eval point (keep_period) and the last
   seeds = {s: 0 for s in runs}
-  picked = ablation_plan.equal_flops_checkpoints(cumulative, kept, seeds)
+  picked = ablation_plan.match_equal_flops(cumulative, kept, seeds)
   budget = 20 * per_step["r15"]
   assert picked["r15"] == {"step": 20, "flops": budget, "budget": budget}
   assert picked["cos40to15"]["step"] == 10
   assert picked["cos40to15"]["flops"] == 10 * per_step["cos40to15"] <= budget
   # Only the steps a run holds count: without step 10 nothing fits, and it says so.
   with pytest.raises(ValueError, match="keeps no checkpoint within the equal-FLOPs budget"):
-    ablation_plan.equal_flops_checkpoints(cumulative, {"r15": [20], "cos40to15": [20]}, seeds)
+    ablation_plan.match_equal_flops(cumulative, {"r15": [20], "cos40to15": [20]}, seeds)
   # The budget is per pretraining seed: a seed-1 baseline that drew 0.1% more predictions
   # still ends at its own final step, not an earlier one.
   more = {"r15_seed1": [1.001 * f for f in cumulative["r15"]]}
-  picked = ablation_plan.equal_flops_checkpoints(
+  picked = ablation_plan.match_equal_flops(
       {**cumulative, **more}, {**kept, "r15_seed1": [10, 20]}, {**seeds, "r15_seed1": 1})
   assert picked["r15_seed1"]["step"] == 20 and picked["r15"]["step"] == 20
   # The fine-tuning starts from that step's directory in the run's workdir.
   task = next(iter(config.downstream))
-  start = ablation.finetune_config(config, task, runs["cos40to15"], str(tmp_path), 10)
+  start = ablation_plan.finetune_config(config, task, runs["cos40to15"], str(tmp_path), 10)
   assert start.init_checkpoint == str(tmp_path / "pretrain" / "cos40to15_seed0" /
-                                      ablation.checkpoint.CHECKPOINT_DIR / "10")
+                                      ablation_plan.checkpoint.CHECKPOINT_DIR / "10")
 
 
 def test_a_run_a_hair_over_the_budget_is_fine_tuned_from_its_final_checkpoint():
@@ -225,7 +225,7 @@ def test_a_run_a_hair_over_the_budget_is_fine_tuned_from_its_final_checkpoint():
   kept = {"r15": [10, 20], "r40": [10, 20]}
   for over, step in ((1.003, 20), (1.02, 10)):
     cumulative = {"r15": [1e9 * s for s in range(21)], "r40": [over * 1e9 * s for s in range(21)]}
-    picked = ablation_plan.equal_flops_checkpoints(cumulative, kept, seeds)
+    picked = ablation_plan.match_equal_flops(cumulative, kept, seeds)
     assert picked["r15"]["step"] == 20 and picked["r40"]["step"] == step, over
 
 
@@ -237,11 +237,11 @@ def test_checkpoints_that_would_miss_an_eval_point_are_refused_before_pretrainin
   config.pretrain.checkpoint.keep_period = 0  # keep=2 of 3 saves (10, 20 and the last)
   config.pretrain.total_steps = 30
   with pytest.raises(ablation.AblationError, match="does not keep a checkpoint at every"):
-    ablation.plan(config, str(tmp_path))
+    ablation_plan.grid_runs(config, str(tmp_path))
   config.budget.finetune_at_equal_flops = False  # the final checkpoint alone is then enough
-  assert ablation.plan(config, str(tmp_path))
+  assert ablation_plan.grid_runs(config, str(tmp_path))
   for variant in ablation_configs.VARIANTS:  # every shipped variant passes
-    assert ablation.plan(ablation_configs.get_config(variant), str(tmp_path))
+    assert ablation_plan.grid_runs(ablation_configs.get_config(variant), str(tmp_path))
 
 
 def test_dry_run_lists_the_plans_flops_without_touching_the_corpus(tmp_path, monkeypatch):
@@ -255,8 +255,8 @@ def test_dry_run_lists_the_plans_flops_without_touching_the_corpus(tmp_path, mon
   config.budget.mode = "flops"
   config.budget.flops = 3e11
   workdir = str(tmp_path / "w")
-  runs = ablation.plan(config, workdir)
-  matched = ablation.budget_steps(config, workdir)
+  runs = ablation_plan.grid_runs(config, workdir)
+  matched = ablation_plan.budget_steps(config, workdir)
   table = ablation_plan.dry_run(config, runs)
   for run in runs:
     line = next(l for l in table.splitlines() if l.startswith(f"| {run.name} |"))
@@ -276,7 +276,7 @@ def test_flop_mode_refuses_a_second_phase(tmp_path):
   config.budget.mode = "flops"
   config.pretrain.phase2.start_fraction = 0.9
   with pytest.raises(ablation.AblationError, match="single-phase"):
-    ablation.plan(config, str(tmp_path))
+    ablation_plan.grid_runs(config, str(tmp_path))
 
 
 def _executed_flops(run_config) -> float:
@@ -284,7 +284,7 @@ def _executed_flops(run_config) -> float:
   of its input stream counted (the trainer's batch_log counts the same weights)."""
   import numpy as np
   from bert_jax.pretrain import cost
-  from data_pipeline import pretraining
+  from data_pipeline.examples import pretraining
   source = pretraining.PretrainingInput(run_config.data, batch_size=run_config.batch_size,
                                         schedule_steps=run_config.total_steps)
   try:
@@ -312,7 +312,7 @@ def test_prepare_plans_flop_mode_on_the_predictions_the_streams_make(pretrain_te
                                             "data.masking.max_predictions_per_seq": 0})
   config.budget.mode = "flops"
   workdir = str(tmp_path / "w")
-  estimated = ablation.plan(config, workdir)
+  estimated = ablation_plan.grid_runs(config, workdir)
   runs = ablation.prepare(config, workdir, estimated)
   recorded = json.loads((tmp_path / "w" / "plan.json").read_text())["budget"]["settings"]
   assert all(m["measured"] for m in recorded.values())
@@ -329,7 +329,7 @@ def test_prepare_plans_flop_mode_on_the_predictions_the_streams_make(pretrain_te
     misses.append(abs(budget - spent) / recorded[run.setting]["flops_per_step"])
   assert max(misses) > 1, misses
   # Later stages (a re-run after a kill, --stage=pretrain) plan the recorded steps.
-  again = ablation.plan(config, workdir)
+  again = ablation_plan.grid_runs(config, workdir)
   assert [r.config.total_steps for r in again] == [r.config.total_steps for r in runs]
   config.budget.flops = 1e12  # another budget: the record is not this grid's
   assert ablation_plan.recorded(config, str(tmp_path / "w" / "plan.json")) == {}

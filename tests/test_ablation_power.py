@@ -172,8 +172,9 @@ def test_plan_seeds_refuses_in_one_line(tmp_path, make, says):
 
 def test_the_docs_quote_the_committed_zh_proof_result():
   """Fails if docs/ablation.md's --plan_seeds example is not what plan_seeds prints for the
-  committed zh_proof pilot, or the README's held-out MLM intervals are not its report.md's
-  rounded (a re-run of zh_proof committed without its docs, or docs edited by hand)."""
+  committed zh_proof pilot, or the held-out MLM intervals its summary quotes
+  (experiments/results/ablation_zh_proof/summary.md) are not its report.md's rounded (a
+  re-run of zh_proof committed without its summary, or a summary edited by hand)."""
   root = pathlib.Path(__file__).resolve().parents[1]
   pilot = root / "experiments" / "results" / "ablation_zh_proof"
   text = ablation_power.plan_seeds(str(pilot))
@@ -181,7 +182,7 @@ def test_the_docs_quote_the_committed_zh_proof_result():
   example = doc.split("labels, cosine minus r15:\n\n```\n", 1)[1].split("```", 1)[0]
   assert f"## sentiment_2k (downstream): cos40to15 minus r15\n{example}" in f"{text}\n"
   report = (pilot / "report.md").read_text()
-  readme = (root / "README.md").read_text()
+  readme = (pilot / "summary.md").read_text()
   for setting, quoted in (("r40", "r40 minus r15: {}, paired t 95% interval [{}, {}]"),
                           ("cos40to15", "cosine {} [{}, {}]")):
     row = next(l for l in report.splitlines() if l.startswith(f"| {setting} | 3 | "))

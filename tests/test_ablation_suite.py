@@ -3,7 +3,7 @@
 import pytest
 
 from experiments.ablation import report as ablation_report
-from experiments.ablation import stages
+from experiments.ablation import plan as ablation_plan
 from experiments.ablation import stats as ablation_stats
 from experiments.ablation import suite as ablation_suite
 from experiments.ablation.proof import AblationError
@@ -34,7 +34,7 @@ def test_a_suite_becomes_its_members_configured_as_experiments_evaluate_does(sui
       "cola", (0, 1), (1e-4, 3e-5), 1, 32)
   assert cola.init_checkpoint == "" and cola.task.data_dir.endswith("/CoLA")
   assert not cola.task.predict_test
-  runs = stages.plan(expanded, str(tmp_path / "ablation"))
+  runs = ablation_plan.grid_runs(expanded, str(tmp_path / "ablation"))
   assert all({"cola", "stsb"} <= set(r.finetune_dirs) for r in runs)
   assert ablation_suite.plan_entry(expanded) == {"name": "glue", "members": ["cola", "stsb"],
                                                  "percent": []}

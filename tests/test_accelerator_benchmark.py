@@ -1,4 +1,4 @@
-"""experiments/benchmarks/accelerator.py and train_step.py: import only the jax stack (the
+"""experiments/benchmarks/pretrain/accelerator.py and train_step.py: import only the jax stack (the
 train-step reference needs transformers only when present), and run on CPU.
 
 Smoke tests only: one row, one step. The benchmarks' figures are measurements for an
@@ -15,7 +15,7 @@ import types
 
 import pytest
 
-from experiments.benchmarks import accelerator
+from experiments.benchmarks.pretrain import accelerator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,8 +35,8 @@ _CHECK_MODULES = (f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {_
 def test_benchmarks_import_neither_tensorflow_nor_transformers():
   """Both benchmarks in one fresh interpreter (one start, one JAX import): fails if either
   of them, or the attention module they run, loads any of _FORBIDDEN."""
-  code = ("import sys; import experiments.benchmarks.accelerator; "
-          f"import experiments.benchmarks.train_step; import bert_jax.model.attention; {_CHECK_MODULES}")
+  code = ("import sys; import experiments.benchmarks.pretrain.accelerator; "
+          f"import experiments.benchmarks.pretrain.train_step; import bert_jax.model.attention; {_CHECK_MODULES}")
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(),
                         capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stdout + done.stderr
@@ -109,7 +109,7 @@ def test_one_row_runs_on_cpu_and_writes_a_json_line(tmp_path):
   code = ("import runpy, sys; sys.argv = ['accelerator', '--size=tiny', '--seq_len=64', "
           "'--attention=paper', '--remat=none', '--batch=2', '--steps=1', "
           f"'--warmup_steps=0', '--tf_check=yes', '--output={out}']; "
-          "runpy.run_module('experiments.benchmarks.accelerator', run_name='__main__'); "
+          "runpy.run_module('experiments.benchmarks.pretrain.accelerator', run_name='__main__'); "
           + _CHECK_MODULES)
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True,
                         text=True, timeout=600)
@@ -126,7 +126,7 @@ def test_one_row_runs_on_cpu_and_writes_a_json_line(tmp_path):
 
 
 def test_fast_variants_differ_from_the_paper_only_in_attention_dropout():
-  """The fast recipe's accuracy cost is a benchmark (experiments/benchmarks/fast_recipe.py,
+  """The fast recipe's accuracy cost is a benchmark (experiments/benchmarks/pretrain/fast_recipe.py,
   result in experiments/results/fast_recipe.md); this keeps the variants honest: fails if
   a fast variant changes anything but attention dropout (and its dropout generator)."""
   from experiments.configs import pretrain  # pylint: disable=g-import-not-at-top
@@ -145,7 +145,7 @@ def test_fast_variants_differ_from_the_paper_only_in_attention_dropout():
 @pytest.mark.slow
 def test_train_step_benchmark_runs_without_transformers(monkeypatch, capsys):
   """The reference row is skipped with a message when transformers is absent."""
-  from experiments.benchmarks import train_step  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks.pretrain import train_step  # pylint: disable=g-import-not-at-top
   find_spec = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, "find_spec",
                       lambda name, *a: None if name == "transformers" else find_spec(name, *a))

@@ -56,30 +56,22 @@ def _map_modules() -> set[str]:
   return set(re.findall(r"^\| `([\w/]+\.py)` \|", section, re.M))
 
 
-def _layout_modules() -> set[str]:
-  """The modules README's layout table names, as paths from the root.
+def _packages() -> set[str]:
+  """Every package directory of the project (a folder with an __init__.py), as "a/b/"."""
+  return {p.parent.relative_to(ROOT).as_posix() + "/"
+          for package in PACKAGES + ("host",) for p in (ROOT / package).rglob("__init__.py")}
 
-  A row's first cell lists paths; a bare name there is in the directory of the
-  path before it. A row whose first cell is one directory (`bert_jax/finetune/`)
-  names the modules its second cell lists by bare name.
-  """
+
+def _layout_rows() -> dict[str, str]:
+  """README's layout table: {first cell's path: second cell}."""
   section = _section((ROOT / "README.md").read_text(), "## Layout")
-  named = set()
+  rows = {}
   for row in re.findall(r"^\|(.+)\|\s*$", section, re.M):
-    cells = row.split("|")
-    where, what = cells[0], "|".join(cells[1:])
-    directory = ""
-    for token in re.findall(r"`([^`]+)`", where):
-      if "/" in token:
-        directory = token if token.endswith("/") else token.rsplit("/", 1)[0] + "/"
-        if token.endswith(".py"):
-          named.add(token)
-      elif token.endswith(".py"):
-        named.add(directory + token)
-    tokens = re.findall(r"`([^`]+)`", where)
-    if len(tokens) == 1 and tokens[0].endswith("/"):
-      named.update(tokens[0] + name for name in re.findall(r"`([\w]+\.py)`", what))
-  return named
+    cells = [c.strip() for c in row.split("|")]
+    where = re.findall(r"`([^`]+)`", cells[0])
+    if where:
+      rows[where[0]] = cells[1]
+  return rows
 
 
 def test_every_module_is_in_the_architecture_map_and_nothing_else():
@@ -90,12 +82,68 @@ def test_every_module_is_in_the_architecture_map_and_nothing_else():
   assert sorted(mapped - modules) == [], "in docs/architecture.md's module map, not on disk"
 
 
-def test_readme_layout_table_names_every_module_and_nothing_else():
-  """Fails when the README's layout table leaves out a module or names one that does not exist."""
-  modules, named = _modules(), _layout_modules()
-  assert sorted(modules - named) == [], "missing from README.md's layout table"
-  assert sorted(p for p in named if not (ROOT / p).is_file()) == [], (
-      "in README.md's layout table, not on disk")
+def test_readme_layout_table_is_a_row_per_package():
+  """Fails when the README's layout table leaves out a package or names a path that is not
+  one, or when a row runs past one line (the table says what each package owns; the module
+  map is docs/architecture.md's and the package docstrings')."""
+  rows = _layout_rows()
+  packages = _packages()
+  assert sorted(packages - set(rows)) == [], "packages missing from README.md's layout table"
+  assert sorted(set(rows) - packages) == [], "in README.md's layout table, not a package"
+  assert all(len(text) <= 160 for text in rows.values()), [k for k, v in rows.items()
+                                                           if len(v) > 160]
+
+
+def test_each_package_docstring_names_its_modules():
+  """Fails when a package's __init__ docstring is missing or leaves out one of its modules or
+  sub-packages (the docstring is where a reader of the code finds what the package owns)."""
+  missing = []
+  for package in sorted(_packages()):
+    init = ROOT / package / "__init__.py"
+    doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+    if not doc.strip():
+      missing.append(f"{package}: no docstring")
+      continue
+    for child in sorted((ROOT / package).iterdir()):
+      name = child.stem if child.suffix == ".py" else child.name
+      if child.name in ("__init__.py", "__pycache__") or name.startswith("_"):
+        continue
+      if (child.suffix == ".py" or (child / "__init__.py").is_file()) and not re.search(
+          rf"\b{re.escape(name)}\b", doc):
+        missing.append(f"{package}{child.name}")
+  assert missing == []
+
+
+# The most modules a library folder may hold (issue 47: a flat folder of 25 modules hides
+# the groups its docstring already drew), and the longest a library function may be, but
+# for the trainers' sectioned orchestrators and configs (data, not logic).
+MOST_MODULES = 12
+LONGEST_FUNCTION = 100
+LONG_FUNCTIONS_ALLOWED = {"bert_jax/pretrain/trainer.py:train_and_evaluate",
+                          "bert_jax/finetune/trainer.py:finetune_run"}
+
+
+def test_no_library_folder_holds_more_than_twelve_modules():
+  """Fails when a package directory holds more than MOST_MODULES modules (__init__ aside)."""
+  crowded = {package: n for package in _packages()
+             if (n := len([p for p in (ROOT / package).glob("*.py")
+                           if p.name != "__init__.py"])) > MOST_MODULES}
+  assert crowded == {}
+
+
+def test_no_library_function_is_over_a_hundred_lines():
+  """Fails when a function of the project (tests aside) is longer than LONGEST_FUNCTION lines,
+  but for the two trainers' orchestrators and the configs' get_config."""
+  long = []
+  for module in sorted(_modules()):
+    for node in ast.walk(ast.parse((ROOT / module).read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        lines = node.end_lineno - node.lineno + 1
+        where = f"{module}:{node.name}"
+        if lines > LONGEST_FUNCTION and where not in LONG_FUNCTIONS_ALLOWED and not (
+            module.startswith("experiments/configs/") and node.name == "get_config"):
+          long.append(f"{where} ({lines} lines)")
+  assert long == []
 
 
 def test_tensorflow_is_taken_through_tf_cpu_everywhere():
@@ -181,7 +229,7 @@ FLOOR = "host"
 DATA_PIPELINE_ENTRIES = {
     "data_pipeline.prepare",  # the pretraining trainer's data, as one object
     "data_pipeline.specs",  # what a data config asks for, judged without data
-    "data_pipeline.tokenizers",  # the tokenizers fine-tuning and feature extraction share
+    "data_pipeline.vocab.tokenizers",  # the tokenizers fine-tuning and feature extraction share
 }
 
 
@@ -282,6 +330,20 @@ def test_model_imports_nothing_of_the_project_outside_the_model():
   not in bert_jax/model/: the network must build with nothing else of the project loaded."""
   wrong = [f"{m} imports {n}" for m in _package_modules("bert_jax/model")
            for n in sorted(_imported(m)) if not n.startswith("bert_jax.model")]
+  assert wrong == []
+
+
+def test_data_pipeline_sources_and_vocab_sit_under_the_store_and_the_examples():
+  """Fails when data_pipeline/sources/ or vocab/ imports (anywhere in it) the store or the
+  examples, or data_pipeline/store/ imports the examples: text, then ids, then the kept
+  tokenized corpus, then pairs and masks (data_pipeline's docstring)."""
+  below = {"data_pipeline/sources": ("data_pipeline.store", "data_pipeline.examples",
+                                     "data_pipeline.vocab"),
+           "data_pipeline/vocab": ("data_pipeline.store", "data_pipeline.examples"),
+           "data_pipeline/store": ("data_pipeline.examples",)}
+  wrong = [f"{m} imports {n}" for package, banned in below.items()
+           for m in _package_modules(package) for n in sorted(_imported(m))
+           if n.startswith(banned)]
   assert wrong == []
 
 

@@ -132,8 +132,8 @@ def test_configs_and_the_benchmark_default_to_the_papers_mask():
   Would fail if a default drew one mask for every example and head."""
   from experiments.configs import finetune as finetune_configs  # pylint: disable=g-import-not-at-top
   from experiments.configs import pretrain as pretrain_configs  # pylint: disable=g-import-not-at-top
-  from experiments.benchmarks import finetune_sides as sides  # pylint: disable=g-import-not-at-top
-  from experiments.benchmarks import finetune_vs_transformers as bench  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks.finetune import finetune_sides as sides  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks.finetune import finetune_vs_transformers as bench  # pylint: disable=g-import-not-at-top
   for config in (pretrain_configs.get_config("tiny"), finetune_configs.get_config("sst2")):
     assert config.model.attention_dropout_shared is False
   assert model_lib.BertConfig.from_size(

@@ -1,4 +1,4 @@
-"""RoBERTa's byte-level BPE for fine-tuning (bert_jax/finetune/bpe.py) against the reference,
+"""RoBERTa's byte-level BPE for fine-tuning (bert_jax/finetune/features/bpe.py) against the reference,
 transformers' RobertaTokenizerFast, on about 1 MB of real text.
 
 No hub download works here, so a small byte-level BPE is trained on the text with the
@@ -14,10 +14,10 @@ import tokenizers
 import transformers
 
 from bert_jax import errors
-from bert_jax.finetune import packing
-from bert_jax.finetune import records
-from bert_jax.finetune import tokenization
-from data_pipeline import corpora
+from bert_jax.finetune.features import packing
+from bert_jax.finetune.readers import records
+from bert_jax.finetune.features import tokenization
+from data_pipeline.sources import corpora
 
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # RoBERTa's ids 0..3, then <mask>
 
@@ -128,8 +128,9 @@ def test_finetunes_a_roberta_prelayernorm_checkpoint_with_its_bpe(bpe_dir, text,
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import convert  # pylint: disable=g-import-not-at-top
-  from bert_jax.finetune import bpe  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune.features import bpe  # pylint: disable=g-import-not-at-top
   from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import prepare as finetune_prepare  # pylint: disable=g-import-not-at-top
   from bert_jax.model import heads  # pylint: disable=g-import-not-at-top
   from bert_jax.model.config import BertConfig  # pylint: disable=g-import-not-at-top
   from experiments.configs import finetune as finetune_configs  # pylint: disable=g-import-not-at-top
@@ -153,7 +154,7 @@ def test_finetunes_a_roberta_prelayernorm_checkpoint_with_its_bpe(bpe_dir, text,
                  text_a="premise", text_b="hypothesis", labels="0,1", positive_label="1")
   ft.update(init_checkpoint=str(checkpoint), do_lower_case=False, max_seq_length=64,
             batch_size=16, eval_batch_size=16, num_epochs=1)
-  prepared = trainer.prepare(ft)
+  prepared = finetune_prepare.prepare(ft)
   assert isinstance(prepared.tokenizer, bpe.BpeWordTokenizer)
   assert prepared.bert_config.pre_layer_norm and prepared.bert_config.type_vocab_size == 1
   first = prepared.task.train.features["input_ids"][0].tolist()

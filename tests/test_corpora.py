@@ -1,4 +1,4 @@
-"""Tests of data_pipeline/corpora.py: formats, sharding, held-out split, bad input, embedded corpus."""
+"""Tests of data_pipeline/sources/corpora.py: formats, sharding, held-out split, bad input, embedded corpus."""
 
 import ast
 import json
@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from data_pipeline import corpora
+from data_pipeline.sources import corpora
 
 
 def _write(path: pathlib.Path, content) -> pathlib.Path:

@@ -3,7 +3,7 @@
 The values are princeton-nlp/DinkyTrain's run_efficient_mlm_recipe.sh (Wettig et al.
 2023), copied here from the script's flags, and the config must pass the
 pretraining trainer's own checks on a mesh, as a run would before its first step.
-The compiled step for TPU slices is docs/pods.md's preflight rows.
+The compiled step for TPU slices is experiments/results/README.md#preflight-efficient.
 """
 
 import jax

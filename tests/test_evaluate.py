@@ -13,7 +13,7 @@ import zipfile
 import pytest
 
 from bert_jax import errors
-from bert_jax.finetune import trainer
+from bert_jax.finetune import sweep as finetune_sweep
 from experiments.configs import suites
 from experiments.evaluate import collect
 from experiments.evaluate import leaderboard
@@ -199,12 +199,12 @@ def test_the_record_orders_cheap_first_and_refuses_a_changed_protocol(minilm_dir
 
 def _sweep(tmp_path, by_lr: dict[str, list[float]], best_scores: dict[str, list[float]],
            rule: str = "median") -> tuple[str, dict]:
-  """A member workdir with a real summary.json (trainer.summarize) and each run's best/."""
+  """A member workdir with a real summary.json (finetune_sweep.summarize) and each run's best/."""
   workdir = tmp_path / "suite"
   runs = {lr: {s: {"dev/f1": v, "dev/accuracy": v / 2} for s, v in enumerate(values)}
           for lr, values in by_lr.items()}
   (workdir / "mrpc").mkdir(parents=True)
-  (workdir / "mrpc" / "summary.json").write_text(json.dumps(trainer.summarize(runs, "f1")))
+  (workdir / "mrpc" / "summary.json").write_text(json.dumps(finetune_sweep.summarize(runs, "f1")))
   for lr, scores in best_scores.items():
     for seed, score in enumerate(scores):
       best = workdir / "mrpc" / f"lr{lr}_seed{seed}" / "best"

@@ -23,7 +23,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from bert_jax.finetune import glue
+from bert_jax.finetune.readers import glue
 from experiments.evaluate import leaderboard
 from experiments.evaluate import table
 

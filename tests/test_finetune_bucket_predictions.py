@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.finetune import buckets as buckets_lib
-from bert_jax.finetune import registry
+from bert_jax.finetune.features import buckets as buckets_lib
+from bert_jax.finetune.kinds import registry
 from bert_jax.finetune import steps
-from bert_jax.finetune import tokenization
+from bert_jax.finetune.features import tokenization
 from bert_jax.model import encoder as model_lib
 from bert_jax.training import state as state_lib
 from experiments.configs import finetune as finetune_configs

@@ -1,4 +1,4 @@
-"""Tests of length bucketing (bert_jax/finetune/buckets.py): numpy only, no model.
+"""Tests of length bucketing (bert_jax/finetune/features/buckets.py): numpy only, no model.
 
 The trainer's end-to-end checks (bucketed logits equal fixed padding, a sweep
 compiles each bucket once, a bucketed run resumes exactly after kill -9) are
@@ -8,7 +8,7 @@ in test_finetune_trainer.py, beside the toy task they train.
 import numpy as np
 import pytest
 
-from bert_jax.finetune import buckets
+from bert_jax.finetune.features import buckets
 
 
 def _lengths(n=1000, seed=0, low=4, high=128):
@@ -138,11 +138,11 @@ def test_padding_stats():
 
 
 def test_benchmark_sweep_report(capsys):
-  """experiments/benchmarks/finetune_vs_transformers.py --sweep's report on made-up runs:
+  """experiments/benchmarks/finetune/finetune_vs_transformers.py --sweep's report on made-up runs:
   the speed-up is reference / ours wall time, padding and real tokens/s come from the
   runs' token counts, and the verdict compares medians with the larger seed spread."""
   import argparse  # pylint: disable=g-import-not-at-top
-  from experiments.benchmarks import sweep_report as bench  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks.finetune import sweep_report as bench  # pylint: disable=g-import-not-at-top
   args = argparse.Namespace(train_examples=2000, dev_examples=800, max_seq_length=128,
                             batch_size=32, epochs=2, learning_rates=[5e-5, 1e-4],
                             seeds=[0, 1, 2], padding="buckets")
@@ -174,7 +174,7 @@ def test_benchmark_sweep_report_pairs_the_seeds(capsys):
   every seed, smaller than the seed spread (so "within seed noise" by the spread rule), is
   not reported as a difference by the paired t interval, or if a gap that changes sign is."""
   import argparse  # pylint: disable=g-import-not-at-top
-  from experiments.benchmarks import sweep_report as bench  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks.finetune import sweep_report as bench  # pylint: disable=g-import-not-at-top
   args = argparse.Namespace(train_examples=2000, dev_examples=800, max_seq_length=128,
                             batch_size=32, epochs=2, learning_rates=[5e-5], seeds=[0, 1, 2, 3, 4],
                             padding="buckets")
@@ -201,7 +201,7 @@ def test_seed_comparison_report_pairs_the_seeds(capsys):
   """seed_comparison.report (the tagging benchmark's and the single-rate report): fails if a
   same-sign gap inside the seed spread is not called a difference by the paired t interval,
   or if a gap that changes sign is."""
-  from experiments.benchmarks import seed_comparison  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks.finetune import seed_comparison  # pylint: disable=g-import-not-at-top
   ours = {s: {"accuracy": a, "f1": f, "seconds": 1.0} for s, (a, f) in
           enumerate(zip([0.70, 0.74, 0.72], [0.30, 0.34, 0.32]))}
   reference = {s: {"accuracy": a, "f1": f, "seconds": 1.0} for s, (a, f) in
@@ -224,7 +224,7 @@ def test_benchmark_sweep_pieces_report_as_one_sweep(tmp_path, capsys):
   piece from before --ours_head_init counting as the shipped one) were merged without a
   word."""
   import json  # pylint: disable=g-import-not-at-top
-  from experiments.benchmarks import sweep_report as bench  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks.finetune import sweep_report as bench  # pylint: disable=g-import-not-at-top
   def piece(name, side, lr, seconds, acc, **args):
     runs = {f"{lr!r}|{s}": {"accuracy": acc + 0.01 * s, "f1": 0.5, "real_tokens": 100,
                             "padded_tokens": 200} for s in (0, 1, 2)}

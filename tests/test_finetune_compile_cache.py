@@ -1,6 +1,6 @@
 """A second process's fine-tuning sweep loads its programs from the persistent compilation cache.
 
-steps.use_compilation_cache (called by trainer.finetune before anything
+steps.use_compilation_cache (called by finetune_sweep.finetune before anything
 compiles) points JAX's persistent cache at $BERT_JAX_CACHE/jax_compilation_cache
 unless JAX_COMPILATION_CACHE_DIR names one. A sweep from the second of an
 ablation's checkpoints then runs the first one's programs without compiling.
@@ -22,7 +22,7 @@ from bert_jax.finetune import steps
 DRIVER = r"""
 import json, sys
 import jax
-from bert_jax.finetune import trainer
+from bert_jax.finetune import sweep as finetune_sweep
 from experiments.configs import finetune as finetune_configs
 counts = {"hits": 0, "misses": 0}
 def listen(event, **_):
@@ -33,7 +33,7 @@ def listen(event, **_):
 jax.monitoring.register_event_listener(listen)
 config = finetune_configs.get_config("custom")
 config.update_from_flattened_dict(json.loads(sys.argv[1]))
-summary = trainer.finetune(config, sys.argv[2])
+summary = finetune_sweep.finetune(config, sys.argv[2])
 print("COUNTS " + json.dumps({**counts, "dir": jax.config.jax_compilation_cache_dir,
                               "train_programs": summary["speed"]["compiled"]["train"]}))
 """

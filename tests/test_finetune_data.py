@@ -17,14 +17,14 @@ import seqeval.metrics.sequence_labeling
 import sklearn.metrics
 import transformers
 
-from bert_jax.finetune import conll
-from bert_jax.finetune import glue
+from bert_jax.finetune.readers import conll
+from bert_jax.finetune.readers import glue
 from bert_jax.finetune import metrics
-from bert_jax.finetune import ner_task
-from bert_jax.finetune import packing
-from bert_jax.finetune import records
-from bert_jax.finetune import tabular_files
-from bert_jax.finetune import token_features
+from bert_jax.finetune.kinds import ner_task
+from bert_jax.finetune.features import packing
+from bert_jax.finetune.readers import records
+from bert_jax.finetune.readers import tabular_files
+from bert_jax.finetune.features import token_features
 
 def _write(path: pathlib.Path, text: str) -> pathlib.Path:
   path.write_text(text, encoding="utf-8")

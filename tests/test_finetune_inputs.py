@@ -2,7 +2,7 @@
 
 An empty or header-only split, a byte that is not UTF-8, broken JSON: each is
 a ValueError naming the file (and the line, or the split) from the readers
-(bert_jax/finetune/tabular_files.py, glue.py, squad.py, conll.py) or a kind's
+(bert_jax/finetune/readers/tabular_files.py, glue.py, squad.py, conll.py) or a kind's
 build (registry.py), never an
 IndexError after the training. The same readers read gs:// through
 host.paths, tested here against a local fake-gcs-server.
@@ -15,13 +15,14 @@ import re
 
 import pytest
 
-from bert_jax.finetune import classification_task
-from bert_jax.finetune import conll
-from bert_jax.finetune import glue
-from bert_jax.finetune import registry
-from bert_jax.finetune import squad
-from bert_jax.finetune import tabular_files
-from bert_jax.finetune import tokenization
+from bert_jax.finetune.kinds import classification_task
+from bert_jax.finetune.readers import conll
+from bert_jax.finetune.readers import glue
+from bert_jax.finetune.kinds import registry
+from bert_jax.finetune.readers import squad
+from bert_jax.finetune.readers import tabular_files
+from bert_jax.finetune.features import tokenization
+from bert_jax.finetune import sweep as finetune_sweep
 from bert_jax.finetune import trainer
 from bert_jax.model import encoder as model_lib
 from experiments.configs import finetune as finetune_configs
@@ -58,7 +59,7 @@ def test_empty_dev_file_fails_before_training(toy_files, tmp_path, monkeypatch, 
   workdir = tmp_path / "run"
   with pytest.raises(ValueError, match=rf"^{_at(dev)}: the dev split has no examples \(empty file, "
                                        r"header only, or every row skipped\)$"):
-    trainer.finetune(toy_config(toy_files, **{"task.dev_file": str(dev)}), str(workdir))
+    finetune_sweep.finetune(toy_config(toy_files, **{"task.dev_file": str(dev)}), str(workdir))
   assert not runs, "a run started (and would have compiled and trained) before the data check"
   assert not (workdir / "checkpoints").exists()
   assert not (workdir / "metrics.jsonl").exists()
@@ -71,7 +72,7 @@ def test_header_only_dev_csv_fails_before_anything_is_written(toy_files, tmp_pat
   workdir = tmp_path / "run"
   config = toy_config(toy_files, **{"task.train_file": str(train), "task.dev_file": str(dev)})
   with pytest.raises(ValueError, match=rf"^{_at(dev)}: the dev split has no examples"):
-    trainer.finetune(config, str(workdir))
+    finetune_sweep.finetune(config, str(workdir))
   assert not workdir.exists() or sorted(p.name for p in workdir.iterdir()) == []
 
 

@@ -19,11 +19,11 @@ import re
 import numpy as np
 import pytest
 
-from bert_jax.finetune import glue
-from bert_jax.finetune import records
-from bert_jax.finetune import registry
-from bert_jax.finetune import tokenization
-from bert_jax.finetune import trainer
+from bert_jax.finetune.readers import glue
+from bert_jax.finetune.readers import records
+from bert_jax.finetune.kinds import registry
+from bert_jax.finetune.features import tokenization
+from bert_jax.finetune import sweep as finetune_sweep
 from bert_jax.model import encoder as model_lib
 from experiments.configs import finetune as finetune_configs
 from test_finetune_trainer import toy_config  # the tiny fine-tuning config of the trainer tests
@@ -208,7 +208,7 @@ def test_trainer_writes_the_leaderboard_file_of_the_best_evaluation(toy_files, t
   config = toy_config(toy_files, **{"task.name": "sst2", "task.data_dir": str(data),
                                     "task.predict_test": True, "task.labels": "",
                                     "task.positive_label": "1"})
-  summary = trainer.finetune(config, str(tmp_path / "run"))
+  summary = finetune_sweep.finetune(config, str(tmp_path / "run"))
   assert summary["dev/accuracy"] >= 0.95, summary
   run = tmp_path / "run"
   best = json.loads((run / "best" / "metrics.json").read_text())

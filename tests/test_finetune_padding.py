@@ -13,7 +13,9 @@ import pathlib
 
 import pytest
 
-from bert_jax.finetune import trainer
+from bert_jax.finetune import prepare as finetune_prepare
+
+from bert_jax.finetune import sweep as finetune_sweep
 from bert_jax.model import encoder as model_lib
 from bert_jax.run import workdir as workdir_lib
 from experiments.configs import finetune as finetune_configs
@@ -42,7 +44,7 @@ def _pos_config(chinese_vocab, **overrides):
 
 def _run(config, workdir: pathlib.Path):
   """(per-step train losses, dev predictions, train lengths compiled) of one run."""
-  summary = trainer.finetune(config, str(workdir))
+  summary = finetune_sweep.finetune(config, str(workdir))
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   losses = [r["loss"] for r in rows if "loss" in r]
   step = json.loads((workdir / "result.json").read_text())["step"]
@@ -119,10 +121,10 @@ def test_train_mean_divides_every_step_by_one_number(chinese_vocab, tmp_path):
   step (the same parameters under both) shows it: its loss is the "batch" loss times the
   batch's labelled tokens over that fixed number. Would fail if the option divided by
   anything else, or did nothing; an unknown value is refused before any data is read."""
-  from bert_jax.finetune import buckets  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune.features import buckets  # pylint: disable=g-import-not-at-top
   from bert_jax.finetune import steps  # pylint: disable=g-import-not-at-top
   config = _pos_config(chinese_vocab, num_epochs=1)
-  prepared = trainer.prepare(config)
+  prepared = finetune_prepare.prepare(config)
   features = prepared.task.train.features
   fixed = steps.fixed_loss_weight(_pos_config(chinese_vocab, loss_normalizer="train_mean"),
                                   prepared.task)
@@ -137,5 +139,5 @@ def test_train_mean_divides_every_step_by_one_number(chinese_vocab, tmp_path):
                  tmp_path / "mean")[0]
   assert by_mean[0] == pytest.approx(by_batch[0] * first_weight / fixed, rel=1e-5)
   with pytest.raises(ValueError, match="config.loss_normalizer='tokens' must be 'batch' or"):
-    trainer.finetune(_pos_config(chinese_vocab, loss_normalizer="tokens"), str(tmp_path / "x"))
+    finetune_sweep.finetune(_pos_config(chinese_vocab, loss_normalizer="tokens"), str(tmp_path / "x"))
   assert not (tmp_path / "x").exists()

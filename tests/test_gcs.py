@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax.finetune import trainer as finetune_trainer
+from bert_jax.finetune import sweep as finetune_sweep
 from bert_jax.run import batch_log
 from bert_jax.run import checkpoint
 from bert_jax.run import metrics_io
@@ -163,7 +163,7 @@ def test_pretraining_in_a_bucket_killed_and_resumed_is_bit_identical(
   finetuned = f"{bucket}/finetune"
   config = toy_config(toy_files, init_checkpoint=run, num_epochs=1,
                       **{"optimizer.weight_decay": 0.0})
-  summary = finetune_trainer.finetune(config, finetuned)
+  summary = finetune_sweep.finetune(config, finetuned)
   assert "dev/accuracy" in summary
   result = json.loads(paths.read_text(f"{finetuned}/result.json"))
   assert result["final"]["dev/accuracy"] == summary["dev/accuracy"]

@@ -1,6 +1,7 @@
-"""The input rate a slice needs (experiments/benchmarks/pipeline.py): the arithmetic only.
+"""The input rate a slice needs (experiments/benchmarks/data/pipeline.py): the arithmetic only.
 
-Nothing is timed here; the measured side is the benchmark's run, in docs/speed.md.
+Nothing is timed here; the measured side is the benchmark's run, in
+experiments/results/README.md#input-rate.
 """
 
 import functools
@@ -9,7 +10,7 @@ import pytest
 
 from bert_jax import errors
 from bert_jax.pretrain import cost
-from experiments.benchmarks import pipeline
+from experiments.benchmarks.data import pipeline
 from experiments.configs import pretrain
 
 

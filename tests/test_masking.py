@@ -1,4 +1,4 @@
-"""Statistical and structural tests of data_pipeline/masking.py.
+"""Statistical and structural tests of data_pipeline/examples/masking.py.
 
 Each statistical check maps `mask_tokens` over a few thousand synthetic
 [CLS] A [SEP] B [SEP] [PAD]... sequences with BERT's vocabulary size, with fixed
@@ -16,9 +16,9 @@ import pytest
 import scipy.stats
 import tensorflow as tf
 
-from data_pipeline import masking
-from data_pipeline import masking_spec
-from data_pipeline import selection
+from data_pipeline.examples import masking
+from data_pipeline.examples import masking_spec
+from data_pipeline.examples import selection
 
 VOCAB = 30522
 PAD, UNK, CLS, SEP, MASK = 0, 100, 101, 102, 103

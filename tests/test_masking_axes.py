@@ -13,11 +13,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from data_pipeline import masking
-from data_pipeline import masking_spec
-from data_pipeline import pretraining
+from data_pipeline.examples import masking
+from data_pipeline.examples import masking_spec
+from data_pipeline.examples import pretraining
 from data_pipeline import specs
-from data_pipeline import word_segmentation
+from data_pipeline.sources import word_segmentation
 from host.tf_cpu import tf
 from experiments.configs import data as data_configs
 

@@ -1,4 +1,4 @@
-"""Ratio schedules of data_pipeline/masking.py (linear, cosine from `ratio` to `final_ratio`):
+"""Ratio schedules of data_pipeline/examples/masking.py (linear, cosine from `ratio` to `final_ratio`):
 the ratio at every step, the predictions sized for the largest ratio, refusals naming the
 field, and a per-example ratio masking as a constant spec at that ratio. The synthetic data
 and the config helper are tests/test_masking.py's.
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from data_pipeline import masking
-from data_pipeline import masking_spec
+from data_pipeline.examples import masking
+from data_pipeline.examples import masking_spec
 from test_masking import DATA, LENGTH, MASK, SPECIALS, VOCAB, _config
 
 

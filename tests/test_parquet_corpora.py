@@ -1,4 +1,4 @@
-"""Tests of parquet:<glob> corpora (data_pipeline/parquet_files.py through corpora.py).
+"""Tests of parquet:<glob> corpora (data_pipeline/sources/parquet_files.py through corpora.py).
 
 The files are written here with pyarrow, as Hugging Face datasets distributes
 Wikipedia: a "text" column (with nulls and empty texts), other columns beside it.
@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data_pipeline import corpora
-from data_pipeline import parquet_files
+from data_pipeline.sources import corpora
+from data_pipeline.sources import parquet_files
 from data_pipeline import prepare
-from data_pipeline import pretraining
+from data_pipeline.examples import pretraining
 from experiments.configs import data as data_configs
 from host import paths
 

@@ -15,15 +15,14 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from bert_jax.pretrain import phases
 from data_pipeline import prepare
-from data_pipeline import pretraining
-from data_pipeline import tokenized_corpus
+from data_pipeline.examples import pretraining
+from data_pipeline.store import tokenized_corpus
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Tests of data_pipeline/pretraining.py (+ pairs.py): pairs, determinism, eval set, resume, bad input.
+"""Tests of data_pipeline/examples/pretraining.py (+ pairs.py): pairs, determinism, eval set, resume, bad input.
 
 The corpus is synthetic text of random whole words of the real bert-base-uncased
 vocab, so every token run is unique and a decoded segment can be located in its
@@ -15,8 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from data_pipeline import corpora
-from data_pipeline import pretraining
+from data_pipeline.sources import corpora
+from data_pipeline.examples import pretraining
 from data_pipeline import specs
 from experiments.configs import data as data_configs
 
@@ -285,7 +285,7 @@ def test_hosts_get_disjoint_documents_and_their_share_of_the_batch(corpus_dir, u
 _RESUME_SCRIPT = """
 import json, sys
 import ml_collections, numpy as np
-from data_pipeline import pretraining
+from data_pipeline.examples import pretraining
 config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
 source = pretraining.PretrainingInput(config, batch_size=32)
 source.set_state(json.loads(sys.argv[2]))
@@ -406,7 +406,7 @@ def test_a_process_that_leaves_its_input_running_exits(corpus_dir, uncased_vocab
   a crash at exit on the return code (two runs: two chances to hit a racy exit)."""
   config = _config(corpus_dir, uncased_vocab)
   script = ("import json, sys, ml_collections\n"
-            "from data_pipeline import pretraining\n"
+            "from data_pipeline.examples import pretraining\n"
             "source = pretraining.PretrainingInput(\n"
             "    ml_collections.ConfigDict(json.loads(sys.argv[1])), batch_size=32)\n"
             "for _ in range(3): next(source)\n")
@@ -470,7 +470,7 @@ def test_schedule_masks_every_batch_at_its_steps_ratio(corpus_dir, uncased_vocab
 _SCHEDULE_RESUME_SCRIPT = """
 import json, sys
 import ml_collections, numpy as np
-from data_pipeline import pretraining
+from data_pipeline.examples import pretraining
 config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
 source = pretraining.PretrainingInput(config, batch_size=16, schedule_steps=8)
 source.set_state(json.loads(sys.argv[2]))

@@ -29,9 +29,9 @@ from bert_jax.pretrain import steps as pretrain_steps
 from bert_jax.run import checkpoint
 from bert_jax.run import workdir as workdir_lib
 from bert_jax.training import loop as train_loop
-from data_pipeline import corpora
+from data_pipeline.sources import corpora
 from data_pipeline import prepare as prepare_lib
-from data_pipeline import tokenized_corpus
+from data_pipeline.store import tokenized_corpus
 from experiments.configs import finetune as finetune_configs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -84,7 +84,7 @@ _STARTUP_LINES = (
 
 # A refusal that can only come once the corpus is read (it judges the documents, or the
 # network against the vocabulary the corpus gives) may follow the tokenized store's
-# progress: the corpus tokenized into it (data_pipeline/prepare_corpus.py), kept for the
+# progress: the corpus tokenized into it (data_pipeline/store/prepare_corpus.py), kept for the
 # next run. No other refusal may.
 _STORE_LINES = (
     re.compile(r"^tokenizing: \d+/\d+ shards \[#* *\] +\d+%, [\d.]+ M tokens/s, ETA \d+m\d\ds$"),
@@ -400,7 +400,7 @@ def test_a_busy_or_contradicted_workdir_is_refused_before_any_data_is_read(
   another config or vocabulary contradicts (exit 1), reads its corpus (or a fine-tuning
   task's data) before it is refused, or writes anything there; or if either refusal
   is more than its one line."""
-  from bert_jax.finetune import trainer as finetune_trainer  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import prepare as finetune_prepare  # pylint: disable=g-import-not-at-top
   config = pretrain_test_config()
   vocab = pathlib.Path(config.data.vocab_file)
   run = tmp_path / "run"
@@ -411,7 +411,7 @@ def test_a_busy_or_contradicted_workdir_is_refused_before_any_data_is_read(
   def no_data(*args, **kwargs):
     raise AssertionError("the data was read before the workdir's refusal")
   monkeypatch.setattr(prepare_lib.PretrainingData, "prepare", no_data)
-  monkeypatch.setattr(finetune_trainer, "prepare", no_data)
+  monkeypatch.setattr(finetune_prepare, "prepare", no_data)
   reordered = tmp_path / "reordered_vocab.txt"
   words = vocab.read_text().splitlines()
   reordered.write_text("\n".join(words[:10] + [words[11], words[10]] + words[12:]) + "\n")
@@ -461,7 +461,7 @@ def test_compressed_corpus_files_are_read_and_undecodable_ones_named(tmp_path):
 
 
 def test_the_old_tokenizer_command_says_where_it_went(monkeypatch):
-  """Fails if `python -m data_pipeline.tokenizers` exits 0 or does not name vocab_cli.
+  """Fails if `python -m data_pipeline.vocab.tokenizers` exits 0 or does not name vocab_cli.
 
   Run as `python -m` does (runpy, run_name "__main__") in this process: a fresh
   interpreter would only add the imports' seconds. sys.exit with a message is exit
@@ -470,9 +470,9 @@ def test_the_old_tokenizer_command_says_where_it_went(monkeypatch):
   with warnings.catch_warnings():  # runpy notes that the module is already imported
     warnings.simplefilter("ignore", RuntimeWarning)
     with pytest.raises(SystemExit) as exit_info:
-      runpy.run_module("data_pipeline.tokenizers", run_name="__main__")
+      runpy.run_module("data_pipeline.vocab.tokenizers", run_name="__main__")
   assert exit_info.value.code not in (None, 0)
-  assert "python -m data_pipeline.vocab_cli --vocab_file=v" in str(exit_info.value.code)
+  assert "python -m data_pipeline.vocab.vocab_cli --vocab_file=v" in str(exit_info.value.code)
 
 
 @pytest.mark.slow

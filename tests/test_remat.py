@@ -14,7 +14,7 @@ from bert_jax.model import config as model_config
 from bert_jax.model import encoder as model_lib
 from bert_jax.model.encoder import BertConfig
 from bert_jax.model.heads import BertForPreTraining
-from experiments.benchmarks import accelerator
+from experiments.benchmarks.pretrain import accelerator
 
 CFG = BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=48, max_position_embeddings=24)  # paper dropout: 0.1, 0.1

@@ -1,7 +1,7 @@
-"""Tests of data_pipeline/sentences.py: the splitters, on the reference set and on hard input.
+"""Tests of data_pipeline/sources/sentences.py: the splitters, on the reference set and on hard input.
 
 The reference set is tests/data/sentence_cases.jsonl (267 cases from real prose;
-experiments/benchmarks/sentence_splitting.py prints the full table).
+experiments/benchmarks/data/sentence_splitting.py prints the full table).
 """
 
 import json
@@ -9,11 +9,11 @@ import pathlib
 
 import pytest
 
-from data_pipeline import corpora
-from data_pipeline import sentences
+from data_pipeline.sources import corpora
+from data_pipeline.sources import sentences
 from data_pipeline import specs
-from data_pipeline import word_segmentation
-from experiments.benchmarks import sentence_splitting
+from data_pipeline.sources import word_segmentation
+from experiments.benchmarks.data import sentence_splitting
 from experiments.configs import data as data_configs
 
 CASES = [json.loads(line) for line in

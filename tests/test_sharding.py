@@ -29,11 +29,11 @@ from bert_jax.run import checkpoint
 from bert_jax.training import optim
 from bert_jax.training import sharding
 from bert_jax.training import state as state_lib
-from experiments.benchmarks import sharding as bench
+from experiments.benchmarks.pretrain import sharding as bench
 from experiments.configs import pretrain
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-# The four meshes of the pod-readiness figures (experiments/benchmarks/sharding.py).
+# The four meshes of the pod-readiness figures (experiments/benchmarks/pretrain/sharding.py).
 FOUR_MESHES = ((1, 8, 1), (1, 4, 2), (2, 2, 2), (8, 1, 1))
 # BERT-tiny at a batch whose [B, T] (and B*T) no parameter dimension of tiny equals, so
 # an activation cannot be mistaken for a parameter in the compiled program.
@@ -235,7 +235,7 @@ def compiled_meshes():
   flags = [f"--{k}={v}" for k, v in _TINY_STEP.items()]
   meshes = ";".join(",".join(map(str, m)) for m in FOUR_MESHES)
   result = subprocess.run(
-      [sys.executable, "-m", "experiments.benchmarks.sharding", *flags, f"--mesh={meshes}"],
+      [sys.executable, "-m", "experiments.benchmarks.pretrain.sharding", *flags, f"--mesh={meshes}"],
       cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]

@@ -32,7 +32,7 @@ def test_accelerators_are_hidden_from_tensorflow(monkeypatch):
   are monkeypatched here, so the test shows only the calls tf_cpu makes; it fails if
   tf_cpu stops calling set_visible_devices([], "GPU") for a listed GPU or crashes when
   TensorFlow was initialised first. The real check runs where a device exists:
-  `python -m experiments.benchmarks.accelerator` prints "TensorFlow check ok/FAILED"
+  `python -m experiments.benchmarks.pretrain.accelerator` prints "TensorFlow check ok/FAILED"
   (TensorFlow's visible GPUs and TPUs after host.tf_cpu, beside JAX's devices).
   """
   from host import tf_cpu  # pylint: disable=g-import-not-at-top

@@ -1,4 +1,4 @@
-"""The tokenized-corpus store (data_pipeline/token_store.py, corpus_units.py, prepare_corpus.py).
+"""The tokenized-corpus store (data_pipeline/store/token_store.py, corpus_units.py, prepare_corpus.py).
 
 What must hold, and what would make each test fail:
 - its batches are the in-memory path's (data.tokenized_dir="none"), bit for bit, for
@@ -36,11 +36,10 @@ import pytest
 
 import ports
 
-from data_pipeline import corpora
 from data_pipeline import prepare
-from data_pipeline import prepare_corpus
-from data_pipeline import token_store
-from data_pipeline import tokenized_corpus
+from data_pipeline.store import prepare_corpus
+from data_pipeline.store import token_store
+from data_pipeline.store import tokenized_corpus
 from experiments import small_pretraining
 from host import paths
 from test_word_segmentation_pipeline import _config as segmented_config  # the toy's config
@@ -327,7 +326,7 @@ def _tree(root: pathlib.Path) -> dict[str, bytes]:
 
 
 def _prepare_command(files, root, workers, **env):
-  args = [sys.executable, "-m", "data_pipeline.prepare_corpus",
+  args = [sys.executable, "-m", "data_pipeline.store.prepare_corpus",
           "--config=experiments/configs/pretrain.py:tiny", f"--config.data.corpus={files[0]}",
           f"--config.data.vocab_file={files[2]}", f"--config.data.tokenized_dir={root}",
           f"--config.data.shard_bytes={SHARD_BYTES}", f"--num_workers={workers}"]
@@ -340,7 +339,7 @@ def _prepare_killed_at(files, root, spec: str, marker: pathlib.Path) -> int:
   args, env = _prepare_command(files, root, 1)
   code = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); import kill_points; "
           "kill_points.install_preparation(sys.argv.pop(1), sys.argv.pop(1)); "
-          "runpy.run_module('data_pipeline.prepare_corpus', run_name='__main__')")
+          "runpy.run_module('data_pipeline.store.prepare_corpus', run_name='__main__')")
   tests = str(pathlib.Path(__file__).parent)
   return subprocess.run([sys.executable, "-c", code, tests, spec, str(marker), *args[3:]],
                         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

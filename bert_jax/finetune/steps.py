@@ -22,8 +22,8 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax.finetune import buckets as buckets_lib
-from bert_jax.finetune import task_kind
+from bert_jax.finetune.features import buckets as buckets_lib
+from bert_jax.finetune.kinds import task_kind
 from bert_jax.run import workdir as workdir_lib
 from bert_jax.training import optim
 from bert_jax.training import sharding
@@ -31,7 +31,7 @@ from bert_jax.training import state as state_lib
 from host import paths
 
 TrainState = state_lib.TrainState
-# Under $BERT_JAX_CACHE (else ~/.cache/bert_jax), as data_pipeline/corpora.py keeps its corpus.
+# Under $BERT_JAX_CACHE (else ~/.cache/bert_jax), as data_pipeline/sources/corpora.py keeps its corpus.
 COMPILATION_CACHE = "jax_compilation_cache"
 
 

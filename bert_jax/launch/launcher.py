@@ -367,13 +367,13 @@ def run_preflight(config: str, overrides: list[str], accelerator_type: str) -> s
 
 
 def store_status(config: str, overrides: list[str], num_workers: int) -> str:
-  """One line on the tokenized store the run will read (data_pipeline.token_store, in a
+  """One line on the tokenized store the run will read (data_pipeline.store.token_store, in a
   child process like the preflight: it reads the config, not JAX): prepared, not yet,
   or out of sight from here. Never a refusal: a run without a store makes one."""
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       [SOURCE_ROOT] + [p for p in [os.environ.get("PYTHONPATH", "")] if p]))
   result = subprocess.run(
-      [sys.executable, "-m", "data_pipeline.token_store", f"--config={config}",
+      [sys.executable, "-m", "data_pipeline.store.token_store", f"--config={config}",
        f"--process_count={num_workers}", *[o for o in overrides if o.startswith("--config.")]],
       capture_output=True, text=True, env=env, check=False)
   lines = (result.stdout if not result.returncode else result.stderr).strip().splitlines()

@@ -27,8 +27,8 @@ phase or knob setting, never as a fit.
 Exit code 0 when every phase fits (a config of another family compiles
 nothing and passes), 1 with the refusal as the last line on stderr otherwise.
 bert_jax.launch runs this command in a child process before it creates a
-slice. The table in docs/pods.md ("Preflight") is printed by
-experiments/benchmarks/preflight_table.py.
+slice. The table of recipes and slices (experiments/results/README.md#preflight-recipes)
+is printed by experiments/benchmarks/pretrain/preflight_table.py.
 """
 
 import argparse

@@ -7,7 +7,7 @@ client and reads the program's memory, XLA's FLOPs and its collectives
 (collective_stats); measure does that for every phase of a run, each compile
 in a child process (bert_jax.preflight.isolation) so that a crash of libtpu
 is reported for that phase instead of ending the preflight.
-experiments/benchmarks/sharding.py measures simulated meshes with the same
+experiments/benchmarks/pretrain/sharding.py measures simulated meshes with the same
 lower_train_step and collective_stats.
 """
 
@@ -186,7 +186,7 @@ def lower_train_step(config: ml_collections.ConfigDict, bert_config: model_lib.B
                      mesh: jax.sharding.Mesh, seq_len: int, predictions: int) -> LoweredStep:
   """The trainer's train step (bert_jax.pretrain.steps.build, the one builder) lowered on
   ShapeDtypeStructs over `mesh` (the slice's TPU devices here, simulated CPUs in
-  experiments/benchmarks/sharding.py), under the config's logical axis rules, with the
+  experiments/benchmarks/pretrain/sharding.py), under the config's logical axis rules, with the
   run's dropout key's type; nothing allocated."""
   programs = pretrain_steps.build(config, bert_config, mesh, seq_len=seq_len,
                                   predictions=predictions)

@@ -162,7 +162,7 @@ def build(config: ml_collections.ConfigDict, bert_config: model_lib.BertConfig,
 
 def abstract_batch(batch: int, seq_len: int, predictions: int,
                    batch_sharding: jax.sharding.NamedSharding) -> dict[str, jax.ShapeDtypeStruct]:
-  """The pretraining batch's shapes and dtypes (as data_pipeline.pretraining feeds them)."""
+  """The pretraining batch's shapes and dtypes (as data_pipeline.examples.pretraining feeds them)."""
   def spec(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
   return {

@@ -2,7 +2,7 @@
 
   {"step": 17, "batch": "3f9c0a...", "tokens": 3921, "predictions": 598}
 
-`batch` is data_pipeline.pretraining.batch_fingerprint of the batch of update
+`batch` is data_pipeline.examples.pretraining.batch_fingerprint of the batch of update
 `step` (1-based, as in metrics.jsonl): a hash of its unmasked ids, segment ids
 and NSP labels, taken before masking, so two runs that differ only in their
 masks log the same fingerprints and any other difference (pairs, order,

@@ -46,7 +46,6 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from bert_jax import errors
 from bert_jax.model import encoder as model_lib
 from bert_jax.run import lock as workdir_lock
 from host import paths
@@ -97,14 +96,14 @@ IMPLIED_WHEN_MISSING = {
     "group_by_length": lambda old, new: (
         old.get("padding") == "buckets" and
         old.get("bucket_multiple", 0) < old.get("max_seq_length", 0)),
-    # Before this field, running text was split by the regex (data_pipeline/sentences.py's
+    # Before this field, running text was split by the regex (data_pipeline/sources/sentences.py's
     # LEGACY_SPLITTER). BERT-format files and the embedded corpus are never split, so there
     # the splitter changes nothing and the new value stands.
     "data.sentence_splitter": lambda old, new: (
         "regex" if str(old.get("data.corpus", "")).startswith(_SPLIT_CORPORA)
         else new.get("data.sentence_splitter")),
 }
-# The corpus kinds whose text a sentence splitter cuts (data_pipeline/corpora.py).
+# The corpus kinds whose text a sentence splitter cuts (data_pipeline/sources/corpora.py).
 _SPLIT_CORPORA = ("raw:", "jsonl:", "parquet:", "tfds:")
 
 

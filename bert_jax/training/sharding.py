@@ -125,7 +125,7 @@ class DevicePrefetch:
   """An input with its next batch already read and on the devices while a step runs.
 
   Wraps a pipeline with `next()`, `last_fingerprint`, `get_state()` and `close()`
-  (data_pipeline.pretraining.PretrainingInput). `next(prefetch)` gives (host batch,
+  (data_pipeline.examples.pretraining.PretrainingInput). `next(prefetch)` gives (host batch,
   global device batch); `fetch_next()`, called right after a step is dispatched,
   reads and places the following batch while that step computes, so the devices
   never wait for the host's read and copy. `get_state()` and `last_fingerprint`

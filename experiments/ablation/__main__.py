@@ -127,9 +127,9 @@ def _run(argv, fv) -> int:
   if fv.print_commands or fv.dry_run:
     if config is None:
       raise errors.UsageError("--print_commands and --dry_run need --config")
-    runs = stages.plan(config, workdir)
+    runs = ablation_plan.grid_runs(config, workdir)
     if (fv.print_commands and config.budget.mode == "flops"
-        and not ablation_plan.recorded(config, paths.join(workdir, stages.PLAN_FILE))):
+        and not ablation_plan.recorded(config, paths.join(workdir, ablation_plan.PLAN_FILE))):
       # The printed runs carry their step counts, which FLOP mode measures at prepare.
       raise errors.UsageError(
           "--print_commands in FLOP mode (config.budget.mode='flops') needs the plan the "

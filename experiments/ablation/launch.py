@@ -45,6 +45,7 @@ from bert_jax.pretrain import phases
 from bert_jax.run import lock as workdir_lock
 from experiments.ablation import grid as ablation_grid
 from experiments.ablation import report as ablation_report
+from experiments.ablation import plan as ablation_plan
 from experiments.ablation import stages
 from host import paths
 
@@ -119,7 +120,7 @@ def slice_for(options: Options, name: str) -> launch_plan.Slice:
     raise ablation_grid.GridError(f"--accelerator_type: {e}") from None
 
 
-def share_store(runs: list[stages.Run], workdir: str) -> None:
+def share_store(runs: list[ablation_plan.Run], workdir: str) -> None:
   """Points every run at one tokenized store, DIR/tokenized, unless the config names one:
   the corpus is tokenized once for the grid, and runs of a seed read the very same store."""
   for run in runs:
@@ -127,13 +128,13 @@ def share_store(runs: list[stages.Run], workdir: str) -> None:
       run.config.data.tokenized_dir = paths.join(workdir, TOKENIZED_DIR)
 
 
-def job_args(run: stages.Run, workdir: str) -> list[str]:
+def job_args(run: ablation_plan.Run, workdir: str) -> list[str]:
   """`run`'s job on every worker: python -m bert_jax.main with its flags (stages.pretrain_job)."""
   config_arg, flags_ = stages.pretrain_job(run)
   return launch_plan.main_args(config_arg, paths.join(workdir, run.pretrain_dir), flags_)
 
 
-def shape_key(run: stages.Run) -> str:
+def shape_key(run: ablation_plan.Run) -> str:
   """What a compiled step of `run` depends on: its config and flags less the seeds, the
   masks and the step counts, plus each phase's sequence length and prediction slots (which
   the masking ratio sets: the MLM head grows with it)."""
@@ -142,11 +143,11 @@ def shape_key(run: stages.Run) -> str:
   return json.dumps([config_arg, [f for f in flags_ if not f.startswith(_NOT_SHAPE)], slots])
 
 
-def preflight(runs: list[stages.Run], options: Options) -> None:
+def preflight(runs: list[ablation_plan.Run], options: Options) -> None:
   """bert_jax.preflight for one run of each distinct shape (shape_key), before any slice;
   then the tokenized store's status, once (the runs share it). LaunchError when one does
   not fit."""
-  shapes: dict[str, stages.Run] = {}
+  shapes: dict[str, ablation_plan.Run] = {}
   for run in runs:
     shapes.setdefault(shape_key(run), run)
   tpu = slice_for(options, options.name)
@@ -169,7 +170,7 @@ class Orchestrator:
     self.config, self.workdir, self.options, self.lock = config, workdir, options, lock
     self.grid: ablation_grid.Grid | None = None
 
-  def pretrain(self, runs: list[stages.Run]) -> None:
+  def pretrain(self, runs: list[ablation_plan.Run]) -> None:
     """The pretrain stage, launched: returns once every run is done or failed.
 
     Without DIR/plan.json (--stage=pretrain on a fresh workdir) the prepare stage runs
@@ -180,7 +181,7 @@ class Orchestrator:
         jobs keep running, the same command attaches.
       GridError: a run launched before would now be another job; a shape does not fit.
     """
-    if not paths.exists(paths.join(self.workdir, stages.PLAN_FILE)):
+    if not paths.exists(paths.join(self.workdir, ablation_plan.PLAN_FILE)):
       runs = stages.prepare(self.config, self.workdir, runs)
     share_store(runs, self.workdir)
     # An orchestrator that lost the lock (its heartbeat stalled past STALE_AFTER_S, and

@@ -27,8 +27,10 @@ The report counts the FLOPs each run executed from its batch_log.
 """
 
 import copy
+import dataclasses
 import hashlib
 import json
+import re
 from typing import Any
 
 from absl import logging
@@ -36,7 +38,11 @@ import ml_collections
 import numpy as np
 
 from bert_jax import accelerators
+from bert_jax.run import checkpoint
 from data_pipeline import specs
+from experiments.ablation import suite as ablation_suite
+from experiments.ablation.proof import AblationError  # pylint: disable=g-importing-member
+from experiments.configs import ablation as ablation_configs
 from host import paths
 
 MODES = ("steps", "flops")
@@ -180,7 +186,7 @@ def stretch(run: ml_collections.ConfigDict, steps: int) -> ml_collections.Config
 
 
 
-def equal_flops_checkpoints(cumulative: dict[str, list[float]], kept: dict[str, list[int]],
+def match_equal_flops(cumulative: dict[str, list[float]], kept: dict[str, list[int]],
                             seeds: dict[str, int]) -> dict[str, dict[str, Any]]:
   """Step mode's equal-FLOPs point: {run: {"step", "flops", "budget"}}.
 
@@ -293,3 +299,246 @@ def dry_run(config: ml_collections.ConfigDict, runs: list) -> str:
           + f"\n\n{len(runs)} pretraining runs; then {tasks} fine-tuning runs per pretraining run "
           + ("and for random init " if config.random_init else "")
           + f"({(len(runs) + int(config.random_init)) * tasks} in all), not counted above.")
+
+
+PLAN_FILE = "plan.json"
+PRETRAIN_DIR = "pretrain"
+FINETUNE_DIR = "finetune"
+RANDOM_INIT = "random_init"  # finetune/random_init/<task>: the no-pretraining floor
+EQUAL_FLOPS_SUFFIX = "_equal_flops"  # finetune/<run>/<task>_equal_flops
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _report():
+  """The report's module (its reading rule: the report imports nothing of the plan's;
+  imported late: matplotlib comes with it)."""
+  from experiments.ablation import report as ablation_report  # pylint: disable=g-import-not-at-top
+  return ablation_report
+
+
+@dataclasses.dataclass
+class Run:
+  """One pretraining run of the grid and where its outputs go (paths relative to DIR)."""
+  name: str  # "<setting>_seed<k>"
+  setting: str
+  seed: int
+  config: ml_collections.ConfigDict  # its complete pretraining config
+  pretrain_dir: str
+  finetune_dirs: dict[str, str]  # downstream task -> fine-tuning sweep workdir
+
+
+# --------------------------------------------------------------------------
+# The grid: the configs of every run, and where their outputs go.
+# --------------------------------------------------------------------------
+
+
+def _fill_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Replaces the {workdir} placeholder in every string field (corpus paths) with `workdir`."""
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      _fill_workdir(value, workdir)
+    elif isinstance(value, str) and ablation_configs.WORKDIR in value:
+      config[key] = value.replace(ablation_configs.WORKDIR, workdir)
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Refuses, before anything is written, settings that are not masking fields or not valid."""
+  if config.family != "ablation":
+    raise AblationError(f"config.family={config.family!r}: experiments.ablation runs "
+                        "experiments/configs/ablation.py configs")
+  if not config.settings or not config.pretrain_seeds:
+    raise AblationError("config.settings and config.pretrain_seeds must not be empty")
+  fields = set(config.pretrain.data.masking.keys())
+  for name, setting in config.settings.items():
+    if not _NAME.match(name):
+      raise AblationError(f"setting name {name!r}: use letters, digits, '_', '-', '.' "
+                          "(it names a workdir)")
+    unknown = sorted(set(setting.keys()) - fields)
+    if unknown:
+      raise AblationError(f"config.settings.{name} sets {unknown}, which are not fields of "
+                          "pretrain.data.masking: a setting may change the masks and nothing else")
+  if config.budget.mode not in MODES:
+    raise AblationError(f"config.budget.mode={config.budget.mode!r}: expected one of "
+                        f"{MODES}")
+  if (config.budget.mode == "steps" and config.budget.get("finetune_at_equal_flops", True)
+      and config.downstream):
+    _check_eval_checkpoints(config.pretrain)
+  if config.budget.mode == "flops" and config.pretrain.phase2.start_fraction < 1.0:
+    # ablation_plan's per-step estimate is of one sequence length.
+    raise AblationError(
+        f"config.budget.mode='flops' with config.pretrain.phase2.start_fraction="
+        f"{config.pretrain.phase2.start_fraction}: the FLOP plan matches single-phase runs; "
+        "set start_fraction=1.0 (one length throughout) or budget.mode='steps'")
+  if config.report.baseline not in config.settings:
+    raise AblationError(f"config.report.baseline={config.report.baseline!r} is not a setting "
+                        f"({sorted(config.settings)}): differences are taken to it")
+  for task, task_config in config.downstream.items():
+    if task_config.family != "finetune" or task_config.init_checkpoint:
+      raise AblationError(f"config.downstream.{task} must be a finetune.py config without "
+                          "init_checkpoint (each run's checkpoint is filled in)")
+
+
+def _check_eval_checkpoints(pretrain: ml_collections.ConfigDict) -> None:
+  """Refuses, before hours of pretraining, checkpoints that would not all survive at the
+  evaluation points: step mode fine-tunes the one at the smallest run's FLOPs."""
+  every, ckpt = pretrain.eval_every_steps, pretrain.checkpoint
+  saves = -(-pretrain.total_steps // ckpt.every_steps) + 1  # every_steps multiples, the end
+  kept = ((ckpt.keep_period and every % ckpt.keep_period == 0) or ckpt.keep >= saves)
+  if every % ckpt.every_steps or not kept:
+    raise AblationError(
+        f"pretrain.checkpoint (every_steps={ckpt.every_steps}, keep={ckpt.keep}, "
+        f"keep_period={ckpt.keep_period}) does not keep a checkpoint at every evaluation "
+        f"point (eval_every_steps={every}), which the equal-FLOPs fine-tuning of step mode "
+        "starts from: set checkpoint.every_steps and keep_period to eval_every_steps, or "
+        "config.budget.finetune_at_equal_flops=False")
+
+
+def pretrain_config(config: ml_collections.ConfigDict, setting: str, seed: int,
+                    workdir: str) -> ml_collections.ConfigDict:
+  """The complete pretraining config of (setting, seed): the base with only masks and seeds set."""
+  run = copy.deepcopy(config.pretrain)
+  _fill_workdir(run, workdir)
+  with run.unlocked():
+    for key, value in config.settings[setting].items():
+      run.data.masking[key] = value
+    run.seed = seed  # initial parameters and dropout
+    run.data.seed = seed  # pairs, their order and the masks' random draws
+  try:
+    specs.check_data_config(run.data)
+  except ValueError as e:
+    raise AblationError(f"config.settings.{setting}: {e}") from None
+  return run
+
+
+def budget_steps(config: ml_collections.ConfigDict, workdir: str,
+                 measure: bool = False) -> dict[str, dict[str, Any]]:
+  """FLOP mode: {setting: steps, FLOPs per step, FLOPs} spending config.budget.flops; else {}.
+
+  `measure`: on the predictions each setting's input stream makes (its corpus must
+  exist: the prepare stage); else on the full-sequence estimate (ablation_plan).
+  """
+  if config.budget.mode != "flops":
+    return {}
+  runs = {s: pretrain_config(config, s, 0, workdir) for s in config.settings}
+  try:
+    if measure:
+      return matched_steps_measured(runs, config.report.baseline,
+                                                  config.budget.flops,
+                                                  config.budget.measure_batches)
+    return matched_steps(runs, config.report.baseline, config.budget.flops)
+  except ValueError as e:
+    raise AblationError(str(e)) from None
+
+
+def grid_runs(config: ml_collections.ConfigDict, workdir: str,
+         matched: dict[str, dict[str, Any]] | None = None) -> list[Run]:
+  """Every run of the grid, seed-major (all settings of seed 0 first).
+
+  FLOP mode's steps: `matched` when given, else the measured plan recorded in the
+  workdir's plan.json, else the estimate (before the prepare stage, --dry_run).
+  """
+  check_config(config)
+  if matched is None:
+    matched = (recorded(config, paths.join(workdir, PLAN_FILE))
+               or budget_steps(config, workdir))
+  runs = []
+  for seed in config.pretrain_seeds:
+    for setting in config.settings:
+      name = f"{setting}_seed{seed}"
+      run_config = pretrain_config(config, setting, int(seed), workdir)
+      if setting in matched:  # FLOP mode: its own step count, the schedule stretched to it
+        run_config = stretch(run_config, matched[setting]["steps"])
+      runs.append(Run(name=name, setting=setting, seed=int(seed), config=run_config,
+                      pretrain_dir=f"{PRETRAIN_DIR}/{name}",
+                      finetune_dirs={task: f"{FINETUNE_DIR}/{name}/{task}"
+                                     for task in config.downstream}))
+  return runs
+
+
+def finetune_config(config: ml_collections.ConfigDict, task: str, run: Run | None,
+                    workdir: str, step: int | None = None) -> ml_collections.ConfigDict:
+  """Downstream `task`'s config fine-tuning from `run`'s final checkpoint (None: random init;
+  `step`: its checkpoint at that step, the equal-FLOPs one).
+
+  Random init has the pretraining model's size and vocabulary and the same sweep,
+  so it is the floor every pretrained setting must beat.
+  """
+  task_config = copy.deepcopy(config.downstream[task])
+  _fill_workdir(task_config, workdir)
+  with task_config.unlocked():
+    if run is None:
+      task_config.init_checkpoint = ""
+      task_config.model_size = config.pretrain.model_size
+      task_config.vocab_file = task_config.vocab_file or config.pretrain.data.vocab_file
+    elif step is None:
+      task_config.init_checkpoint = paths.join(workdir, run.pretrain_dir)
+    else:
+      task_config.init_checkpoint = paths.join(workdir, run.pretrain_dir,
+                                               checkpoint.CHECKPOINT_DIR, str(step))
+  return task_config
+
+
+def equal_flops_checkpoints(config: ml_collections.ConfigDict, runs: list[Run],
+                            workdir: str) -> dict[str, dict[str, Any]]:
+  """Step mode: every finished run's checkpoint at the smallest model FLOPs of its seed's runs.
+
+  Returns and writes DIR/equal_flops.json, {run: {"step", "flops", "budget",
+  "finetune": {task: workdir}}} (equal_flops_checkpoints); where
+  the step is the run's last, "finetune" is its usual sweep. {} in FLOP mode,
+  where every run's final checkpoint already spends the budget, and when
+  config.budget.finetune_at_equal_flops is off.
+  """
+  if (config.budget.mode != "steps" or not config.budget.get("finetune_at_equal_flops", True)
+      or not config.downstream or len(runs) < 2):
+    return {}
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top  # jax only here
+  cumulative = {r.name: _report().cumulative_flops(workdir, r.pretrain_dir) for r in runs}
+  kept = {r.name: list(ocp.utils.checkpoint_steps(
+      paths.path(paths.join(workdir, r.pretrain_dir, checkpoint.CHECKPOINT_DIR)))) for r in runs}
+  try:
+    matched = match_equal_flops(cumulative, kept,
+                                                    {r.name: r.seed for r in runs})
+  except ValueError as e:
+    raise AblationError(str(e)) from None
+  for r in runs:
+    m = matched[r.name]
+    m["finetune"] = (dict(r.finetune_dirs) if m["step"] == r.config.total_steps else
+                     {t: d + EQUAL_FLOPS_SUFFIX for t, d in r.finetune_dirs.items()})
+  paths.write_atomic(paths.join(workdir, _report().EQUAL_FLOPS_FILE), json.dumps(matched, indent=2) + "\n")
+  return matched
+
+
+def random_init_dirs(config: ml_collections.ConfigDict) -> dict[str, str]:
+  """Downstream task -> the random-init sweep's workdir ({} when config.random_init is off)."""
+  return ({task: f"{FINETUNE_DIR}/{RANDOM_INIT}/{task}" for task in config.downstream}
+          if config.random_init else {})
+
+
+def write_plan(config: ml_collections.ConfigDict, workdir: str, runs: list[Run],
+               matched: dict[str, dict[str, Any]]) -> None:
+  """DIR/plan.json: what the report needs besides the workdirs (rewritten for the current
+  grid), and FLOP mode's `matched` steps, which later stages plan with."""
+  content = {
+      "variant": config.variant,
+      "settings": {name: s.to_dict() for name, s in config.settings.items()},
+      "pretrain_seeds": list(config.pretrain_seeds),
+      "tasks": {task: {"name": c.task.name, "learning_rates": list(c.learning_rates),
+                       "seeds": list(c.seeds)} for task, c in config.downstream.items()},
+      "runs": [{"name": r.name, "setting": r.setting, "seed": r.seed,
+                "pretrain": r.pretrain_dir, "finetune": r.finetune_dirs} for r in runs],
+      "report": config.report.to_dict(),
+      "baseline": config.report.baseline,
+      "random_init": random_init_dirs(config),
+      "suite": ablation_suite.plan_entry(config),  # None: no downstream suite
+      "budget": {"mode": config.budget.mode, "flops_config": config.budget.flops,
+                 "pretrain": fingerprint(config), "settings": matched},
+  }
+  paths.write_atomic(paths.join(workdir, PLAN_FILE), json.dumps(content, indent=2) + "\n")
+
+
+def read_plan(workdir: str) -> dict[str, Any]:
+  """DIR/plan.json (written by the prepare stage)."""
+  path = paths.join(workdir, PLAN_FILE)
+  if not paths.exists(path):
+    raise AblationError(f"{path} is missing: run the prepare stage (or the whole ablation) first")
+  return json.loads(paths.read_text(path))

@@ -31,7 +31,7 @@ from bert_jax.run import batch_log
 from bert_jax.run import checkpoint
 from bert_jax.run import metrics_io
 from bert_jax.run import workdir as workdir_lib
-from data_pipeline import masking_spec
+from data_pipeline.examples import masking_spec
 from experiments import figures
 from experiments.ablation import stats as ablation_stats
 from experiments.ablation import suite as ablation_suite
@@ -442,7 +442,7 @@ def downstream_note(rows: list[dict[str, Any]], tasks: list[str]) -> str:
   if metrics and all(m.startswith("test/") for m in metrics):
     return (common + "Learning rate picked on dev, reported on test: the rate with the "
             "best dev median over seeds, the figures on a labelled test split at it (carved "
-            "out of train by text hash, bert_jax/finetune/splits.carve_test), so the choice "
+            "out of train by text hash, bert_jax/finetune/readers/splits.carve_test), so the choice "
             "does not inflate them. The edge-of-grid warnings are about the dev pick.")
   return (common + "The learning rate is chosen on the same dev split it is reported on "
           "(no held-out test split: config.task.test_fraction=0), so these numbers are "

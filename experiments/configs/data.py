@@ -1,7 +1,7 @@
 """The data block of pretraining configs: corpus, tokenizer, pairs, masking, held-out set.
 
 Every data and masking default is defined here, once, with a comment; the
-pipeline (data_pipeline/pretraining.py) reads these fields and defines none.
+pipeline (data_pipeline/examples/pretraining.py) reads these fields and defines none.
 Pure data: only ml_collections is imported. experiments/configs/pretrain.py
 puts this block at config.data and overrides fields per variant.
 """
@@ -19,7 +19,7 @@ def data_config() -> ml_collections.ConfigDict:
   c.text_field = "text"  # JSONL field / Parquet column / tfds feature holding a document's text
   # How raw:, jsonl:, parquet: and tfds: text is cut into sentences (BERT format is one per
   # line already): "blingfire" knows abbreviations, initials and decimals (94% of the hard
-  # cases of tests/data/sentence_cases.jsonl split exactly, data_pipeline/sentences.py);
+  # cases of tests/data/sentence_cases.jsonl split exactly, data_pipeline/sources/sentences.py);
   # "regex" (57%) is the splitter from before this field, which a workdir recorded without
   # it resumes with (bert_jax/run/workdir.py).
   c.sentence_splitter = "blingfire"
@@ -39,7 +39,7 @@ def data_config() -> ml_collections.ConfigDict:
   # binary or compressed in a format not read (.gz/.bz2/.xz are), not text with a stray byte.
   c.max_undecodable_fraction = 0.01
   c.max_sentences_per_document = 2048  # longer documents are cut into several (bounds memory)
-  # The corpus tokenized once, kept and read by every later start (data_pipeline/token_store.py):
+  # The corpus tokenized once, kept and read by every later start (data_pipeline/store/token_store.py):
   # "" -> $BERT_JAX_CACHE/tokenized (else ~/.cache/bert_jax/tokenized), a gs:// path for pods,
   # "none": tokenize in memory at every start (the same batches, bit for bit).
   c.tokenized_dir = ""

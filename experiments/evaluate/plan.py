@@ -23,7 +23,7 @@ from typing import Any
 import ml_collections
 
 from bert_jax import errors
-from bert_jax.finetune import registry
+from bert_jax.finetune.kinds import registry
 from bert_jax.run import workdir as workdir_lib
 from experiments.configs import finetune as finetune_configs
 from experiments.configs import suites

@@ -1,0 +1,9 @@
+"""Pretraining benchmarks: the step's speed, memory and fit, and a recipe's accuracy.
+
+  accelerator      the real step on this machine's accelerators: seq/s, MFU, memory, compile
+  train_step       tokens/s and MFU of the trainer's step against transformers + optax
+  model_throughput forward+backward throughput against transformers' Flax BERT
+  sharding         per-device memory and collectives of the real step on simulated meshes
+  preflight_table  which recipes fit which TPU slices (the preflight over a grid)
+  fast_recipe      what the fast recipe costs in accuracy, on CPU
+"""
