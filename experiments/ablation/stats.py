@@ -39,17 +39,27 @@ def bootstrap_interval(values: list[float], *, resamples: int = RESAMPLES, seed:
   With one value the interval is that value alone (nothing to resample); the
   report then says the difference cannot be separated from noise (verdict()).
   """
-  x = np.asarray(values, np.float64)
-  if x.size == 0:
-    raise ValueError("bootstrap_interval needs at least one value")
-  mean = float(x.mean())
+  x, mean = _values("bootstrap_interval", values)
   if x.size == 1:
     return mean, mean, mean
   rng = np.random.default_rng(seed)
   means = x[rng.integers(0, x.size, (resamples, x.size))].mean(axis=1)
+  return (mean,) + _percentiles(means, level)
+
+
+def _values(caller: str, values: list[float]) -> tuple[np.ndarray, float]:
+  """(values as float64, their mean); at least one is needed."""
+  x = np.asarray(values, np.float64)
+  if x.size == 0:
+    raise ValueError(f"{caller} needs at least one value")
+  return x, float(x.mean())
+
+
+def _percentiles(samples: np.ndarray, level: float) -> tuple[float, float]:
+  """The central `level` interval of bootstrap samples: (low, high)."""
   tail = (1.0 - level) / 2
-  low, high = np.quantile(means, [tail, 1.0 - tail])
-  return mean, float(low), float(high)
+  low, high = np.quantile(samples, [tail, 1.0 - tail])
+  return float(low), float(high)
 
 
 def unpaired_interval(a: list[float], b: list[float], *, resamples: int = RESAMPLES,
@@ -61,9 +71,7 @@ def unpaired_interval(a: list[float], b: list[float], *, resamples: int = RESAMP
   rng = np.random.default_rng(seed)
   diffs = (x[rng.integers(0, x.size, (resamples, x.size))].mean(axis=1)
            - y[rng.integers(0, y.size, (resamples, y.size))].mean(axis=1))
-  tail = (1.0 - level) / 2
-  low, high = np.quantile(diffs, [tail, 1.0 - tail])
-  return float(x.mean() - y.mean()), float(low), float(high)
+  return (float(x.mean() - y.mean()),) + _percentiles(diffs, level)
 
 
 def t_interval(values: list[float], *, level: float = LEVEL) -> tuple[float, float, float]:
@@ -81,10 +89,7 @@ def t_interval(values: list[float], *, level: float = LEVEL) -> tuple[float, flo
   (noncentral t). With one value the interval is that value alone: one seed separates
   nothing (excludes_zero).
   """
-  x = np.asarray(values, np.float64)
-  if x.size == 0:
-    raise ValueError("t_interval needs at least one value")
-  mean = float(x.mean())
+  x, mean = _values("t_interval", values)
   if x.size == 1:
     return mean, mean, mean
   half = float(scipy_stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1)

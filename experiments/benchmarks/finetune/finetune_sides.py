@@ -180,16 +180,10 @@ def ours_config(args, seeds, learning_rates=()):
   config.group_by_length = args.group_by_length
   config.learning_rates = tuple(learning_rates)
   config.init_checkpoint = str(minilm_dir())
-  config.max_seq_length = args.max_seq_length
-  config.batch_size = args.batch_size
-  config.num_epochs = args.epochs
-  config.optimizer.learning_rate = args.learning_rate
+  seed_comparison.set_recipe(config, args)
   config.task.max_train_examples = args.train_examples
   config.task.max_dev_examples = args.dev_examples
   config.seeds = tuple(seeds)
-  config.model.dtype = "float32"
-  config.model.hidden_dropout_prob = args.dropout
-  config.model.attention_probs_dropout_prob = args.dropout
   # The reference's mask is flax's broadcast one; "shared" makes ours the same recipe, the
   # default "per_example" is what our configs ship.
   config.model.attention_dropout_shared = args.attention_dropout_mask == "shared"

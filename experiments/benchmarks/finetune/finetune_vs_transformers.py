@@ -242,6 +242,23 @@ def report(args, results: dict[str, dict[int, dict]]) -> dict:
                  f"{r['train_seconds']:.1f} s"))
 
 
+# The benchmark's switches and what each does.
+SWITCHES = {
+    "sweep": "time a whole lr x seed sweep per side (max_seq_length 128 unless given)",
+    "compilation_cache": "let both sides use JAX's persistent compilation cache (the "
+                         "trainer's default, steps.use_compilation_cache): a repeated sweep "
+                         "loads its programs; off, every program compiles (a first sweep)",
+    "step_only": "time only the train and eval steps of both sides on the same batches, "
+                 "alternating (max_seq_length 128 unless given)",
+    "same_draws": "the per-seed comparison with the reference on our trainer's draws (order, "
+                  "initial head, dropout keys) and every dropout mask from one stream, "
+                  "transformers' shared attention mask on both sides",
+    "same_masks": "train both sides from one start on the same batches and dropout masks for "
+                  "the recipe's steps; print how far apart they drift (max_seq_length 128 "
+                  "unless given)",
+}
+
+
 def flags():
   """The command line: seed_comparison's shared flags plus this benchmark's."""
   parser = seed_comparison.flags(__doc__, examples=("examples", 2000, 800), max_seq_length=32,
@@ -271,28 +288,12 @@ def flags():
                            "= our trainer's (buckets.train_order), the same batches as ours")
   parser.add_argument("--report_from", default="",
                       help="comma-separated --sweep --json_out files: report them as one sweep")
-  parser.add_argument("--sweep", action="store_true",
-                      help="time a whole lr x seed sweep per side (max_seq_length 128 unless "
-                           "given)")
   parser.add_argument("--learning_rates", default="5e-5,1e-4", help="the sweep's rates")
-  parser.add_argument("--compilation_cache", action="store_true",
-                      help="let both sides use JAX's persistent compilation cache (the "
-                           "trainer's default, steps.use_compilation_cache): a repeated sweep "
-                           "loads its programs; off, every program compiles (a first sweep)")
-  parser.add_argument("--step_only", action="store_true",
-                      help="time only the train and eval steps of both sides on the same "
-                           "batches, alternating (max_seq_length 128 unless given)")
   parser.add_argument("--step_lengths", default="128,64", help="--step_only: batch lengths")
   parser.add_argument("--step_rounds", type=int, default=3, help="--step_only: A/B rounds")
   parser.add_argument("--step_repeats", type=int, default=2, help="--step_only: steps a round")
-  parser.add_argument("--same_draws", action="store_true",
-                      help="the per-seed comparison with the reference on our trainer's draws "
-                           "(order, initial head, dropout keys) and every dropout mask from "
-                           "one stream, transformers' shared attention mask on both sides")
-  parser.add_argument("--same_masks", action="store_true",
-                      help="train both sides from one start on the same batches and dropout "
-                           "masks for the recipe's steps; print how far apart they drift "
-                           "(max_seq_length 128 unless given)")
+  for name, text in SWITCHES.items():
+    parser.add_argument(f"--{name}", action="store_true", help=text)
   return parser
 
 
@@ -372,21 +373,17 @@ def main():
                                        v["runs"].items()}} for s, v in swept.items()}},
           indent=2))
     return
-  results = {s: {} for s in sides}
-  for seed in args.seeds:
-    # --same_draws: one mask stream per seed; each side's steps trace inside it.
-    stream = common_masks.Stream(args.max_seq_length) if args.same_draws else None
-    for side in sides:
-      with common_masks.common_masks(stream):
-        r = (finetune_sides.run_ours(args, seed) if side == "ours"
-             else finetune_sides.run_reference(args, seed, labels, train, dev))
-      results[side][seed] = r
-      print(f"seed {seed} {side:9s} accuracy {r['accuracy']:.4f}  F1 {r['f1']:.4f}  "
-            f"{r['seconds']:.1f} s", flush=True)
-  stats = report(args, results)
-  if args.json_out:
-    seed_comparison.write_json(args.json_out, args, results, stats)
+  streams = {}  # --same_draws: one mask stream per seed; each side's steps trace inside it
 
+  def run(seed, side):
+    if args.same_draws and seed not in streams:
+      streams[seed] = common_masks.Stream(args.max_seq_length)
+    with common_masks.common_masks(streams.get(seed)):
+      return (finetune_sides.run_ours(args, seed) if side == "ours"
+              else finetune_sides.run_reference(args, seed, labels, train, dev))
+
+  seed_comparison.run_seeds(args, sides, run,
+                            lambda r: f"accuracy {r['accuracy']:.4f}  F1 {r['f1']:.4f}", report)
 
 if __name__ == "__main__":
   main()

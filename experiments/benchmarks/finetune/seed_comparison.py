@@ -54,6 +54,33 @@ def flags(doc: str, *, examples: tuple[str, int, int], max_seq_length: int, epoc
   return parser
 
 
+def set_recipe(config, args: argparse.Namespace) -> None:
+  """The recipe flags both benchmarks give our trainer's config (the rest is each task's)."""
+  config.max_seq_length = args.max_seq_length
+  config.batch_size = args.batch_size
+  config.num_epochs = args.epochs
+  config.optimizer.learning_rate = args.learning_rate
+  config.model.dtype = "float32"
+  config.model.hidden_dropout_prob = args.dropout
+  config.model.attention_probs_dropout_prob = args.dropout
+
+
+def run_seeds(args: argparse.Namespace, sides: Sequence[str], run: Callable[[int, str], dict],
+              line: Callable[[dict], str], report: Callable[..., dict]) -> dict:
+  """Runs `run(seed, side)` for every seed and side, printing `line(result)` after each;
+  then the report, and the JSON file when --json_out asks. Returns the report's stats."""
+  results = {s: {} for s in sides}
+  for seed in args.seeds:
+    for side in sides:
+      r = run(seed, side)
+      results[side][seed] = r
+      print(f"seed {seed} {side:9s} {line(r)}  {r['seconds']:.1f} s", flush=True)
+  stats = report(args, results)
+  if args.json_out:
+    write_json(args.json_out, args, results, stats)
+  return stats
+
+
 def write_json(path: str, args: argparse.Namespace, results: dict, stats: dict) -> None:
   """Every run, the flags and the statistics, for a script to read."""
   pathlib.Path(path).write_text(json.dumps(

@@ -58,20 +58,14 @@ def task_config(args):
   """finetune.py:peoples_daily_pos with the benchmark's recipe (both sides read it)."""
   config = finetune_configs.get_config(TASK)
   config.vocab_file = str(chinese_configs.chinese_vocab())
-  config.max_seq_length = args.max_seq_length
+  seed_comparison.set_recipe(config, args)
   config.task.doc_stride = args.doc_stride
   config.task.max_train_examples = args.train_sentences
   config.task.max_dev_examples = args.dev_sentences
-  config.batch_size = args.batch_size
   config.eval_batch_size = args.eval_batch_size
-  config.num_epochs = args.epochs
-  config.optimizer.learning_rate = args.learning_rate
   config.optimizer.weight_decay = args.weight_decay
   config.optimizer.grad_clip_norm = args.max_grad_norm
   config.warmup_fraction = args.warmup_proportion
-  config.model.dtype = "float32"
-  config.model.hidden_dropout_prob = args.dropout
-  config.model.attention_probs_dropout_prob = args.dropout
   config.eval_every_steps = 10**9   # only at the end, as the reference
   config.checkpoint.every_steps = 10**9
   config.log_every_steps = 25   # progress rows: ours' steady steps/s (run_ours)
@@ -292,21 +286,20 @@ def main():
         f"{len(data.train)} train sentences ({len(train_f['input_ids'])} rows), "
         f"{len(data.dev['dev'])} dev ({len(dev_f['input_ids'])} rows), {len(data.labels)} tags; "
         f"dev features identical with both tokenizers: {same}", flush=True)
-  results = {s: {} for s in sides}
   with tempfile.TemporaryDirectory(prefix="tagging_vs_transformers_init_") as init_root:
-    for seed in args.seeds:
-      init_dir = pathlib.Path(init_root) / f"seed{seed}"
-      ours_init = write_initial_checkpoint(cfg, data.labels, seed, init_dir)
-      for side in sides:
-        r = (run_ours(args, seed, init_dir) if side == "ours"
-             else run_reference(args, seed, data, init_dir, ours_init, train_f, dev_f))
-        results[side][seed] = r
-        print(f"seed {seed} {side:9s} accuracy {r['accuracy']:.4f}  macro F1 "
-              f"{r['macro_f1']:.4f}  {r['seconds']:.1f} s", flush=True)
-  stats = report(args, results)
-  if args.json_out:
-    seed_comparison.write_json(args.json_out, args, results, stats)
+    inits = {}  # seed -> (its directory, our initial parameters), written once per seed
 
+    def run(seed, side):
+      if seed not in inits:
+        init_dir = pathlib.Path(init_root) / f"seed{seed}"
+        inits[seed] = init_dir, write_initial_checkpoint(cfg, data.labels, seed, init_dir)
+      init_dir, ours_init = inits[seed]
+      return (run_ours(args, seed, init_dir) if side == "ours"
+              else run_reference(args, seed, data, init_dir, ours_init, train_f, dev_f))
+
+    seed_comparison.run_seeds(
+        args, sides, run,
+        lambda r: f"accuracy {r['accuracy']:.4f}  macro F1 {r['macro_f1']:.4f}", report)
 
 if __name__ == "__main__":
   main()
