@@ -25,6 +25,7 @@ import numpy as np
 from bert_jax.model import encoder as model_lib
 from host import paths
 import bert_jax.convert.layout as convert_layout  # (not via the package: its __init__ imports this)
+import bert_jax.convert.modernbert as convert_modernbert
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -32,6 +33,8 @@ VOCAB_NAME = "vocab.txt"  # every format here (HF, google-research TF, our own) 
 # A byte-level BPE vocabulary (RoBERTa's) is two files, side by side, named as HF names them.
 BPE_VOCAB_NAME = "vocab.json"
 BPE_MERGES_NAME = "merges.txt"
+# A whole tokenizer in the `tokenizers` library's format (ModernBERT ships its BPE so).
+TOKENIZER_NAME = "tokenizer.json"
 
 _DTYPES = {
     "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
@@ -152,9 +155,16 @@ def read_hf_dir(path):
     (config, tensors under canonical names, display: canonical -> file name,
      ignored: {file name: reason}, vocab path or None).
   """
-  config = model_lib.BertConfig.from_hf_dict(read_json(path / CONFIG_NAME))
+  hf_config = read_json(path / CONFIG_NAME)
+  config = (convert_modernbert.config_from_hf(hf_config)
+            if hf_config.get("model_type") == convert_modernbert.MODEL_TYPE
+            else model_lib.BertConfig.from_hf_dict(hf_config))
   family = convert_layout.hf_family(config)
-  output_bias = f"{family.mlm_head}.{family.mlm_bias}"
+  modern = config.architecture == "modernbert"
+  output_bias = family.mlm_bias if modern else f"{family.mlm_head}.{family.mlm_bias}"
+  tied_decoder = ("decoder.weight" if modern else f"{family.mlm_head}.decoder.weight")
+  words = ("embeddings.tok_embeddings.weight" if modern
+           else "embeddings.word_embeddings.weight")
   raw, _ = read_safetensors(path / WEIGHTS_NAME)
   tensors, display, ignored = {}, {}, {}
   decoder_weight = None
@@ -163,7 +173,7 @@ def read_hf_dir(path):
       # Constant buffers PyTorch may save beside the weights; positions are implicit here.
       ignored[key] = "position/token-type id buffer, not a weight"
       continue
-    if key.endswith(f"{family.mlm_head}.decoder.weight"):
+    if key.endswith(tied_decoder) and config.tie_word_embeddings:
       decoder_weight = (key, array)  # tied to the word embeddings; checked below.
       continue
     name = _canonical_name(key, family)
@@ -177,23 +187,28 @@ def read_hf_dir(path):
     display[name] = key
   if decoder_weight is not None:
     key, array = decoder_weight
-    words = tensors.get("embeddings.word_embeddings.weight")
-    if words is None or words.shape != array.shape or not np.array_equal(words, array):
+    table = tensors.get(words)
+    if table is None or table.shape != array.shape or not np.array_equal(table, array):
       raise ValueError(
           f"{path / WEIGHTS_NAME}: {key} differs from the word embeddings; this model ties the "
-          "MLM decoder to the word embeddings and cannot hold an untied decoder")
+          "MLM decoder to the word embeddings and cannot hold an untied decoder"
+          + ("; config.json tie_word_embeddings=false reads it as a decoder of its own"
+             if modern else ""))
     ignored[key] = "tied to the word embeddings"
   return config, tensors, display, ignored, find_vocab(path)
 
 
 def find_vocab(directory):
-  """The vocabulary beside a checkpoint: vocab.txt, else a BPE vocab.json with its merges.txt.
+  """The vocabulary beside a checkpoint: vocab.txt, else a tokenizer.json, else a BPE
+  vocab.json with its merges.txt.
 
-  None when there is neither (a vocab.json without merges.txt is no vocabulary).
+  None when there is none (a vocab.json without merges.txt is no vocabulary).
   """
   directory = paths.path(directory)
   if (directory / VOCAB_NAME).is_file():
     return directory / VOCAB_NAME
+  if (directory / TOKENIZER_NAME).is_file():
+    return directory / TOKENIZER_NAME
   bpe = directory / BPE_VOCAB_NAME
   return bpe if bpe.is_file() and (directory / BPE_MERGES_NAME).is_file() else None
 
@@ -231,20 +246,38 @@ def export_hf(params, config, out_dir, vocab_file=None):
   """
   out_dir = paths.path(out_dir)
   family = convert_layout.hf_family(config)
+  modern = config.architecture == "modernbert"
   tensors = convert_layout.to_external(params, config, "hf")
   pretraining = "mlm_head" in params
   if pretraining:
-    heads = ("cls.", f"{family.mlm_head}.")
+    heads = ("cls.", f"{family.mlm_head}.") + (("decoder.",) if modern else ())
     tensors = {(k if k.startswith(heads) else f"{family.prefix}.{k}"): v
                for k, v in tensors.items()}
   out_dir.mkdir(parents=True, exist_ok=True)
   write_safetensors(out_dir / WEIGHTS_NAME, tensors, metadata={"format": "pt"})
-  hf_config = dict(config.to_hf_dict())
-  if not pretraining:
-    hf_config["architectures"] = [family.encoder_class]
+  if modern:
+    hf_config = convert_modernbert.config_to_hf(config, token_ids_of(vocab_file),
+                                                encoder_only=not pretraining)
+  else:
+    hf_config = dict(config.to_hf_dict())
+    if not pretraining:
+      hf_config["architectures"] = [family.encoder_class]
   paths.write_atomic(out_dir / CONFIG_NAME, json.dumps(hf_config, indent=2, sort_keys=True))
   copy_vocab(vocab_file, out_dir)
   return out_dir
+
+
+def token_ids_of(vocab_file) -> dict | None:
+  """The special tokens' ids a modernbert config.json names, from a tokenizer.json's added
+  tokens ([PAD], [CLS], [SEP]); None for any other vocabulary, or without one."""
+  if vocab_file is None or paths.path(vocab_file).name != TOKENIZER_NAME:
+    return None
+  added = {t.get("content"): t.get("id") for t in read_json(vocab_file).get("added_tokens", [])}
+  if not all(added.get(k) is not None for k in ("[PAD]", "[CLS]", "[SEP]")):
+    return None
+  return {"pad_token_id": added["[PAD]"], "bos_token_id": added["[CLS]"],
+          "cls_token_id": added["[CLS]"], "eos_token_id": added["[SEP]"],
+          "sep_token_id": added["[SEP]"]}
 
 
 def copy_vocab(vocab_file, out_dir) -> None:
@@ -257,7 +290,9 @@ def copy_vocab(vocab_file, out_dir) -> None:
   if not vocab_file.is_file():
     raise ValueError(f"vocab_file {vocab_file} does not exist")
   copies = {vocab_file: VOCAB_NAME}
-  if vocab_file.suffix == ".json":  # BPE: the merges travel with the vocabulary
+  if vocab_file.name == TOKENIZER_NAME:  # a whole tokenizer (ModernBERT's byte-level BPE)
+    copies = {vocab_file: TOKENIZER_NAME}
+  elif vocab_file.suffix == ".json":  # BPE: the merges travel with the vocabulary
     merges = vocab_file.parent / BPE_MERGES_NAME
     if not merges.is_file():
       raise ValueError(f"BPE vocab_file {vocab_file} has no {BPE_MERGES_NAME} beside it")

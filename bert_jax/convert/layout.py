@@ -21,6 +21,8 @@ from absl import logging
 import jax
 import numpy as np
 
+import bert_jax.convert.modernbert as convert_modernbert  # (not via the package: its __init__)
+
 # Groups of tensors. A checkpoint may legitimately lack the non-encoder groups: a BertModel
 # export has no heads, a BertForMaskedLM export has no pooler and no NSP head.
 ENCODER = "encoder"
@@ -61,6 +63,9 @@ HF_FAMILIES = {
                         False),
     "roberta-prelayernorm": HfFamily("roberta_prelayernorm", "RobertaPreLayerNormModel",
                                      "lm_head", ("dense", "layer_norm"), "bias", False),
+    # Its names are the modernbert module's; the head's bias is the decoder's, at the top.
+    "modernbert": HfFamily(convert_modernbert.PREFIX, convert_modernbert.ENCODER_CLASS,
+                           "head", ("dense", "norm"), "decoder.bias", False),
 }
 
 
@@ -111,6 +116,9 @@ class Entry:
 
 def _check_external(config, fmt: str) -> None:
   """HF and TF layouts cannot hold ALBERT's switches; TF's is post-LN BERT only."""
+  if config.architecture == "modernbert" and fmt == "tf":
+    raise ValueError("architecture 'modernbert' has no google-research/bert TF layout; use "
+                     "the 'hf' or 'own' format")
   if fmt == "hf":
     config.hf_model_type  # pylint: disable=pointless-statement  # refuses what HF cannot hold
     return
@@ -188,6 +196,9 @@ def layout(config, fmt: str) -> list[Entry]:
   if fmt != "own":
     _check_external(config, fmt)
   table = Table(fmt)
+  if config.architecture == "modernbert":
+    convert_modernbert.entries(table, config, (ENCODER, MLM_HEAD))
+    return table.entries
   _embeddings(table, config)
   _layers(table, config)
   table.dense(("pooler", "dense"), POOLER, (config.hidden_size, config.hidden_size),

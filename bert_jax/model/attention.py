@@ -167,7 +167,7 @@ def _splash_block(seq_len: int) -> int:
   return next(b for b in (512, 256, 128) if seq_len % b == 0)
 
 
-def _splash_kernel(num_heads: int, seq_len: int, interpret: bool):
+def _splash_kernel(num_heads: int, seq_len: int, interpret: bool, window: int | None = None):
   # Built afresh in every trace, not cached: the kernel holds its mask tables as jax
   # arrays, which inside a trace (nn.scan's layer body, jit) are that trace's values; a
   # kernel cached from one trace and called in another leaks them (UnexpectedTracerError
@@ -179,19 +179,24 @@ def _splash_kernel(num_heads: int, seq_len: int, interpret: bool):
   sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                             block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                             block_q_dq=block, block_kv_dq=block)
-  mask = splash.MultiHeadMask([splash.FullMask((seq_len, seq_len))] * num_heads)
+  one = (splash.FullMask((seq_len, seq_len)) if window is None
+         else splash.LocalMask((seq_len, seq_len), (window, window), 0))
+  mask = splash.MultiHeadMask([one] * num_heads)
   return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
                                 interpret=interpret), splash.SegmentIds
 
 
-def _splash_local(q, k, v, segments, *, interpret: bool) -> jax.Array:
-  """Splash on one shard: q, k, v [b,T,n,D], key segments [b,T] -> [b,T,n,D]."""
+def _splash_local(q, k, v, segments, q_segments=None, *, interpret: bool,
+                  window: int | None = None) -> jax.Array:
+  """Splash on one shard: q, k, v [b,T,n,D], key segments [b,T] (query segments [b,T]:
+  all 1 by default) -> [b,T,n,D]; `window`: its local mask's half-width."""
   _, seq_len, heads, head_size = q.shape
-  kernel, segment_ids = _splash_kernel(heads, seq_len, interpret)
+  kernel, segment_ids = _splash_kernel(heads, seq_len, interpret, window)
   # The kernel takes no scale: fold 1/sqrt(D) into q (exact for D a power of 4).
   q = q * jnp.asarray(1 / np.sqrt(head_size), q.dtype)
   to_heads = lambda x: jnp.swapaxes(x, 1, 2)  # [b,T,n,D] -> [b,n,T,D]
-  ids = segment_ids(q=jnp.ones_like(segments), kv=segments)
+  ids = segment_ids(q=jnp.ones_like(segments) if q_segments is None else q_segments,
+                    kv=segments)
   out = jax.vmap(kernel)(to_heads(q), to_heads(k), to_heads(v), segment_ids=ids)
   return to_heads(out).astype(v.dtype)
 
@@ -220,6 +225,66 @@ def splash_attention(q, k, v, mask, *, interpret: bool | None = None) -> jax.Arr
 
 
 KERNELS = {"xla": xla_attention, "cudnn": cudnn_attention, "splash": splash_attention}
+
+
+# ----------------------------------------------------------------------------- windows, documents
+
+def dense_mask(key_real: jax.Array, *, window: int | None = None,
+               documents: jax.Array | None = None) -> jax.Array:
+  """[B,T] real keys -> the boolean mask einsum and xla take: [B,1,1,T] for padding alone,
+  [B,1,T,T] with a sliding window (|i - j| <= window) or documents (same document only)."""
+  mask = key_real[:, None, None, :]
+  if window is not None:
+    positions = jnp.arange(key_real.shape[1])
+    mask = mask & (jnp.abs(positions[:, None] - positions[None, :]) <= window)[None, None]
+  if documents is not None:
+    mask = mask & (documents[:, :, None] == documents[:, None, :])[:, None]
+  return mask
+
+
+def _splash_masked(q, k, v, key_real, window, documents) -> jax.Array:
+  """splash_attention with a local mask and documents as segments (a key of another
+  document, or padding, never matches a query's segment)."""
+  interpret = jax.default_backend() != "tpu"
+  q_segments = (jnp.ones(key_real.shape, jnp.int32) if documents is None
+                else documents.astype(jnp.int32) + 1)
+  kv_segments = jnp.where(key_real, q_segments, 0).at[:, 0].set(q_segments[:, 0])
+  local = functools.partial(_splash_local, interpret=interpret, window=window)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return local(q, k, v, kv_segments, q_segments)
+  spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
+  qkv = jax.sharding.PartitionSpec(*spec)
+  seg = jax.sharding.PartitionSpec(spec[0], None)
+  return jax.shard_map(local, in_specs=(qkv, qkv, qkv, seg, seg), out_specs=qkv,
+                       check_vma=False)(q, k, v, kv_segments, q_segments)
+
+
+def attend_masked(impl: str, q, k, v, key_real: jax.Array, *, window: int | None = None,
+                  documents: jax.Array | None = None,
+                  dropout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+  """Runs resolved implementation `impl` on [B,T] real keys, within a sliding window of
+  half-width `window` (None: global) and inside each token's document (`documents` [B,T]
+  ints, None: one per row): einsum and xla by a dense mask, splash by its local mask and
+  segment ids, cudnn by its window and key lengths.
+
+  Raises:
+    ValueError: cudnn with documents (jax's cuDNN binding takes no segments).
+  """
+  if impl in ("einsum", "xla"):
+    mask = dense_mask(key_real, window=window, documents=documents)
+    return einsum_attention(q, k, v, mask, dropout) if impl == "einsum" else xla_attention(
+        q, k, v, mask)
+  if impl == "splash":
+    return _splash_masked(q, k, v, key_real, window, documents)
+  if documents is not None:
+    raise ValueError("config.model.attention_impl='cudnn' cannot keep packed documents apart "
+                     "(jax's cuDNN attention takes no segment ids): use 'xla' or 'auto' for "
+                     "packed rows")
+  lengths = jnp.maximum(jnp.sum(key_real, axis=-1, dtype=jnp.int32), 1)
+  return jax.nn.dot_product_attention(
+      q, k, v, key_value_seq_lengths=lengths, implementation="cudnn",
+      local_window_size=None if window is None else (window, window))
 
 
 def attend(impl: str, q, k, v, mask, dropout: Callable[[jax.Array], jax.Array] | None = None):

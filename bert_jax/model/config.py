@@ -30,6 +30,31 @@ SIZES = {
     "base": (12, 768, 12),
     "large": (24, 1024, 16),
 }
+# The modern encoder's sizes (architecture "modernbert", bert_jax/model/modern.py): every
+# field that differs from BERT's defaults. Base and large are ModernBERT's published
+# configs (Warner et al. 2024: 22 x 768, GLU 1152, 12 heads; 28 x 1024, GLU 2624, 16
+# heads; global attention every third layer, a 128-token window elsewhere, RoPE theta
+# 160k global / 10k local, no biases but the decoder's, LayerNorm eps 1e-5, no dropout in
+# pretraining); the tiny one is the same recipe small enough for CPU runs and tests.
+_MODERN = dict(architecture="modernbert", use_bias=False, norm_bias=False,
+               layer_norm_eps=1e-5, hidden_dropout_prob=0.0,
+               attention_probs_dropout_prob=0.0, global_attn_every_n_layers=3,
+               rope_theta=160000.0, local_rope_theta=10000.0, type_vocab_size=1)
+MODERN_SIZES = {
+    "modernbert-tiny": dict(_MODERN, num_hidden_layers=4, hidden_size=128,
+                            num_attention_heads=2, intermediate_size=192, local_attention=64,
+                            max_position_embeddings=1024),
+    "modernbert-base": dict(_MODERN, num_hidden_layers=22, hidden_size=768,
+                            num_attention_heads=12, intermediate_size=1152, local_attention=128,
+                            max_position_embeddings=8192),
+    "modernbert-large": dict(_MODERN, num_hidden_layers=28, hidden_size=1024,
+                             num_attention_heads=16, intermediate_size=2624, local_attention=128,
+                             max_position_embeddings=8192),
+}
+ARCHITECTURES = ("bert", "modernbert")
+GLU_ACTIVATIONS = ("gelu", "silu")  # GeGLU, SwiGLU
+NORMS = ("layernorm", "rmsnorm")
+POOLINGS = ("cls", "mean")
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _ATTENTION_IMPLS = attention_lib.IMPLEMENTATIONS + (None,)  # None: older configs, read as auto
@@ -85,6 +110,28 @@ class BertConfig:
   remat_policy: str = "none"  # a key of REMAT_POLICIES: what each layer keeps for backward
   remat: bool = False  # older configs' switch: True reads as remat_policy "full"
   scan_layers: bool = False  # nn.scan over layers: params get a leading [L] axis
+  # --- The modern encoder (ModernBERT and those after it; bert_jax/model/modern.py). Each
+  # default is BERT's behaviour, so every config and checkpoint from before reads the same.
+  architecture: str = "bert"  # "bert" (encoder.py) | "modernbert" (modern.py)
+  # modernbert: rotary positions (no position table), theta per layer kind.
+  rope_theta: float = 160000.0  # RoPE base of the global-attention layers
+  local_rope_theta: float = 10000.0  # RoPE base of the sliding-window layers
+  # modernbert: layer i attends globally when i % n == 0, else within a sliding window of
+  # local_attention tokens (a token sees the keys at |i - j| <= local_attention // 2).
+  global_attn_every_n_layers: int = 1
+  local_attention: int = 128
+  glu_activation: str = "gelu"  # modernbert's feed-forward: GeGLU ("gelu") or SwiGLU ("silu")
+  use_bias: bool = True  # modernbert: biases in the linear layers (attention, MLP, heads)
+  norm_bias: bool = True  # modernbert: biases in the norms
+  norm: str = "layernorm"  # modernbert: "layernorm" or "rmsnorm"
+  # modernbert: the MLM decoder is the word table (True) or a matrix of its own.
+  tie_word_embeddings: bool = True
+  classifier_pooling: str = "cls"  # modernbert's classification head reads [CLS] or the mean
+  # The special tokens' ids a Hugging Face modernbert config.json names (read on import,
+  # written back on export; the network never reads them). None: not known.
+  pad_token_id: int | None = None
+  cls_token_id: int | None = None
+  sep_token_id: int | None = None
 
   def __post_init__(self):
     positive = ("vocab_size", "vocab_multiple", "hidden_size", "num_hidden_layers",
@@ -130,6 +177,45 @@ class BertConfig:
     if self.remat and self.remat_policy not in ("none", "full"):
       raise ValueError(f"remat=True (read as remat_policy 'full') contradicts "
                        f"remat_policy={self.remat_policy!r}: set remat_policy alone")
+    self._check_modern()
+
+  def _check_modern(self) -> None:
+    """The modern encoder's fields (architecture, RoPE, windows, GLU, biases, norms)."""
+    for name, allowed in (("architecture", ARCHITECTURES), ("glu_activation", GLU_ACTIVATIONS),
+                          ("norm", NORMS), ("classifier_pooling", POOLINGS)):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+    for name in ("use_bias", "norm_bias", "tie_word_embeddings"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+    for name in ("rope_theta", "local_rope_theta"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    _check_positive_int("global_attn_every_n_layers", self.global_attn_every_n_layers)
+    _check_positive_int("local_attention", self.local_attention)
+    if self.architecture == "modernbert":
+      if self.head_size % 2:
+        raise ValueError(f"rotary positions need an even head size, got {self.head_size}")
+      bert_only = {"embedding_size": None, "share_layers": False, "pre_layer_norm": False,
+                   "position_offset": 0}
+      wrong = [f"{k}={getattr(self, k)!r}" for k, v in bert_only.items() if getattr(self, k) != v]
+      if wrong:
+        raise ValueError(f"architecture 'modernbert' has no {', '.join(wrong)} (BERT-family "
+                         "switches); leave them at their defaults")
+    else:
+      modern_only = {"use_bias": True, "norm_bias": True, "norm": "layernorm",
+                     "tie_word_embeddings": True, "global_attn_every_n_layers": 1}
+      wrong = [f"{k}={getattr(self, k)!r}" for k, v in modern_only.items()
+               if getattr(self, k) != v]
+      if wrong:
+        raise ValueError(f"{', '.join(wrong)} are options of architecture 'modernbert', not "
+                         "of 'bert': set architecture='modernbert' or leave them at their "
+                         "defaults")
+
+  def is_global(self, layer: int) -> bool:
+    """Whether layer `layer` attends globally (else within its sliding window)."""
+    return self.architecture != "modernbert" or layer % self.global_attn_every_n_layers == 0
 
   @property
   def effective_remat_policy(self) -> str:
@@ -167,22 +253,30 @@ class BertConfig:
 
   @classmethod
   def from_size(cls, size: str, **overrides) -> "BertConfig":
-    """A config from the size table (tiny|mini|small|medium|base|large), intermediate 4H."""
-    if size not in SIZES:
-      raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
-    layers, hidden, heads = SIZES[size]
-    fields = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                  intermediate_size=4 * hidden)
+    """A config from the size table: BERT's (tiny|mini|small|medium|base|large, intermediate
+    4H) or the modern encoder's (MODERN_SIZES: modernbert-tiny|-base|-large)."""
+    if size in MODERN_SIZES:
+      fields = dict(MODERN_SIZES[size])
+    elif size in SIZES:
+      layers, hidden, heads = SIZES[size]
+      fields = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                    intermediate_size=4 * hidden)
+    else:
+      raise ValueError(f"size must be one of {sorted(SIZES) + sorted(MODERN_SIZES)}, "
+                       f"got {size!r}")
     fields.update(overrides)
     return cls(**fields)
 
   @property
   def hf_model_type(self) -> str:
-    """The Hugging Face family that holds this network: bert, roberta or roberta-prelayernorm.
+    """The Hugging Face family that holds this network: bert, roberta, roberta-prelayernorm
+    or modernbert.
 
     RoBERTa's families count positions from pad_token_id + 1, so a pre-LN network with
     BERT's positions (position_offset 0) has none; the ALBERT switches have none either.
     """
+    if self.architecture == "modernbert":
+      return "modernbert"
     if self.embedding_size not in (None, self.hidden_size) or self.share_layers:
       raise ValueError("embedding_size/share_layers (ALBERT switches) cannot be expressed as a "
                        "Hugging Face BERT or RoBERTa config: use the 'own' format")

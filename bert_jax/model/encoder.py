@@ -54,21 +54,25 @@ class Dense(nn.Module):
   axes: tuple  # logical names of every kernel dimension; the bias takes the output names
   dtype: Any  # compute dtype; params are float32
   kernel_init: Callable
+  use_bias: bool = True  # the modern encoder's linears have none (BertConfig.use_bias)
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     """[..., *in] -> [..., *features] in the compute dtype."""
     n = self.num_contracted
     kernel = self.param("kernel", self.kernel_init, x.shape[-n:] + self.features, jnp.float32)
+    contract = (tuple(range(x.ndim - n, x.ndim)), tuple(range(n)))
+    if not self.use_bias:
+      x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+      return jax.lax.dot_general(x, kernel, (contract, ((), ())))
     bias = self.param("bias", nn.with_logical_partitioning(
         nn.initializers.zeros_init(), self.axes[n:]), self.features, jnp.float32)
     x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
-    contract = (tuple(range(x.ndim - n, x.ndim)), tuple(range(n)))
     return jax.lax.dot_general(x, kernel, (contract, ((), ()))) + bias
 
 
 def dense(config: BertConfig, features, axes: tuple, name: str, *, axis=-1,
-          dtype=None) -> nn.Module:
+          dtype=None, use_bias: bool = True) -> nn.Module:
   """A Dense with BERT init, fp32 params, compute dtype and named kernel/bias axes.
 
   `axes` names every kernel dimension (inputs then outputs); the bias takes the output
@@ -82,7 +86,7 @@ def dense(config: BertConfig, features, axes: tuple, name: str, *, axis=-1,
                      f"{num_contracted + len(features)} dimensions")
   return Dense(features=features, num_contracted=num_contracted, axes=tuple(axes),
                dtype=dtype or config.compute_dtype, kernel_init=param_init(config, axes),
-               name=name)
+               use_bias=use_bias, name=name)
 
 
 def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:

@@ -17,8 +17,23 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.model import encoder as model_lib
+from bert_jax.model import modern
 from bert_jax.model.config import BertConfig
-from bert_jax.model.encoder import BertModel
+
+
+def encoder_for(config: BertConfig, name: str = "bert") -> nn.Module:
+  """The encoder of config.architecture: BERT's (encoder.py) or the modern one (modern.py),
+  the same call for both: (ids, mask, segments) -> (sequence, pooled)."""
+  if config.architecture == "modernbert":
+    return modern.ModernBertModel(config, name=name)
+  return model_lib.BertModel(config, name=name)
+
+
+def _modern_head(config: BertConfig, x: jax.Array, name: str = "head") -> jax.Array:
+  """The modern encoder's prediction head, which its task heads read: dense, GELU, norm."""
+  x = model_lib.dense(config, config.hidden_size, ("embed", None), f"{name}_dense",
+                      use_bias=config.use_bias)(x)
+  return modern.norm(config, f"{name}_norm")(model_lib.gelu(x))
 
 
 def gather_positions(sequence: jax.Array, positions: jax.Array) -> jax.Array:
@@ -41,10 +56,16 @@ class MaskedLMHead(nn.Module):
     cfg = self.config
     # Gather first: the transform and the V-wide decoder then cost B*P rows, not B*T.
     x = sequence if positions is None else gather_positions(sequence, positions)
-    x = model_lib.dense(cfg, cfg.embed_size, ("embed", None), "transform")(x)
-    x = model_lib.layer_norm(cfg, "layer_norm")(model_lib.gelu(x))
+    x = model_lib.dense(cfg, cfg.embed_size, ("embed", None), "transform",
+                        use_bias=cfg.use_bias)(x)
+    norm = (modern.norm(cfg, "layer_norm") if cfg.architecture == "modernbert"
+            else model_lib.layer_norm(cfg, "layer_norm"))
+    x = norm(model_lib.gelu(x))
     bias = self.param("output_bias", nn.with_logical_partitioning(
         nn.initializers.zeros_init(), ("vocab",)), (cfg.padded_vocab_size,), jnp.float32)
+    if not cfg.tie_word_embeddings:  # a decoder of its own (untied checkpoints)
+      embedding_table = self.param("decoder", model_lib.param_init(cfg, ("vocab", "embed")),
+                                   (cfg.padded_vocab_size, cfg.embed_size), jnp.float32)
     if cfg.padded_vocab_size != cfg.vocab_size:
       # Masked through the [V] bias, not the [B,P,V] logits: no logits-sized temporary.
       real = jnp.arange(cfg.padded_vocab_size) < cfg.vocab_size
@@ -74,7 +95,7 @@ class BertForPreTraining(nn.Module):
 
     masked_lm_positions=None evaluates the MLM head on every position (P = T).
     """
-    bert = BertModel(self.config, name="bert")
+    bert = encoder_for(self.config)
     sequence, pooled = bert(input_ids, input_mask, segment_ids, deterministic=deterministic)
     out = {"mlm_logits": MaskedLMHead(self.config, name="mlm_head")(
         sequence, masked_lm_positions, bert.word_embedding_table())}
@@ -93,8 +114,10 @@ class BertForSequenceClassification(nn.Module):
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True):
     """-> logits [B,num_labels] float32."""
     # Only the pooled [CLS] is read: the last layer computes that row alone.
-    _, pooled = BertModel(self.config, name="bert")(
+    _, pooled = encoder_for(self.config)(
         input_ids, input_mask, segment_ids, deterministic=deterministic, pooled_only=True)
+    if self.config.architecture == "modernbert":
+      pooled = _modern_head(self.config, pooled)
     pooled = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
     return _classifier(self.config, self.num_labels, "classifier")(pooled.astype(jnp.float32))
 
@@ -108,8 +131,10 @@ class BertForTokenClassification(nn.Module):
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True):
     """-> logits [B,T,num_labels] float32."""
-    sequence, _ = BertModel(self.config, name="bert")(
+    sequence, _ = encoder_for(self.config)(
         input_ids, input_mask, segment_ids, deterministic=deterministic)
+    if self.config.architecture == "modernbert":
+      sequence = _modern_head(self.config, sequence)
     sequence = nn.Dropout(self.config.hidden_dropout_prob)(sequence, deterministic=deterministic)
     return _classifier(self.config, self.num_labels, "classifier")(sequence.astype(jnp.float32))
 
@@ -122,7 +147,10 @@ class BertForQuestionAnswering(nn.Module):
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True):
     """-> (start_logits [B,T], end_logits [B,T]) float32."""
-    sequence, _ = BertModel(self.config, name="bert")(
+    sequence, _ = encoder_for(self.config)(
         input_ids, input_mask, segment_ids, deterministic=deterministic)
+    if self.config.architecture == "modernbert":
+      sequence = nn.Dropout(self.config.hidden_dropout_prob)(
+          _modern_head(self.config, sequence), deterministic=deterministic)
     logits = _classifier(self.config, 2, "qa_outputs")(sequence.astype(jnp.float32))
     return logits[..., 0], logits[..., 1]
