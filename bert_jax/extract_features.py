@@ -26,6 +26,7 @@ import numpy as np
 from bert_jax import convert
 from bert_jax.finetune.features import packing
 from bert_jax.model import encoder as model_lib
+from bert_jax.model import heads
 from data_pipeline.vocab import tokenizers
 from host import paths
 from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
@@ -78,7 +79,7 @@ def _tokenize(tokenizer, texts: list[str]) -> list[list[int]]:
 def extract(params, config: model_lib.BertConfig, features: dict[str, np.ndarray],
             batch_size: int) -> dict[str, np.ndarray]:
   """Runs the encoder over `features` in batches; returns the output arrays."""
-  model = model_lib.BertModel(config)
+  model = heads.encoder_for(config)
 
   @jax.jit
   def forward(batch):
@@ -109,7 +110,8 @@ def run(input_file: str, output_file: str, init_checkpoint: str, vocab_file: str
   config, params, vocab = convert.load_pretrained(init_checkpoint, target="encoder",
                                                   vocab_file=vocab_file)
   if vocab is None:
-    raise ValueError(f"{init_checkpoint} carries no vocab.txt: pass --vocab_file")
+    raise ValueError(f"{init_checkpoint} carries no vocab.txt or tokenizer.json: pass "
+                     "--vocab_file")
   if max_seq_length > config.max_position_embeddings:
     raise ValueError(f"--max_seq_length={max_seq_length} exceeds the checkpoint's "
                      f"max_position_embeddings={config.max_position_embeddings}")

@@ -287,9 +287,16 @@ def installed_artifact(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def hf_tokenizer(uncased_vocab):
-  """The reference (transformers) WordPiece tokenizer on the real bert-base-uncased vocab."""
+  """The reference (transformers) WordPiece tokenizer on the real bert-base-uncased vocab:
+  the pure-Python one, an implementation apart from the `tokenizers` library's Rust one
+  (BertTokenizerFast, which tests use beside it). transformers 5 calls it
+  BertTokenizerLegacy; its BertTokenizer is the Rust one, which truncates a pair
+  longest-first otherwise (an odd budget goes to the second text, not the first as in
+  google-research/bert's _truncate_seq_pair and this one)."""
   import transformers  # test-only dependency, imported where used
-  return transformers.BertTokenizer(str(uncased_vocab), do_lower_case=True)
+  # transformers 4 (the peers' environment) calls the pure-Python one BertTokenizer.
+  python_tokenizer = getattr(transformers, "BertTokenizerLegacy", transformers.BertTokenizer)
+  return python_tokenizer(str(uncased_vocab), do_lower_case=True)
 
 
 @pytest.fixture(scope="session")

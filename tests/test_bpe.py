@@ -115,7 +115,7 @@ def test_refusals_are_one_line(bpe_dir, tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "tokenizers", None)  # as if the extra were not installed
   with pytest.raises(errors.UsageError) as error:
     tokenization.load_word_tokenizer(vocab, do_lower_case=False)
-  assert "pip install 'bert_jax[roberta]'" in str(error.value)
+  assert "pip install 'bert_jax[bpe]'" in str(error.value)
   assert "\n" not in str(error.value)
 
 

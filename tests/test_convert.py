@@ -1,9 +1,11 @@
-"""Checkpoint conversion against the reference: transformers' Flax BERT with random weights.
+"""Checkpoint conversion against the reference: transformers 5's PyTorch BERT with random
+weights, built in the test.
 
-The reference BertForPreTraining's weights are written out under the Hugging Face PyTorch
-names and under the original google-research/bert TF names by generic renaming rules
-(below), imported with bert_jax.convert, and our model must then reproduce the reference's
-MLM and NSP logits. Export goes back the other way and the reference must load it.
+The reference BertForPreTraining is saved as Hugging Face saves it (save_pretrained), and
+its weights are also written under the original google-research/bert TF names by generic
+renaming rules (below); each is imported with bert_jax.convert, and our model must then
+reproduce the reference's MLM and NSP logits. Export goes back the other way and the
+reference's from_pretrained must load it.
 """
 
 import functools
@@ -22,6 +24,7 @@ import pytest
 from flax.traverse_util import flatten_dict
 from flax.traverse_util import unflatten_dict
 import safetensors.numpy
+import torch
 import transformers
 
 from bert_jax import convert
@@ -37,19 +40,31 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def reference():
-  """A small transformers FlaxBertForPreTraining whose every weight is random.
+  """A small transformers BertForPreTraining (PyTorch, eval mode) whose every weight is random.
 
   Biases and LayerNorm parameters are perturbed too (their init is 0/1), so a bias loaded
-  into the wrong place cannot go unnoticed.
+  into the wrong place cannot go unnoticed: N(0, 0.1), plus 1 for LayerNorm scales.
+  state: its tensors as save_pretrained writes them (the tied MLM decoder not among them).
   """
   config = transformers.BertConfig(
       vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-      intermediate_size=37, max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu")
-  # _do_init=False skips the reference's own (slow to compile) initialiser; every weight is
-  # drawn here instead: N(0, 0.1), plus 1 for LayerNorm scales.
-  model = transformers.FlaxBertForPreTraining(config, _do_init=False)
-  params = _random_like(model.params_shape_tree, np.random.default_rng(0))
-  return types.SimpleNamespace(model=model, params=params, config=config)
+      intermediate_size=37, max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu",
+      attn_implementation="eager")
+  torch.manual_seed(0)
+  model = transformers.BertForPreTraining(config).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():  # a tied tensor comes once
+      p.copy_(0.1 * torch.randn_like(p) + (1.0 if name.endswith("LayerNorm.weight") else 0.0))
+  return types.SimpleNamespace(model=model, config=config, state=_torch_state(model))
+
+
+def _torch_state(model) -> dict[str, np.ndarray]:
+  return {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
+
+
+def _pytorch_state(ref) -> dict[str, np.ndarray]:
+  """A fresh copy of the reference's tensors under their Hugging Face PyTorch names."""
+  return {name: value.copy() for name, value in ref.state.items()}
 
 
 def _random_like(shapes, rng):
@@ -74,11 +89,14 @@ def batch():
   return ids, mask, segments, positions
 
 
-def _reference_logits(ref, batch):
+def _reference_logits(model, batch):
   ids, mask, segments, positions = batch
-  out = ref.model(ids, attention_mask=mask, token_type_ids=segments, params=ref.params)
-  mlm = np.take_along_axis(np.asarray(out.prediction_logits), positions[..., None], axis=1)
-  return mlm, np.asarray(out.seq_relationship_logits)
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(ids, dtype=torch.long),
+                attention_mask=torch.tensor(mask, dtype=torch.long),
+                token_type_ids=torch.tensor(segments, dtype=torch.long))
+  mlm = np.take_along_axis(out.prediction_logits.numpy(), positions[..., None], axis=1)
+  return mlm, out.seq_relationship_logits.numpy()
 
 
 @functools.cache
@@ -95,43 +113,31 @@ def _our_logits(config, params, batch):
 
 def _assert_same_logits(config, params, ref, batch):
   mlm, nsp = _our_logits(config, params, batch)
-  ref_mlm, ref_nsp = _reference_logits(ref, batch)
+  ref_mlm, ref_nsp = _reference_logits(ref.model, batch)
   np.testing.assert_allclose(mlm, ref_mlm, atol=ATOL, rtol=0)
   np.testing.assert_allclose(nsp, ref_nsp, atol=ATOL, rtol=0)
 
 
-# Generic renaming, the way transformers itself relates its Flax and PyTorch weights:
-# dotted path, kernel -> weight (transposed), scale / embedding -> weight.
-def _pytorch_state(ref_params) -> dict[str, np.ndarray]:
-  state = {}
-  for path, value in flatten_dict(ref_params).items():
-    *parents, leaf = path
-    value = np.asarray(value)
-    if leaf == "kernel":
-      value = value.T
-    name = ".".join(parents + ["bias" if leaf == "bias" else "weight"])
-    state[name] = np.ascontiguousarray(value)
-  return state
-
-
-# Original google-research/bert names: layer_N, LayerNorm gamma/beta, bare embedding tables,
-# cls/predictions/output_bias, cls/seq_relationship/output_weights stored [2, H].
-def _tf_variables(ref_params) -> dict[str, np.ndarray]:
+# Original google-research/bert names from the PyTorch ones: layer_N, LayerNorm gamma/beta,
+# bare embedding tables, dense kernels stored [in, out] (PyTorch's Linear weights are
+# [out, in]), cls/predictions/output_bias, cls/seq_relationship/output_weights stored [2, H].
+def _tf_variables(state) -> dict[str, np.ndarray]:
   variables = {}
-  for path, value in flatten_dict(ref_params).items():
-    value = np.asarray(value)
-    name = "/".join(path).replace("layer/", "layer_")
-    if path[-2] == "LayerNorm":
-      name = name.rsplit("/", 1)[0] + {"scale": "/gamma", "bias": "/beta"}[path[-1]]
-    elif path[-1] == "embedding":
-      name = name.rsplit("/", 1)[0]
-    elif path == ("cls", "predictions", "bias"):
-      name = "cls/predictions/output_bias"
-    elif path == ("cls", "seq_relationship", "kernel"):
-      name, value = "cls/seq_relationship/output_weights", value.T
-    elif path == ("cls", "seq_relationship", "bias"):
-      name = "cls/seq_relationship/output_bias"
-    variables[name] = value
+  for name, value in state.items():
+    *parents, leaf = name.split(".")
+    path = "/".join(parents).replace("layer/", "layer_")
+    if name == "cls.predictions.bias":
+      variables["cls/predictions/output_bias"] = value
+    elif parents == ["cls", "seq_relationship"]:  # [2, H] = PyTorch's [out, in] already
+      variables[f"{path}/output_{'weights' if leaf == 'weight' else 'bias'}"] = value
+    elif parents[-1] == "LayerNorm":
+      variables[f"{path}/{'gamma' if leaf == 'weight' else 'beta'}"] = value
+    elif parents[-1].endswith("_embeddings"):
+      variables[path] = value
+    elif leaf == "weight":
+      variables[f"{path}/kernel"] = np.ascontiguousarray(value.T)
+    else:
+      variables[f"{path}/bias"] = value
   return variables
 
 
@@ -141,6 +147,8 @@ def _write_vocab(path: pathlib.Path, size: int) -> pathlib.Path:
 
 
 def _write_hf_dir(path: pathlib.Path, ref, state: dict, metadata=None) -> pathlib.Path:
+  """A Hugging Face directory of `state` (the reference's config), for checkpoints that
+  save_pretrained would not write: other names, missing or extra tensors."""
   path.mkdir(parents=True, exist_ok=True)
   ref.config.save_pretrained(path)
   safetensors.numpy.save_file(state, str(path / "model.safetensors"),
@@ -150,9 +158,12 @@ def _write_hf_dir(path: pathlib.Path, ref, state: dict, metadata=None) -> pathli
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory, reference):
-  """The reference written as a PyTorch BertForPreTraining directory, with a vocab.txt."""
-  path = _write_hf_dir(tmp_path_factory.mktemp("hf"), reference,
-                       _pytorch_state(reference.params))
+  """The reference saved by its save_pretrained (a BertForPreTraining directory), with a
+  vocab.txt."""
+  path = tmp_path_factory.mktemp("hf")
+  reference.model.save_pretrained(path)
+  assert set(safetensors.numpy.load_file(str(path / "model.safetensors"))) == set(
+      reference.state)
   _write_vocab(path / "vocab.txt", 99)
   return path
 
@@ -181,16 +192,24 @@ def test_hf_export_loads_in_reference(hf_dir, reference, batch, tmp_path):
   out = convert.export_hf(params, config, tmp_path / "export", vocab)
   assert (out / "vocab.txt").read_text() == vocab.read_text()
   assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForPreTraining"]
-  reloaded = transformers.FlaxBertForPreTraining.from_pretrained(out, from_pt=True)
+  reloaded = _reload(out)
   # Equal weights everywhere: transformers fills missing weights randomly with only a warning.
-  want = flatten_dict(reference.params)
-  got = flatten_dict(reloaded.params)
+  want, got = reference.state, _torch_state(reloaded)
   assert set(got) == set(want)
   for key in want:
-    np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]), err_msg=str(key))
-  reloaded = types.SimpleNamespace(model=reloaded, params=reloaded.params)
-  for got, want in zip(_reference_logits(reloaded, batch), _reference_logits(reference, batch)):
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+  for got, want in zip(_reference_logits(reloaded, batch),
+                       _reference_logits(reference.model, batch)):
     np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
+
+
+def _reload(directory):
+  """transformers' BertForPreTraining.from_pretrained of an export: nothing missing, nothing
+  unexpected, nothing of another shape."""
+  model, info = transformers.BertForPreTraining.from_pretrained(
+      directory, attn_implementation="eager", output_loading_info=True)
+  assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+  return model.eval()
 
 
 def test_padded_vocab_exports_the_true_vocab_and_imports_padded(hf_dir, reference, batch,
@@ -204,7 +223,7 @@ def test_padded_vocab_exports_the_true_vocab_and_imports_padded(hf_dir, referenc
   assert not words[99:].any() and not bias[99:].any()
   # The reference's logits on the real ids; the padding ids never win.
   mlm, nsp = _our_logits(config, params, batch)
-  ref_mlm, ref_nsp = _reference_logits(reference, batch)
+  ref_mlm, ref_nsp = _reference_logits(reference.model, batch)
   np.testing.assert_allclose(mlm[..., :99], ref_mlm, atol=ATOL, rtol=0)
   np.testing.assert_allclose(nsp, ref_nsp, atol=ATOL, rtol=0)
   assert (mlm[..., 99:] == np.finfo(np.float32).min).all()
@@ -216,11 +235,10 @@ def test_padded_vocab_exports_the_true_vocab_and_imports_padded(hf_dir, referenc
   tensors = safetensors.numpy.load_file(str(out / "model.safetensors"))
   assert tensors["bert.embeddings.word_embeddings.weight"].shape == (99, 32)
   assert tensors["cls.predictions.bias"].shape == (99,)
-  reloaded = transformers.FlaxBertForPreTraining.from_pretrained(out, from_pt=True)
-  want, got = flatten_dict(reference.params), flatten_dict(reloaded.params)
+  want, got = reference.state, _torch_state(_reload(out))
   assert set(got) == set(want)
   for key in want:
-    np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]), err_msg=str(key))
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
   # Our own format keeps the padding (and says so); re-padding keeps the real rows.
   own = convert.export_own(params, config, tmp_path / "own", vocab)
@@ -236,7 +254,7 @@ def test_padded_vocab_exports_the_true_vocab_and_imports_padded(hf_dir, referenc
 def test_hf_key_variants(tmp_path, reference, batch):
   """No "bert." prefix, gamma/beta LayerNorm names, tied decoder copies stored, float16."""
   state = {}
-  for name, value in _pytorch_state(reference.params).items():
+  for name, value in _pytorch_state(reference).items():
     name = name.removeprefix("bert.")
     if "LayerNorm" in name:
       name = name.replace(".weight", ".gamma").replace(".bias", ".beta")
@@ -260,7 +278,7 @@ def test_hf_key_variants(tmp_path, reference, batch):
 
 def test_masked_lm_layout_needs_consent_for_pooler_and_nsp(tmp_path, reference, batch):
   """BertForMaskedLM checkpoints have no pooler and no NSP head."""
-  state = {k: v for k, v in _pytorch_state(reference.params).items()
+  state = {k: v for k, v in _pytorch_state(reference).items()
            if not k.startswith(("bert.pooler.", "cls.seq_relationship."))}
   state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"]
   path = _write_hf_dir(tmp_path, reference, state)
@@ -268,7 +286,8 @@ def test_masked_lm_layout_needs_consent_for_pooler_and_nsp(tmp_path, reference, 
     convert.load_pretrained(path)
   config, params, _ = convert.load_pretrained(path, allow_missing_heads=True)
   mlm, _ = _our_logits(config, params, batch)
-  np.testing.assert_allclose(mlm, _reference_logits(reference, batch)[0], atol=ATOL, rtol=0)
+  np.testing.assert_allclose(mlm, _reference_logits(reference.model, batch)[0], atol=ATOL,
+                             rtol=0)
 
 
 def test_safetensors_writer_reads_back_with_reference_library(tmp_path):
@@ -320,7 +339,7 @@ def test_tf_checkpoint_import_matches_reference(tmp_path, reference, batch):
   """Fails if a TF1 checkpoint, named by directory or by prefix, imports with other logits than the
   reference or without its vocab, or an encoder import keeps the MLM head or drops the pooler."""
   import tensorflow as tf
-  _write_tf_checkpoint(tmp_path, _tf_variables(reference.params), reference.config)
+  _write_tf_checkpoint(tmp_path, _tf_variables(reference.state), reference.config)
   names = {n for n, _ in tf.train.list_variables(str(tmp_path / "model.ckpt-1000"))}
   assert "bert/encoder/layer_1/attention/self/query/kernel" in names  # TF1 names kept.
 
@@ -340,7 +359,7 @@ def test_tf_fine_tuned_checkpoint_task_head(tmp_path, reference, script, head, n
   """google-research's fine-tuning scripts keep the head as [labels, H] (transpose_b):
   it must arrive as our [H, labels] kernel; without asking for it, it is refused by name."""
   del script
-  variables = {k: v for k, v in _tf_variables(reference.params).items()
+  variables = {k: v for k, v in _tf_variables(reference.state).items()
                if not k.startswith("cls/")}  # run_classifier / run_squad drop the MLM/NSP
   weights = np.random.default_rng(1).normal(size=(3, 32)).astype(np.float32)
   variables.update({names[0]: weights, names[1]: np.arange(3, dtype=np.float32)})
@@ -360,7 +379,7 @@ def test_tf_fine_tuned_checkpoint_task_head(tmp_path, reference, script, head, n
 def test_missing_unused_and_misshapen_tensors_are_named(tmp_path, reference):
   """Fails if the refusal does not name the missing tensor, the unused tensor and the misshapen
   tensor with its shape and the expected one."""
-  state = _pytorch_state(reference.params)
+  state = _pytorch_state(reference)
   del state["cls.predictions.transform.LayerNorm.bias"]
   state["bert.encoder.layer.2.output.dense.weight"] = np.zeros((32, 37), np.float32)
   state["bert.encoder.layer.1.intermediate.dense.weight"] = np.zeros((37, 33), np.float32)

@@ -59,12 +59,12 @@ def _matmul_flops(jaxpr) -> int:
   return total
 
 
-def _traced(cfg: BertConfig, batch: int, seq_len: int, predictions: int):
+def _traced(cfg: BertConfig, batch: int, seq_len: int, predictions: int, nsp_head: bool = True):
   """(loss(params, ids, positions), abstract params, (ids, positions) shapes)."""
   # Dropout and remat off: neither changes the model's matmuls, but remat would replay some.
   cfg = cfg.replace(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                     attention_impl="einsum", remat_policy="none", remat=False)
-  model = BertForPreTraining(cfg)
+  model = BertForPreTraining(cfg, nsp_head=nsp_head)
   args = (jax.ShapeDtypeStruct((batch, seq_len), np.int32),
           jax.ShapeDtypeStruct((batch, predictions), np.int32))
   params = nn.unbox(jax.eval_shape(
@@ -72,22 +72,45 @@ def _traced(cfg: BertConfig, batch: int, seq_len: int, predictions: int):
 
   def loss(params, ids, positions):
     out = model.apply({"params": params}, ids, (ids > 0).astype(np.int32), ids, positions)
-    return out["mlm_logits"].sum() + out["nsp_logits"].sum()
+    return sum(logits.sum() for logits in out.values())
   return loss, params, args
 
 
 def _conventions(cfg: BertConfig, params, batch: int, seq_len: int, predictions: int) -> int:
   """What the model FLOPs count beyond the traced matmuls (module docstring)."""
   extra = -6 * cfg.embed_size * (cfg.padded_vocab_size - cfg.vocab_size) * batch * predictions
+  # A sliding layer's einsum computes every [T, T] score and masks the keys beyond its
+  # window: the model FLOPs count the window's keys only (QK^T and PV, 4 per key and
+  # feature forward, x3).
+  window = min(seq_len, cfg.local_attention + 1)
+  sliding = sum(not cfg.is_global(i) for i in range(cfg.num_hidden_layers))
+  extra -= 12 * cfg.hidden_size * seq_len * (seq_len - window) * sliding * batch
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
     name, n = jax.tree_util.keystr(path), math.prod(leaf.shape)
     if any(table in name for table in metrics_io.EMBEDDING_TABLES):
       continue  # lookups, in neither count
-    is_matmul = name.endswith("['kernel']")
+    is_matmul = name.endswith(("['kernel']", "['mlm_head']['decoder']"))  # untied decoder too
     runs_on = (1 if name.startswith(("['bert']['pooler']", "['nsp_head']")) else
                predictions if name.startswith("['mlm_head']") else seq_len)  # rows per sequence
     extra += 6 * n * batch * (runs_on if not is_matmul else 0)
   return extra
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_modern_model_flops_count_the_window_and_the_decoder_once(tie):
+  """Fails if the modern encoder's step_flops is not its traced matmuls plus the conventions
+  with sliding layers charged their window's keys, or an untied decoder is counted twice
+  (as a head parameter and as the tied table's E V)."""
+  cfg = BertConfig.from_size("modernbert-tiny", vocab_size=300, local_attention=16,
+                             tie_word_embeddings=tie)
+  batch, seq_len, predictions = 2, 48, 9
+  loss, params, args = _traced(cfg, batch, seq_len, predictions, nsp_head=False)
+  step = _matmul_flops(jax.make_jaxpr(jax.grad(loss))(params, *args).jaxpr)
+  executed = cost.step_flops(cfg, params, sequences=batch, seq_len=seq_len,
+                             predictions=batch * predictions)
+  assert executed == step + _conventions(cfg, params, batch, seq_len, predictions)
+  assert cost.step_flops(cfg.replace(global_attn_every_n_layers=1), params, sequences=batch,
+                         seq_len=seq_len, predictions=batch * predictions) > executed
 
 
 @pytest.mark.parametrize("fields,batch,seq_len,predictions", [

@@ -235,8 +235,9 @@ def test_classification_features_match_transformers(hf_tokenizer):
     out = packing.classification_features(examples, tokenize_word=hf_tokenizer.tokenize,
                                           vocab=vocab, max_seq_length=max_len, labels=["0", "1"])
     for i, ex in enumerate(examples):
+      # transformers 5's BertTokenizerLegacy leaves token_type_ids out unless asked.
       ref = hf_tokenizer(ex.text_a, ex.text_b, truncation="longest_first", max_length=max_len,
-                         padding="max_length")
+                         padding="max_length", return_token_type_ids=True)
       np.testing.assert_array_equal(out["input_ids"][i], ref["input_ids"], err_msg=f"{ex}")
       np.testing.assert_array_equal(out["input_mask"][i], ref["attention_mask"])
       np.testing.assert_array_equal(out["segment_ids"][i], ref["token_type_ids"])

@@ -2,15 +2,14 @@
 
 Real data: the SQuAD-format fixtures inside the allennlp 0.9.0 wheel (the
 allennlp_fixtures fixture of conftest.py). Oracles: transformers' BertTokenizer
-on the real bert-base-uncased vocabulary, and transformers' port of run_squad's
-write_predictions; hand-computed windows and scores.
+on the real bert-base-uncased vocabulary; hand-computed windows and scores (transformers
+4's port of run_squad's write_predictions: peers/test_squad_oracles.py).
 """
 
 import collections
 import json
 import logging
 import pathlib
-import types
 
 import numpy as np
 import pytest
@@ -258,55 +257,3 @@ def test_squad_v2_unanswerable(tmp_path):
       max_seq_length=16, doc_stride=4, max_query_length=8, is_training=True)
   assert (feats[0].start_position, feats[0].end_position, feats[0].is_impossible) == (0, 0, True)
   assert squad.gold_answers(train) == {"n": [], "a": ["mat"]}
-
-
-@pytest.mark.parametrize("version_2", [False, True])
-def test_squad_postprocess_matches_transformers(allennlp_fixtures, hf_tokenizer, version_2,
-                                                tmp_path):
-  """Fails if predictions, n-best texts and probabilities, or (v2.0) null odds differ from
-  transformers' port of run_squad's write_predictions, or v2.0 does not predict both kinds."""
-  # transformers ports run_squad's write_predictions (and its get_final_text,
-  # built on BasicTokenizer rather than on our wordpiece projection).
-  from transformers.data.metrics import squad_metrics
-  from transformers.data.processors import squad as hf_squad
-  examples, features = _fixture_features(allennlp_fixtures, hf_tokenizer, is_training=False)
-  raw = json.loads((allennlp_fixtures / "squad.json").read_text())
-  contexts = {qa["id"]: p["context"] for a in raw["data"] for p in a["paragraphs"]
-              for qa in p["qas"]}
-  # transformers detokenizes with convert_tokens_to_string, which keeps a
-  # leading "##" (so a span starting inside a word falls back to the whole
-  # word); run_squad strips it and answers with the part of the word. We follow
-  # run_squad, so the oracle gets run_squad's detokenization (its commented-out code).
-  google_detokenizer = types.SimpleNamespace(
-      convert_tokens_to_string=lambda t: " ".join(t).replace(" ##", "").replace("##", ""))
-  hf_examples = [hf_squad.SquadExample(e.qas_id, e.question_text, contexts[e.qas_id], None,
-                                       None, "t") for e in examples]
-  assert [e.doc_tokens for e in hf_examples] == [e.doc_tokens for e in examples]
-  rng = np.random.default_rng(int(version_2))
-  results = {f.unique_id: (rng.normal(size=64), rng.normal(size=64)) for f in features}
-  for f in features:
-    # Favour "no answer" on every other question, so v2.0 predicts both kinds.
-    results[f.unique_id][0][0] += 10.0 * (f.example_index % 2)
-  hf_results = [types.SimpleNamespace(unique_id=k, start_logits=list(v[0]), end_logits=list(v[1]))
-                for k, v in results.items()]
-  kwargs = dict(n_best_size=4, max_answer_length=8, version_2_with_negative=version_2,
-                null_score_diff_threshold=0.5)
-  preds, nbest, odds = squad.postprocess_predictions(
-      examples, features, results, tokenize_word=hf_tokenizer.tokenize, **kwargs)
-  hf_preds = squad_metrics.compute_predictions_logits(
-      hf_examples, features, hf_results, do_lower_case=True, output_prediction_file=None,
-      output_nbest_file=str(tmp_path / "nbest.json"),
-      output_null_log_odds_file=str(tmp_path / "null.json"), verbose_logging=False,
-      tokenizer=google_detokenizer, **kwargs)
-  assert preds == dict(hf_preds)
-  hf_nbest = json.loads((tmp_path / "nbest.json").read_text())
-  assert nbest.keys() == hf_nbest.keys()
-  for qid, entries in nbest.items():
-    assert [x["text"] for x in entries] == [x["text"] for x in hf_nbest[qid]]
-    np.testing.assert_allclose([x["probability"] for x in entries],
-                               [x["probability"] for x in hf_nbest[qid]], rtol=1e-6)
-  if version_2:
-    hf_odds = json.loads((tmp_path / "null.json").read_text())
-    assert odds == pytest.approx(hf_odds)
-  if version_2:
-    assert {p == "" for p in preds.values()} == {True, False}

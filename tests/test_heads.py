@@ -1,9 +1,11 @@
-"""Tests of bert_jax/model/heads.py: parity with transformers' Flax BERT (encoder, pooler, MLM, NSP,
-task heads) on a small random config, MLM gathering, and the task models' outputs.
+"""Tests of bert_jax/model/heads.py: parity with transformers' PyTorch BERT (encoder, pooler, MLM,
+NSP, task heads) on a small random config, MLM gathering, and the task models' outputs.
 
-The reference oracle is transformers 4.x's FlaxBert* classes. Random weights are drawn
-once in our tree and mapped into the reference's layout by the small mapping below (the
-real checkpoint converter is bert_jax/convert/__init__.py and has its own tests).
+The reference oracle is transformers 5's BertModel / BertFor* classes in PyTorch, with
+random weights drawn in the test. Each is saved as Hugging Face saves it
+(save_pretrained) and read into our tree by bert_jax.convert, as a user would
+(load_pretrained, or load_for_finetuning for a task head); the converter's own
+refusals and formats are tested in tests/test_convert.py.
 """
 
 import flax.linen as nn
@@ -11,19 +13,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 import transformers
 
+from bert_jax import convert
 from bert_jax.model.encoder import BertConfig, BertModel
 from bert_jax.model import heads
 
 H, A, L, V, I = 32, 4, 2, 99, 37
 D = H // A
+POSITIONS = np.array([[0, 3, 7, 15], [1, 2, 9, 0]], np.int32)  # MLM positions, all real tokens
 
 
 def _hf_config(**kw):
   return transformers.BertConfig(
       vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
-      intermediate_size=I, max_position_embeddings=40, **kw)
+      intermediate_size=I, max_position_embeddings=40, attn_implementation="eager", **kw)
 
 
 @pytest.fixture(scope="module")
@@ -58,65 +63,71 @@ def _random_params(module, *args, seed=0):
   return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
-def _to_hf_encoder(p):
-  """Our BertModel params -> the reference's "bert" subtree (same maths, other names/shapes)."""
-  ln = lambda x: {"scale": x["scale"], "bias": x["bias"]}
-  e = p["embeddings"]
-  out = {"embeddings": {k: e[k] for k in ("word_embeddings", "position_embeddings",
-                                          "token_type_embeddings")},
-         "encoder": {"layer": {}}, "pooler": {"dense": p["pooler"]["dense"]}}
-  out["embeddings"]["LayerNorm"] = ln(e["layer_norm"])
-  for i in range(L):
-    lay = p["encoder"][f"layer_{i}"]
-    att = lay["attention"]
-    out["encoder"]["layer"][str(i)] = {
-        "attention": {
-            "self": {n: {"kernel": att[n]["kernel"].reshape(H, H),
-                         "bias": att[n]["bias"].reshape(H)} for n in ("query", "key", "value")},
-            "output": {"dense": {"kernel": att["output"]["kernel"].reshape(H, H),
-                                 "bias": att["output"]["bias"]},
-                       "LayerNorm": ln(lay["attention_layer_norm"])}},
-        "intermediate": {"dense": lay["intermediate"]},
-        "output": {"dense": lay["output"], "LayerNorm": ln(lay["output_layer_norm"])}}
-  return out
+def _shapes(module, *args):
+  """Our model's parameter tree, as shapes (jax.eval_shape: nothing computed)."""
+  return jax.tree.map(lambda x: x.shape, nn.unbox(jax.eval_shape(
+      lambda: module.init(jax.random.key(0, impl="rbg"), *args))["params"]))
 
 
-def _hf(cls, hf_config, params, ids, mask, seg):
-  ref = cls(hf_config, _do_init=False)
-  return ref(ids, attention_mask=mask, token_type_ids=seg, params=params)
+def _reference(cls, directory, **kw):
+  """A transformers PyTorch `cls` on the small config, every weight random: N(0, 0.05),
+  LayerNorm scales around 1, biases too (their init is 0), so a misplaced one shows.
+  Saved to `directory` by save_pretrained; returns the model, in eval mode."""
+  torch.manual_seed(0)
+  model = cls(_hf_config(**kw)).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():  # a tied tensor comes once
+      p.copy_(0.05 * torch.randn_like(p) + (1.0 if name.endswith("LayerNorm.weight") else 0.0))
+  model.save_pretrained(directory)
+  return model
+
+
+def _run(model, ids, mask, seg):
+  with torch.no_grad():
+    return model(input_ids=torch.tensor(ids, dtype=torch.long),
+                 attention_mask=torch.tensor(mask, dtype=torch.long),
+                 token_type_ids=torch.tensor(seg, dtype=torch.long))
+
+
+def _task_reference(cls, head, directory, **kw):
+  """The reference task model, and its checkpoint read by bert_jax.convert as fine-tuning
+  reads one: our config and the tree {"bert": encoder, head: its kernel and bias}."""
+  model = _reference(cls, directory, **kw)
+  config, encoder, found, _ = convert.load_for_finetuning(directory, task_heads=(head,))
+  assert set(found) == {head}
+  return model, config, {"bert": encoder, head: found[head]}
 
 
 @pytest.fixture(scope="module")
 def pretraining(config, inputs):
-  positions = np.array([[0, 3, 7, 15], [1, 2, 9, 0]], np.int32)
+  positions = POSITIONS
   model = heads.BertForPreTraining(config)
   params = _random_params(model, *inputs, positions)
   return model, params, positions
 
 
-def test_encoder_and_pretraining_heads_match_transformers(hf_config, inputs, pretraining):
+def test_encoder_and_pretraining_heads_match_transformers(config, inputs, tmp_path):
   """Fails if our MLM/NSP logits at the gathered positions, or the encoder's unpadded sequence
-  output and pooled output, differ from transformers' Flax BERT on the same random weights."""
-  model, params, positions = pretraining
-  hf_bert = _to_hf_encoder(params["bert"])
-  mlm = params["mlm_head"]
-  hf_params = {"bert": hf_bert, "cls": {
-      "predictions": {"transform": {"dense": mlm["transform"],
-                                    "LayerNorm": mlm["layer_norm"]},
-                      "bias": mlm["output_bias"]},
-      "seq_relationship": params["nsp_head"]}}
-  ref = _hf(transformers.FlaxBertForPreTraining, hf_config, hf_params, *inputs)
-  out = model.apply({"params": params}, *inputs, positions)
-  ref_mlm = np.take_along_axis(np.asarray(ref.prediction_logits), positions[..., None], axis=1)
+  output and pooled output, differ from transformers' BertForPreTraining (and its BertModel)
+  on the same random weights, read from its saved checkpoint."""
+  reference = _reference(transformers.BertForPreTraining, tmp_path / "hf")
+  loaded, params, _ = convert.load_pretrained(tmp_path / "hf", target="pretraining")
+  assert loaded == config
+  model = heads.BertForPreTraining(loaded)
+  assert jax.tree.map(np.shape, params) == _shapes(model, *inputs, POSITIONS)
+  ref = _run(reference, *inputs)
+  out = model.apply({"params": params}, *inputs, POSITIONS)
+  ref_mlm = np.take_along_axis(ref.prediction_logits.numpy(), POSITIONS[..., None], axis=1)
   np.testing.assert_allclose(out["mlm_logits"], ref_mlm, atol=1e-5)
-  np.testing.assert_allclose(out["nsp_logits"], ref.seq_relationship_logits, atol=1e-5)
+  np.testing.assert_allclose(out["nsp_logits"], ref.seq_relationship_logits.numpy(), atol=1e-5)
 
-  ref = _hf(transformers.FlaxBertModel, hf_config, hf_bert, *inputs)
-  seq, pooled = BertModel(model.config).apply({"params": params["bert"]}, *inputs)
+  assert isinstance(reference.bert, transformers.BertModel)
+  ref = _run(reference.bert, *inputs)
+  seq, pooled = BertModel(loaded).apply({"params": params["bert"]}, *inputs)
   real = inputs[1].astype(bool)  # padded rows' outputs are not defined by either model
-  np.testing.assert_allclose(np.asarray(seq)[real], np.asarray(ref.last_hidden_state)[real],
+  np.testing.assert_allclose(np.asarray(seq)[real], ref.last_hidden_state.numpy()[real],
                              atol=1e-5)
-  np.testing.assert_allclose(pooled, ref.pooler_output, atol=1e-5)
+  np.testing.assert_allclose(pooled, ref.pooler_output.numpy(), atol=1e-5)
 
 
 def test_mlm_gather_equals_full_sequence_then_gather(inputs, pretraining):
@@ -161,19 +172,19 @@ def test_without_nsp_head(config, inputs):
 
 
 @pytest.mark.parametrize("num_labels", [3, 1])
-def test_sequence_classification_matches_transformers(config, inputs, num_labels):
+def test_sequence_classification_matches_transformers(config, inputs, num_labels, tmp_path):
   """Fails if sequence-classification logits (3 labels, or 1 for regression) differ in shape, dtype
-  or value from transformers', or the tree holds more than bert and classifier."""
+  or value from transformers' BertForSequenceClassification, or the tree holds more than bert
+  and classifier."""
   model = heads.BertForSequenceClassification(config, num_labels=num_labels)
-  params = _random_params(model, *inputs)
-  assert set(params) == {"bert", "classifier"}
+  shapes = _shapes(model, *inputs)
+  assert set(shapes) == {"bert", "classifier"}
+  reference, loaded, params = _task_reference(
+      transformers.BertForSequenceClassification, "classifier", tmp_path, num_labels=num_labels)
+  assert loaded == config and jax.tree.map(np.shape, params) == shapes
   out = model.apply({"params": params}, *inputs)
   assert out.shape == (2, num_labels) and out.dtype == jnp.float32
-  hf = _hf_config(num_labels=num_labels)
-  ref = _hf(transformers.FlaxBertForSequenceClassification, hf,
-            {"bert": _to_hf_encoder(params["bert"]), "classifier": params["classifier"]},
-            *inputs)
-  np.testing.assert_allclose(out, ref.logits, atol=1e-5)
+  np.testing.assert_allclose(out, _run(reference, *inputs).logits.numpy(), atol=1e-5)
 
 
 def _full_rows_classifier(model, params, inputs):
@@ -207,36 +218,34 @@ def test_classification_last_layer_computes_only_cls_with_the_same_logits_and_gr
   assert f"f32[2,1,{I}]" not in full_jaxpr
 
 
-def test_token_classification_matches_transformers(config, inputs):
+def test_token_classification_matches_transformers(config, inputs, tmp_path):
   """Fails if token-classification logits differ in shape, dtype or (unpadded) value from
-  transformers'."""
+  transformers' BertForTokenClassification."""
   model = heads.BertForTokenClassification(config, num_labels=5)
-  params = _random_params(model, *inputs)
+  reference, loaded, params = _task_reference(
+      transformers.BertForTokenClassification, "classifier", tmp_path, num_labels=5)
+  assert loaded == config and params["classifier"]["kernel"].shape == (H, 5)
   out = model.apply({"params": params}, *inputs)
   assert out.shape == (2, 16, 5) and out.dtype == jnp.float32
-  hf = _hf_config(num_labels=5)
-  ref = _hf(transformers.FlaxBertForTokenClassification, hf,
-            {"bert": _to_hf_encoder(params["bert"]), "classifier": params["classifier"]},
-            *inputs)
   real = inputs[1].astype(bool)
-  np.testing.assert_allclose(np.asarray(out)[real], np.asarray(ref.logits)[real], atol=1e-5)
+  np.testing.assert_allclose(np.asarray(out)[real],
+                             _run(reference, *inputs).logits.numpy()[real], atol=1e-5)
 
 
-def test_question_answering_matches_transformers(hf_config, config, inputs):
-  """Fails if start/end logits differ in shape, dtype or (unpadded) value from transformers', or the
-  tree holds more than bert and qa_outputs."""
+def test_question_answering_matches_transformers(config, inputs, tmp_path):
+  """Fails if start/end logits differ in shape, dtype or (unpadded) value from transformers'
+  BertForQuestionAnswering, or the tree holds more than bert and qa_outputs."""
   model = heads.BertForQuestionAnswering(config)
-  params = _random_params(model, *inputs)
-  assert set(params) == {"bert", "qa_outputs"}
+  assert set(_shapes(model, *inputs)) == {"bert", "qa_outputs"}
+  reference, loaded, params = _task_reference(
+      transformers.BertForQuestionAnswering, "qa_outputs", tmp_path)
+  assert loaded == config
   start, end = model.apply({"params": params}, *inputs)
   assert start.shape == end.shape == (2, 16) and start.dtype == jnp.float32
-  ref = _hf(transformers.FlaxBertForQuestionAnswering, hf_config,
-            {"bert": _to_hf_encoder(params["bert"]), "qa_outputs": params["qa_outputs"]},
-            *inputs)
+  ref = _run(reference, *inputs)
   real = inputs[1].astype(bool)
-  np.testing.assert_allclose(np.asarray(start)[real], np.asarray(ref.start_logits)[real],
-                             atol=1e-5)
-  np.testing.assert_allclose(np.asarray(end)[real], np.asarray(ref.end_logits)[real], atol=1e-5)
+  np.testing.assert_allclose(np.asarray(start)[real], ref.start_logits.numpy()[real], atol=1e-5)
+  np.testing.assert_allclose(np.asarray(end)[real], ref.end_logits.numpy()[real], atol=1e-5)
 
 
 def test_task_heads_dropout_only_in_training(config, inputs):

@@ -1,6 +1,6 @@
 """Tests of bert_jax/model/config.py and encoder.py: config, parameter counts and layouts, masking, dropout, dtypes.
 
-Parity with the reference implementation (transformers' Flax BERT) is in tests/test_heads.py.
+Parity with the reference implementation (transformers' PyTorch BERT) is in tests/test_heads.py.
 """
 
 
@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 import transformers
 
 from bert_jax.model import config as model_config
@@ -143,10 +144,12 @@ def test_tf_dict():
 # ----------------------------------------------------------------------------- parameters
 
 def _hf_count(hf_class, cfg: BertConfig) -> int:
-  """Parameters of a transformers Flax model built from our config (shapes only, no download)."""
-  model = hf_class(transformers.BertConfig(**cfg.to_hf_dict()), _do_init=False)
-  shapes = jax.eval_shape(lambda: model.init_weights(jax.random.PRNGKey(0), (1, 8)))
-  return sum(x.size for x in jax.tree.leaves(shapes))
+  """Parameters of a transformers PyTorch model built from our config (on the meta device:
+  shapes only, no memory, no download). parameters() yields a tied tensor once: the MLM
+  decoder, tied to the word embeddings, and its bias, tied to the head's, count once."""
+  with torch.device("meta"):
+    model = hf_class(transformers.BertConfig(**cfg.to_hf_dict()))
+  return sum(p.numel() for p in model.parameters())
 
 
 # Large repeats base's structure at other sizes (the same layers, 24 of them): CI checks it,
@@ -155,14 +158,14 @@ def _hf_count(hf_class, cfg: BertConfig) -> int:
     ("base", 109_482_240, 110_106_428),
     pytest.param("large", 335_141_888, 336_226_108, marks=pytest.mark.slow)])
 def test_parameter_counts_equal_transformers_models(size, encoder, pretraining):
-  """Our counts equal transformers' FlaxBertModel / FlaxBertForPreTraining built from the
+  """Our counts equal transformers' BertModel / BertForPreTraining (PyTorch) built from the
   same config (tied decoder); the figures are docs/verified.md's. Fails on a missing or extra
   parameter anywhere (a bias, a LayerNorm, an untied decoder, the pooler)."""
   cfg = BertConfig.from_size(size)
-  assert model_lib.count_params(BertModel(cfg)) == _hf_count(transformers.FlaxBertModel, cfg) \
+  assert model_lib.count_params(BertModel(cfg)) == _hf_count(transformers.BertModel, cfg) \
       == encoder
   assert model_lib.count_params(BertForPreTraining(cfg)) == \
-      _hf_count(transformers.FlaxBertForPreTraining, cfg) == pretraining
+      _hf_count(transformers.BertForPreTraining, cfg) == pretraining
 
 
 def test_parameter_tree_and_logical_names():

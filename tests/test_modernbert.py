@@ -8,7 +8,6 @@ within 1e-4 relative, on rows longer than the sliding window, one of them padded
 global and a sliding RoPE theta of their own. Export goes back bit for bit, tied or untied.
 """
 
-import functools
 import json
 import pathlib
 
@@ -26,6 +25,8 @@ from bert_jax.model import attention
 from bert_jax.model import heads
 from bert_jax.model.config import BertConfig
 from bert_jax.pretrain import losses
+from bert_jax.pretrain import trainer as pretrain_trainer
+from experiments.configs import pretrain as pretrain_configs
 
 ATOL = 1e-5
 VOCAB, T = 97, 40  # rows of 40 tokens: longer than the 8-token window
@@ -197,3 +198,35 @@ def test_the_sizes_and_their_published_values():
   assert not base.use_bias and not base.norm_bias
   with pytest.raises(ValueError, match="options of architecture 'modernbert', not of 'bert'"):
     BertConfig(use_bias=False)
+
+
+@pytest.mark.parametrize("size", ["modernbert-tiny", "modernbert-base", "modernbert-large"])
+def test_the_modern_variant_is_each_size_rows_recipe(size):
+  """Fails if the pretrain config's modern variant, moved to another modern size, builds
+  another network than the size row (its window or positions left at the tiny's), or if a
+  modern size with the BERT architecture is accepted (it would mean a BERT of that shape)."""
+  config = pretrain_configs.get_config("modern")
+  config.model_size = size
+  ours = BertConfig.from_size(size, **dict(config.model.to_dict(), vocab_size=50368))
+  keep = ("vocab_size", "dtype", "vocab_multiple")  # the run's, not the architecture's
+  row = BertConfig.from_size(size, vocab_size=50368).replace(
+      **{k: getattr(ours, k) for k in keep})
+  assert ours == row
+  with pytest.raises(ValueError, match="modern encoder's but architecture is 'bert'"):
+    BertConfig.from_size(size, architecture="bert")
+
+
+def test_the_modern_encoder_trains_through_the_pretraining_loop(pretrain_test_config, tmp_path):
+  """Fails if the pretraining loop cannot train the modern encoder with sliding windows shorter
+  than its rows (packed MLM-only data, no NSP head), or its training loss does not fall."""
+  model = {f"model.{k}": v for k, v in pretrain_configs.get_config("modern").model.items()
+           if k not in ("max_position_embeddings", "local_attention", "dtype",
+                        "vocab_multiple")}
+  config = pretrain_test_config(**model, **{
+      "model_size": "modernbert-tiny", "model.local_attention": 8, "data.objective": "none",
+      "data.masking.ratio": 0.3, "data.masking.max_predictions_per_seq": 0, "total_steps": 30, "optimizer.learning_rate": 3e-3,
+      "checkpoint.every_steps": 30})
+  pretrain_trainer.train_and_evaluate(config, str(tmp_path))
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  losses_ = [r["loss"] for r in records if "loss" in r]
+  assert len(losses_) == 30 and np.mean(losses_[-5:]) < np.mean(losses_[:5]) - 0.2, losses_

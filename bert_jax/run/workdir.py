@@ -59,6 +59,7 @@ CONFIG_FILE = "config.json"
 BERT_CONFIG_FILE = "bert_config.json"
 VOCAB_FILE = "vocab.txt"
 BPE_VOCAB_FILE, BPE_MERGES_FILE = "vocab.json", "merges.txt"  # RoBERTa's BPE, as HF names it
+TOKENIZER_FILE = "tokenizer.json"  # a whole tokenizer in the `tokenizers` format (ModernBERT's)
 SPM_FILE = "spm.model"
 
 # Config fields a resumed run may change: none of them changes what the checkpoints
@@ -278,7 +279,9 @@ def write_run_files(workdir: str, config: Any, bert_config: Any, *, record: dict
   (fine-tuning's best/ snapshot).
   """
   copies = {vocab_file: VOCAB_FILE} if vocab_file else {}
-  if vocab_file and str(vocab_file).endswith(".json"):  # a byte-level BPE: its merges travel too
+  if vocab_file and str(vocab_file).endswith(TOKENIZER_FILE):  # a whole tokenizer (ModernBERT's)
+    copies = {vocab_file: TOKENIZER_FILE}
+  elif vocab_file and str(vocab_file).endswith(".json"):  # a byte-level BPE: its merges travel too
     merges = paths.join(str(paths.path(vocab_file).parent), BPE_MERGES_FILE)
     copies = {vocab_file: BPE_VOCAB_FILE, merges: BPE_MERGES_FILE}
   for source, name in copies.items():

@@ -76,6 +76,8 @@ def word_start_table(tokenizer) -> np.ndarray:
   """[vocab] bool: whether a piece id starts a word ("##" / missing "\u2581" continue one):
   the "##" rule, used wherever no word segmentation says otherwise."""
   specials = set(tokenizers.SPECIAL_TOKENS.values())
+  if hasattr(tokenizer, "word_starts"):  # a tokenizer.json: its own marker of a word start
+    return tokenizer.word_starts()
   if isinstance(tokenizer, tokenizers.SentencePieceTokenizer):
     return np.array([p.startswith("\u2581") or p in specials or (p.startswith("<") and p.endswith(">"))
                      for p in tokenizer.vocab])

@@ -1,7 +1,11 @@
-"""Vocabularies and tokenizers: WordPiece and SentencePiece in-graph, and learning a vocabulary.
+"""Vocabularies and tokenizers: WordPiece and SentencePiece in-graph, a checkpoint's own
+tokenizer.json, and learning a vocabulary.
 
   tokenizers      the in-graph tokenizers (tensorflow-text WordPiece, SentencePiece) that
-                  pretraining, fine-tuning and feature extraction share
+                  pretraining, fine-tuning and feature extraction share; load_tokenizer
+  hf_tokenizer    a tokenizer.json (ModernBERT's byte-level BPE) through the `tokenizers`
+                  library (the `bpe` extra), with the same interface
+  specials        the special tokens by role, shared by both
   vocab_training  learning a WordPiece vocabulary from a corpus
   vocab_cli       `python -m data_pipeline.vocab.vocab_cli`: learn one from files
 

@@ -66,10 +66,8 @@ import numpy as np
 from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 import tensorflow_text as tf_text
 
+from data_pipeline.vocab.specials import SPECIAL_TOKENS  # role -> spelling; read by role only
 from host import paths
-
-# Role -> BERT spelling; the pipeline only ever refers to specials by role.
-SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 
 # HF's WordPiece turns any word longer than this many characters into [UNK].
 MAX_CHARS_PER_WORD = 100
@@ -364,7 +362,8 @@ class SentencePieceTokenizer:
 
 def load_tokenizer(vocab_file: str = "", spm_model_file: str = "",
                    do_lower_case: bool = True):
-  """WordPieceTokenizer for `vocab_file`, or SentencePieceTokenizer for `spm_model_file`.
+  """WordPieceTokenizer for `vocab_file` (a tokenizer.json: hf_tokenizer.JsonTokenizer), or
+  SentencePieceTokenizer for `spm_model_file`.
 
   Exactly one of the two must be given. For SentencePiece, `do_lower_case`
   lowercases before the model (see SentencePieceTokenizer).
@@ -374,6 +373,9 @@ def load_tokenizer(vocab_file: str = "", spm_model_file: str = "",
                      f"(got vocab_file={vocab_file!r}, spm_model_file={spm_model_file!r})")
   if spm_model_file:
     return SentencePieceTokenizer(spm_model_file, do_lower_case=do_lower_case)
+  if str(vocab_file).endswith("tokenizer.json"):  # a whole tokenizer (ModernBERT's BPE)
+    from data_pipeline.vocab import hf_tokenizer  # pylint: disable=g-import-not-at-top
+    return hf_tokenizer.JsonTokenizer(vocab_file, do_lower_case=do_lower_case)
   return WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case)
 
 

@@ -16,6 +16,8 @@ Other variants:
   large    the same with BERT-Large (L=24, H=1024, A=16).
   roberta  no NSP, full-sentence packing (objective "none"), dynamic masking.
   albert   SOP objective, factorised embeddings E=128, cross-layer sharing, LAMB.
+  modern   the modern encoder (ModernBERT's architecture: modernbert-tiny on the embedded
+           corpus, MLM only at 30%) for CPU runs; experiments/results/modern_tiny.md.
   efficient  Wettig et al. 2023 ("Should You Mask 15% in Masked Language Modeling?"),
            as princeton-nlp/DinkyTrain's run_efficient_mlm_recipe.sh sets it: pre-LN
            RoBERTa-large, no NSP, mask-only at 40%, batch 4096, lr 2e-3, 23k steps at
@@ -47,8 +49,16 @@ import ml_collections
 from experiments.configs import data as data_configs
 from experiments.configs import optim_and_mesh
 
-VARIANTS = ("tiny", "base", "large", "roberta", "albert", "efficient", "tiny_fast", "base_fast",
-            "large_fast")
+VARIANTS = ("tiny", "base", "large", "roberta", "albert", "efficient", "modern", "tiny_fast",
+            "base_fast", "large_fast")
+
+
+# What every modern size shares (bert_jax.model.config.MODERN_SIZES), as config.model
+# fields: a config file holds every value its run uses, so the workdir records it.
+_MODERN_MODEL = dict(architecture="modernbert", use_bias=False, norm_bias=False,
+                     layer_norm_eps=1e-5, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0, global_attn_every_n_layers=3,
+                     rope_theta=160000.0, local_rope_theta=10000.0, type_vocab_size=1)
 
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
@@ -97,6 +107,19 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   config.model.max_position_embeddings = 512  # rows of the position table (BERT's)
   config.model.type_vocab_size = 2  # segment types: BERT's A/B; 1 (RoBERTa) reads no segment ids
   config.model.layer_norm_eps = 1e-12  # google-research/bert's; fairseq's LayerNorm: 1e-5
+  # The modern encoder (bert_jax/model/modern.py; the "modern" variant sets these). Each
+  # default is BERT's, so these fields change nothing for the BERT-family variants.
+  config.model.architecture = "bert"  # "modernbert": pre-norm, RoPE, GLU, local/global layers
+  config.model.rope_theta = 160000.0  # modernbert: RoPE base of the global layers
+  config.model.local_rope_theta = 10000.0  # modernbert: RoPE base of the sliding-window layers
+  config.model.global_attn_every_n_layers = 1  # modernbert: layer i global when i % n == 0
+  # modernbert: the sliding window in tokens (None: the size row's, 128 for ModernBERT's).
+  config.model.local_attention = ml_collections.FieldReference(None, field_type=int)
+  config.model.glu_activation = "gelu"  # modernbert: GeGLU ("gelu") or SwiGLU ("silu")
+  config.model.use_bias = True  # modernbert: biases in the linear layers
+  config.model.norm_bias = True  # modernbert: biases in the norms
+  config.model.norm = "layernorm"  # modernbert: "layernorm" or "rmsnorm"
+  config.model.tie_word_embeddings = True  # modernbert: MLM decoder is the word table
 
   # --- data (every field and its default: experiments/configs/data.py) ---
   config.data = data_configs.data_config()
@@ -229,6 +252,36 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     config.checkpoint.every_steps = 5_000  # SAVE_INTERVAL_UPDATES=5000
     config.checkpoint.keep_period = 5_000  # --keep-interval-updates 100 keeps every one
     config.eval_every_steps = 5_000  # --validate-interval-updates 5000
+  elif arg == "modern":
+    # The modern encoder at CPU scale (modernbert-tiny: 4 x 128, GLU 192, a 64-token window
+    # every layer but the 0th and 3rd) on the embedded corpus, trained as the tiny BERT is but
+    # for the objective: ModernBERT's MLM alone at 30% (eval at 15%, data.eval.masking_ratio).
+    # experiments/results/modern_tiny.md compares the two at the same steps and FLOPs.
+    config.model_size = "modernbert-tiny"
+    for field, value in _MODERN_MODEL.items():
+      config.model[field] = value
+    # None: the size row's (1024 for modernbert-tiny, 8192 for -base and -large): RoPE has
+    # no table, so this only bounds the sequence length.
+    config.model.max_position_embeddings = ml_collections.FieldReference(None, field_type=int)
+    config.model.vocab_multiple = 1  # a CPU run, as "tiny"
+    config.model.dtype = "float32"
+    config.data.embedded_vocab_size = 8192  # tiny's vocabulary (the same cached file)
+    config.data.embedded_vocab_max_lines = 100_000
+    config.data.objective = "none"  # MLM only, documents packed to the length
+    config.data.max_seq_length = 128  # twice the window: the sliding layers do slide
+    config.data.masking.ratio = 0.3  # ModernBERT's
+    config.phase2.start_fraction = 1.0
+    config.batch_size = 32
+    config.total_steps = 1500
+    config.optimizer.learning_rate = 1e-3
+    config.optimizer.warmup_steps = 150
+    config.optimizer.b2 = 0.98  # ModernBERT's betas (0.9, 0.98) and eps 1e-6
+    config.optimizer.eps = 1e-6
+    config.checkpoint.every_steps = 500
+    config.checkpoint.keep_period = 0
+    config.eval_every_steps = 500
+    config.eval_batch_size = 32
+    config.log_every_steps = 100
   if fast:
     # The fast recipe: no dropout on the attention probabilities (MosaicBERT and Cramming
     # train so), so the fused kernels (cuDNN flash attention, splash) serve training.

@@ -2,7 +2,7 @@
 
 The byte-level BPE runs in Hugging Face's `tokenizers` library (the Rust BPE model
 and GPT-2 byte-level pre-tokenizer transformers' RobertaTokenizerFast is built on),
-never a BPE written here. It is an optional extra (`pip install 'bert_jax[roberta]'`),
+never a BPE written here. It is an optional extra (`pip install 'bert_jax[bpe]'`),
 imported only when a vocab.json is given; without it the load is refused in one line.
 
 BpeWordTokenizer has WordTokenizer's interface (bert_jax/finetune/features/tokenization.py):
@@ -28,7 +28,7 @@ from host import paths
 MERGES_NAME = "merges.txt"  # beside vocab.json, as Hugging Face names them
 # BERT's role names, as the feature builders write them -> RoBERTa's special tokens.
 ROLES = {"[CLS]": "<s>", "[SEP]": "</s>", "[UNK]": "<unk>", "[PAD]": "<pad>", "[MASK]": "<mask>"}
-EXTRA = "roberta"  # the setup.cfg extra that installs `tokenizers`
+EXTRA = "bpe"  # the setup.cfg extra that installs `tokenizers`
 
 
 class _Vocab(dict):

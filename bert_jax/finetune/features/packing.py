@@ -25,7 +25,12 @@ CLS, SEP = "[CLS]", "[SEP]"
 
 
 def tokenize_text(text: str, tokenize_word: Callable[[str], list[str]]) -> list[str]:
-  """Wordpieces of a text: whitespace words, each through `tokenize_word`."""
+  """Wordpieces of a text: whitespace words, each through `tokenize_word`; a tokenizer that
+  reads whole texts (a tokenizer.json: its `text` method) reads it whole, as its checkpoint's
+  tokenizer does."""
+  whole = getattr(tokenize_word, "text", None)
+  if whole is not None:
+    return whole(text)
   return [piece for word in text.split() for piece in tokenize_word(word)]
 
 

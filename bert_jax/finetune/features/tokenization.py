@@ -93,11 +93,58 @@ class WordTokenizer:
         self._remember(word, pieces)
 
 
+class TextTokenizer:
+  """A whole tokenizer (tokenizer.json, data_pipeline's JsonTokenizer) for the feature
+  builders: `text(t)` gives a text's pieces exactly as the checkpoint's own tokenizer
+  (packing.tokenize_text reads texts whole through it), and a call gives one word's pieces
+  as read after a space, for the per-word kinds (tagging, NER, SQuAD), which align labels
+  and answers to words: what transformers gives for pre-split words with
+  add_prefix_space. [CLS] A [SEP] B [SEP] is BERT's layout, ModernBERT's too."""
+
+  pair_separators = 1
+  do_lower_case = False
+
+  def __init__(self, tokenizer, max_cached_words: int = MAX_CACHED_WORDS):
+    self.tokenizer = tokenizer
+    self.vocab_file = tokenizer.vocab_file
+    self.vocab = {token: i for i, token in enumerate(tokenizer.vocab)}
+    self._tokens = tokenizer.vocab
+    self._max_cached_words = max_cached_words
+    self._cache: dict[str, list[str]] = {}
+
+  def _pieces(self, texts: list[str]) -> list[list[str]]:
+    return [[self._tokens[i] for i in ids] for ids in self.tokenizer.encode(texts)]
+
+  def text(self, text: str) -> list[str]:
+    """The pieces of a whole text, no special tokens added."""
+    return self._pieces([text])[0]
+
+  def __call__(self, word: str) -> list[str]:
+    """The pieces of one whitespace-delimited word, as read after a space (shared list)."""
+    pieces = self._cache.get(word)
+    if pieces is None:
+      [pieces] = self._pieces([" " + word])
+      if len(self._cache) < self._max_cached_words:
+        self._cache[word] = pieces
+    return pieces
+
+  def prime(self, texts: Iterable[str | None]) -> None:
+    """Tokenizes (and caches) the distinct whitespace words of `texts`, in one batch."""
+    room = self._max_cached_words - len(self._cache)
+    words = sorted({w for t in texts if t is not None for w in t.split()} - set(self._cache))
+    words = words[:max(room, 0)]
+    self._cache.update(zip(words, self._pieces([" " + w for w in words])))
+
+
 def load_word_tokenizer(vocab_file: str = "", spm_model_file: str = "",
                         do_lower_case: bool = True):
   """WordTokenizer over `tokenizers.load_tokenizer` (give exactly one of the two files);
   for a byte-level BPE vocab_file (RoBERTa's vocab.json, merges.txt beside it) the
-  bpe.BpeWordTokenizer, which is cased: do_lower_case=True is refused for it."""
+  bpe.BpeWordTokenizer, which is cased: do_lower_case=True is refused for it; for a whole
+  tokenizer (a tokenizer.json, ModernBERT's) the TextTokenizer."""
+  if str(vocab_file).endswith("tokenizer.json") and not spm_model_file:
+    return TextTokenizer(tokenizers.load_tokenizer(vocab_file=vocab_file,
+                                                   do_lower_case=do_lower_case))
   if str(vocab_file).endswith(".json") and not spm_model_file:
     if do_lower_case:
       raise errors.UsageError(

@@ -15,7 +15,8 @@ masked predictions:
   reference            transformers' FlaxBertForPreTraining, which always computes
                        MLM logits on every position; the loss gathers the masked ones.
 
-Figures on shared CPUs are noisy: other processes take cores. Compare the ratios of
+The reference needs transformers 4's Flax BERT: the peers extra, in an environment of its
+own (docs/install.md). Figures on shared CPUs are noisy: other processes take cores. Compare the ratios of
 one run, not absolute figures across runs.
 """
 
@@ -75,7 +76,7 @@ def _ours(cfg: BertConfig, batch: dict, full_mlm: bool):
 
 def _reference(cfg: BertConfig, batch: dict):
   """(jitted loss-and-grad step, params) for transformers' FlaxBertForPreTraining."""
-  import transformers  # a test/benchmark-only dependency (the dev extra)
+  import transformers  # the peers extra (transformers<5: its Flax BERT), benchmark-only
   hf_config = transformers.BertConfig(**cfg.to_hf_dict())
   ref = transformers.FlaxBertForPreTraining(hf_config, dtype=cfg.compute_dtype, seed=0)
   b = batch

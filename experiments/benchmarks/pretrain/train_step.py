@@ -16,7 +16,7 @@ Rows per size (--rows), the same BertConfig, batch, dtype and optimizer:
   reference  transformers' FlaxBertForPreTraining (MLM logits on every position,
              gathered at the masked ones for the same loss), value_and_grad and the
              same optax optimizer, jitted with donation, paper dropout; skipped with a
-             message when transformers is not installed.
+             message without transformers 4's Flax BERT (the peers extra).
 
 A step is the whole update: forward, backward, clipping, AdamW, parameter write. MFU
 counts model FLOPs only, for both rows (the reference's logits on unmasked positions are
@@ -120,6 +120,14 @@ def reference(bert_config, tx, batch):
   return step, (params, tx.init(params), jnp.zeros((), jnp.int32))
 
 
+def flax_bert_available() -> bool:
+  """Whether transformers with its Flax BERT (4.x; 5 removed Flax) is importable."""
+  if importlib.util.find_spec("transformers") is None:
+    return False
+  import transformers  # pylint: disable=g-import-not-at-top  # benchmark-only dependency
+  return hasattr(transformers, "FlaxBertForPreTraining")
+
+
 def time_interleaved(rows: dict, batch: dict, steps: int) -> tuple[dict, dict]:
   """({name: median seconds per step}, {name: compile + first step seconds}).
 
@@ -166,8 +174,9 @@ def main():
   for name in rows:
     if name not in (*OURS, "reference"):
       raise SystemExit(f"--rows: {name!r} is not one of {(*OURS, 'reference')}")
-  if "reference" in rows and importlib.util.find_spec("transformers") is None:
-    print("reference row skipped: transformers is not installed (pip install transformers)")
+  if "reference" in rows and not flax_bert_available():
+    print("reference row skipped: transformers' Flax BERT is not installed (it is the peers "
+          "extra's, transformers<5: pip install -e '.[peers]' in an environment of its own)")
     rows.remove("reference")
   for size in args.sizes.split(","):
     base_config = model_lib.BertConfig.from_size(size, dtype=args.dtype)
