@@ -3,7 +3,8 @@
 state (layout, resume > init checkpoint > random, accumulation, the update),
 loop (the checkpoint manager's lifetime, metrics writer, stop request,
 log/save cadence), sharding (meshes, logical-axis rules, global batches,
-device prefetch) and optim (AdamW / Adam / LAMB with warmup and decay).
+device prefetch), optim (AdamW / Adam / LAMB / StableAdamW) and schedules (warmup +
+polynomial decay, warmup-stable-decay).
 Imports: bert_jax.model, bert_jax.run and bert_jax.errors; never a trainer
 (bert_jax.pretrain, bert_jax.finetune) nor data_pipeline.
 """

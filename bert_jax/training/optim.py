@@ -1,8 +1,15 @@
-"""Optimizers for pretraining: optax AdamW / LAMB, warmup + polynomial decay, decay masks.
+"""Optimizers: optax AdamW / LAMB / StableAdamW, their decay masks; schedules.py the rates.
 
 The update is built from optax pieces in the order google-research/bert uses:
 clip the global gradient norm, scale by Adam (or LAMB), add decoupled weight
 decay on matrices and embeddings only, then multiply by the learning rate.
+
+StableAdamW (Wortsman et al. 2023, as optimi and ModernBERT define it) is AdamW whose
+step on each tensor is divided by max(1, RMS(g^2 / max(v, eps^2))), v the bias-corrected
+second moment including this step's gradient: a tensor whose gradient jumps past what v
+has seen gets a smaller step (the decay with it, as optimi's lr is divided), instead of
+a global gradient-norm clip. tests/test_optim.py checks it against a NumPy transcription
+of optimi's update.
 """
 
 from typing import Any, NamedTuple
@@ -13,32 +20,13 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from bert_jax.training import schedules
+
 # Substrings of a parameter path that mark it as exempt from weight decay
 # (google-research/bert: ["LayerNorm", "layer_norm", "bias"]); "bias" also
-# matches the MLM head's "output_bias".
-NO_DECAY_SUBSTRINGS = ("layer_norm", "bias")
-
-
-def learning_rate_schedule(opt_config: ml_collections.ConfigDict,
-                           total_steps: int) -> optax.Schedule:
-  """Linear warmup from 0 to the peak, then polynomial decay to the end value at total_steps.
-
-  With `decay_from_step0` the decay runs over all of total_steps and warmup
-  merely overrides its start, as google-research/bert's optimization.py does
-  (so the rate just after warmup is peak * (1 - warmup / total)).
-  """
-  peak = opt_config.learning_rate
-  warmup = optax.linear_schedule(0.0, peak, opt_config.warmup_steps)
-  if opt_config.decay_from_step0:
-    decay = optax.polynomial_schedule(
-        init_value=peak, end_value=opt_config.end_learning_rate,
-        power=opt_config.decay_power, transition_steps=total_steps)
-    return lambda step: jnp.where(step < opt_config.warmup_steps, warmup(step), decay(step))
-  decay = optax.polynomial_schedule(
-      init_value=peak, end_value=opt_config.end_learning_rate,
-      power=opt_config.decay_power,
-      transition_steps=max(total_steps - opt_config.warmup_steps, 1))
-  return optax.join_schedules([warmup, decay], [opt_config.warmup_steps])
+# matches the MLM head's "output_bias", "norm" the modern encoder's norms (norm,
+# attention_norm, mlp_norm, final_norm: ModernBERT decays neither norms nor biases).
+NO_DECAY_SUBSTRINGS = ("norm", "bias")
 
 
 def weight_decay_mask(params: Any) -> Any:
@@ -78,7 +66,36 @@ def scale_by_adam_no_bias_correction(b1: float, b2: float, eps: float
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-NAMES = ("adamw", "lamb")
+class StableAdamState(NamedTuple):
+  """optax.scale_by_adam's state (moments and count)."""
+  adam: optax.ScaleByAdamState
+
+
+def scale_by_stable_adam(b1: float, b2: float, eps: float, weight_decay: float,
+                         mask: Any) -> optax.GradientTransformation:
+  """StableAdamW's direction (module docstring): Adam's m / (sqrt(v) + eps) plus the decay,
+  per tensor divided by max(1, RMS(g^2 / max(v, eps^2)))."""
+  adam = optax.scale_by_adam(b1, b2, eps)
+  decay = optax.add_decayed_weights(weight_decay, mask=mask)
+
+  def init_fn(params):
+    return StableAdamState(adam=adam.init(params))
+
+  def update_fn(updates, state, params=None):
+    grads = updates
+    direction, adam_state = adam.update(grads, state.adam, params)
+    nu_hat = optax.tree.bias_correction(adam_state.nu, b2, adam_state.count)
+    direction, _ = decay.update(direction, decay.init(params), params)
+
+    def clipped(u, g, v):
+      ratio = jnp.square(g.astype(jnp.float32)) / jnp.maximum(v, eps * eps)
+      return u / jnp.maximum(1.0, jnp.sqrt(jnp.mean(ratio)))
+    return jax.tree.map(clipped, direction, grads, nu_hat), StableAdamState(adam=adam_state)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+NAMES = ("adamw", "lamb", "stableadamw")
 
 
 def check_config(opt_config: ml_collections.ConfigDict) -> None:
@@ -112,8 +129,19 @@ def check_config(opt_config: ml_collections.ConfigDict) -> None:
     problems.append(f"weight_decay={c.weight_decay} must be >= 0")
   if c.grad_clip_norm is not None and c.grad_clip_norm < 0:
     problems.append(f"grad_clip_norm={c.grad_clip_norm} must be >= 0 (0: no clipping)")
-  if c.name == "lamb" and not c.bias_correction:
-    problems.append("bias_correction=False is only defined for adamw")
+  if c.name != "adamw" and not c.bias_correction:
+    problems.append(f"bias_correction=False is only defined for adamw, not {c.name}")
+  if c.fully_decoupled_weight_decay and c.name == "lamb":
+    problems.append("fully_decoupled_weight_decay is defined for adamw and stableadamw")
+  if c.schedule not in schedules.SCHEDULES:
+    problems.append(f"schedule={c.schedule!r}: expected one of {schedules.SCHEDULES}")
+  elif c.schedule == "wsd":
+    if c.decay_shape not in schedules.DECAY_SHAPES:
+      problems.append(f"decay_shape={c.decay_shape!r}: expected one of {schedules.DECAY_SHAPES}")
+    if c.decay_steps < 0:
+      problems.append(f"decay_steps={c.decay_steps} must be >= 0")
+    if c.decay_from_step0:
+      problems.append("decay_from_step0 is the polynomial schedule's (google-research/bert)")
   if problems:
     raise ValueError("config.optimizer." + "; config.optimizer.".join(problems))
 
@@ -122,21 +150,31 @@ def make_optimizer(opt_config: ml_collections.ConfigDict,
                    total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Returns (optimizer, learning-rate schedule) for `config.optimizer` (checked first)."""
   check_config(opt_config)
-  schedule = learning_rate_schedule(opt_config, total_steps)
+  if opt_config.schedule == "wsd" and (opt_config.warmup_steps + opt_config.decay_steps
+                                       > total_steps):
+    raise ValueError(f"config.optimizer.warmup_steps={opt_config.warmup_steps} + decay_steps="
+                     f"{opt_config.decay_steps} exceed the run's {total_steps} steps")
+  schedule = schedules.learning_rate_schedule(opt_config, total_steps)
   # 0 (or None) is "no clipping": optax.clip_by_global_norm(0) would zero every update.
   clip = (optax.clip_by_global_norm(opt_config.grad_clip_norm) if opt_config.grad_clip_norm
           else optax.identity())
-  if opt_config.name == "adamw":
+  weight_decay = opt_config.weight_decay
+  if opt_config.fully_decoupled_weight_decay:
+    # Decay by weight_decay x lr / peak per step (optimi's decouple_lr, composer's
+    # DecoupledAdamW, ModernBERT): the same as decay weight_decay / peak times the lr.
+    weight_decay = weight_decay / opt_config.learning_rate if opt_config.learning_rate else 0.0
+  if opt_config.name == "lamb":  # (check_config refused anything unknown)
+    return optax.chain(clip, optax.lamb(schedule, opt_config.b1, opt_config.b2, opt_config.eps,
+                                        weight_decay=weight_decay,
+                                        mask=weight_decay_mask)), schedule
+  # One flat chain (no nested chain): its state is what every checkpoint holds.
+  if opt_config.name == "stableadamw":
+    direction = [scale_by_stable_adam(opt_config.b1, opt_config.b2, opt_config.eps,
+                                      weight_decay, weight_decay_mask)]
+  else:
     if opt_config.bias_correction:
       adam = optax.scale_by_adam(opt_config.b1, opt_config.b2, opt_config.eps)
     else:
       adam = scale_by_adam_no_bias_correction(opt_config.b1, opt_config.b2, opt_config.eps)
-    tx = optax.chain(
-        clip, adam,
-        optax.add_decayed_weights(opt_config.weight_decay, mask=weight_decay_mask),
-        optax.scale_by_learning_rate(schedule))
-  else:  # lamb (check_config refused anything else)
-    tx = optax.chain(clip, optax.lamb(schedule, opt_config.b1, opt_config.b2, opt_config.eps,
-                                      weight_decay=opt_config.weight_decay,
-                                      mask=weight_decay_mask))
-  return tx, schedule
+    direction = [adam, optax.add_decayed_weights(weight_decay, mask=weight_decay_mask)]
+  return optax.chain(clip, *direction, optax.scale_by_learning_rate(schedule)), schedule

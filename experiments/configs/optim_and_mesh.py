@@ -11,16 +11,26 @@ import ml_collections
 def optimizer_config() -> ml_collections.ConfigDict:
   """The optimizer fields; families set learning_rate and warmup for their recipe."""
   c = ml_collections.ConfigDict()
-  c.name = "adamw"  # "adamw" | "lamb"
+  # "adamw" | "lamb" | "stableadamw" (AdamW with per-tensor update clipping: optimi's,
+  # ModernBERT's; bert_jax/training/optim.py)
+  c.name = "adamw"
   c.learning_rate = 1e-4  # peak learning rate (BERT pretraining value)
   c.warmup_steps = 10_000  # linear warmup from 0 to the peak (BERT pretraining value)
   c.decay_power = 1.0  # polynomial decay from peak to end_learning_rate; 1 = linear
   c.end_learning_rate = 0.0  # learning rate at total_steps
   c.decay_from_step0 = False  # True: google-research/bert schedule (decay spans warmup too)
+  # "polynomial": warmup, then the decay above over the rest (BERT's); "wsd": warmup, the
+  # peak held, then decay_shape over the last decay_steps (bert_jax/training/schedules.py).
+  c.schedule = "polynomial"
+  c.decay_steps = 0  # wsd: length of the final decay
+  c.decay_shape = "linear"  # wsd: "linear" | "1-sqrt" | "cosine"
   c.b1 = 0.9  # Adam beta1
   c.b2 = 0.999  # Adam beta2
   c.eps = 1e-6  # google-research/bert value
   c.weight_decay = 0.01  # decoupled; spared: LayerNorm and biases
+  # True: each step decays by weight_decay x lr / peak lr (optimi's decouple_lr, ModernBERT's
+  # 1e-5), not weight_decay x lr.
+  c.fully_decoupled_weight_decay = False
   c.bias_correction = True  # False reproduces google-research/bert AdamWeightDecayOptimizer
   c.grad_clip_norm = 1.0  # global-norm clipping before the optimizer; 0 = no clipping
   return c
