@@ -135,18 +135,24 @@ class PretrainingData:
 
   def train_input(self, phase: int | None = None,
                   state: dict | None = None) -> pretraining.PretrainingInput:
-    """This process's training input for phase `phase` (the first by default), at the
-    position `state` (a checkpoint's {"phase", "input"}) when it is of that phase, else at
-    the phase's start."""
+    """This process's training input for phase `phase` (the first by default), at its batch
+    size, at the position `state` (a checkpoint's {"phase", "input"}) when it is of that
+    phase, or with {"continue": True} that of the phase before (which read the same data),
+    else at the phase's start."""
     found = self._phase(phase)
     # A masking schedule runs over the whole run; a later phase's stream starts mid-schedule.
+    batch_size = found.batch_size // self.process_count if found.batch_size else self.batch_size
     source = pretraining.PretrainingInput(
-        found.data, batch_size=self.batch_size, process_index=self.process_index,
+        found.data, batch_size=batch_size, process_index=self.process_index,
         process_count=self.process_count, split="train", first_step=found.start,
         schedule_steps=self.total_steps, tokenizer=self.tokenizer,
         corpus=self._corpus(found.data, "train"))
     if state is not None and state.get("phase") == found.index:
       source.set_state(state["input"])
+    elif state is not None and state.get("continue"):
+      # The phase reads on from another phase's stream (the same data at another batch
+      # size: bert_jax.pretrain.phases.continues); its examples count from its own start.
+      source.set_state({**state["input"], "example": 0})
     return source
 
   def eval_batches(self, kind: str = "eval", phase: int | None = None) -> list[dict]:

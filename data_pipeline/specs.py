@@ -14,13 +14,19 @@ from data_pipeline.examples import masking_spec as spec_lib  # masking_spec() be
 from data_pipeline.sources import sentences
 from data_pipeline.sources import word_segmentation
 
-OBJECTIVES = ("nsp", "sop", "none")
+OBJECTIVES = ("nsp", "sop", "none", "documents")
+# Objectives of sentence pairs with a pair head (NSP, SOP); "none" (RoBERTa's packing
+# across documents) and "documents" (packed documents apart) are MLM only.
+PAIR_OBJECTIVES = ("nsp", "sop")
 
 
 def validate(data_config) -> None:
   """ValueErrors naming the field for settings the pipeline cannot honour."""
   if data_config.objective not in OBJECTIVES:
     raise ValueError(f"data.objective must be one of {OBJECTIVES}, got {data_config.objective!r}")
+  if data_config.objective == "documents" and data_config.get("pack_window", 0) < 1:
+    raise ValueError(f"data.pack_window must be >= 1 with objective 'documents', got "
+                     f"{data_config.get('pack_window')}")
   if not 8 <= data_config.max_seq_length:
     raise ValueError(f"data.max_seq_length must be >= 8, got {data_config.max_seq_length}")
   if not 0.0 <= data_config.short_seq_prob <= 1.0:
@@ -88,10 +94,14 @@ def check_data_config(data_config) -> None:
 class Phase:
   """One phase of a run: steps [start, end) read `data`, a data config of their own
   (bert_jax.pretrain.phases makes a run's phases and says which one a step is in)."""
-  index: int  # 1, 2: the phase's number in the config
+  index: int  # 1, 2, ...: the phase's number in the run
   start: int
   end: int
   data: Any = dataclasses.field(repr=False)  # ml_collections.ConfigDict
+  batch_size: int = 0  # global batch; 0: the run's (PretrainingData's)
+  # BertConfig fields this phase changes (the modern encoder's RoPE thetas): the trainer's
+  # business, carried here so that a phase is one object.
+  network: dict = dataclasses.field(default_factory=dict, repr=False)
 
   @property
   def steps(self) -> int:

@@ -162,8 +162,11 @@ class BertEmbeddings(nn.Module):
       self.projection = dense(cfg, cfg.hidden_size, (None, "embed"), "projection")
 
   def __call__(self, input_ids, segment_ids, input_mask=None, *,
-               deterministic: bool = True) -> jax.Array:
-    """[B,T] ids (and, with position_offset, the [B,T] mask) -> [B,T,H] embeddings."""
+               deterministic: bool = True, positions=None) -> jax.Array:
+    """[B,T] ids (and, with position_offset, the [B,T] mask) -> [B,T,H] embeddings.
+
+    `positions` [B,T] (packed documents: each restarts at 0) count from position_offset,
+    instead of 0..T-1 (or, with position_offset, the real tokens' count)."""
     cfg = self.config
     seq_len = input_ids.shape[1]
     if seq_len + cfg.position_offset > cfg.max_position_embeddings:
@@ -171,7 +174,9 @@ class BertEmbeddings(nn.Module):
                        f"({cfg.max_position_embeddings}" + (
                            f" less position_offset {cfg.position_offset}"
                            if cfg.position_offset else "") + ")")
-    if cfg.position_offset:
+    if positions is not None:
+      positions = _lookup(self.position_embeddings, positions + cfg.position_offset)
+    elif cfg.position_offset:
       positions = _lookup(self.position_embeddings, position_ids(cfg, input_mask))
     else:
       positions = self.position_embeddings(jnp.arange(seq_len))[None]
@@ -198,11 +203,12 @@ class BertSelfAttention(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, *, deterministic: bool = True, first_only: bool = False
-               ) -> jax.Array:
+  def __call__(self, x, mask, *, deterministic: bool = True, first_only: bool = False,
+               documents=None) -> jax.Array:
     """x [B,T,H], mask [B,1,1,T] bool (True = attend) -> [B,T,H] ([B,1,H]: first_only).
 
     first_only: only the first position ([CLS]) queries; keys and values stay all T.
+    documents [B,T] (packed rows): a token attends only its own document's keys.
     """
     cfg = self.config
     heads = (cfg.num_attention_heads, cfg.head_size)
@@ -229,7 +235,11 @@ class BertSelfAttention(nn.Module):
       # heads draws one [T, S] mask for all of them.
       shared = (0, 1) if cfg.attention_dropout_shared else ()
       dropout = lambda probs: nn.Dropout(rate, broadcast_dims=shared)(probs, deterministic=False)
-    out = attention_lib.attend(impl, q, k, v, mask, dropout)
+    if documents is None:
+      out = attention_lib.attend(impl, q, k, v, mask, dropout)
+    else:  # every kernel by the documents' own mask or segments (attention.attend_masked)
+      out = attention_lib.attend_masked(impl, q, k, v, mask[:, 0, 0, :], documents=documents,
+                                        dropout=dropout)
     out = _constrain(out, "batch", "length", "heads", "kv")
     out = dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1))(out)
     return checkpoint_name(out, "attention_out")
@@ -245,11 +255,12 @@ class BertLayer(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool = True, first_only: bool = False
-               ) -> jax.Array:
+  def __call__(self, x, mask, deterministic: bool = True, first_only: bool = False,
+               documents=None) -> jax.Array:
     """x [B,T,H], mask [B,1,1,T] -> [B,T,H], or [B,1,H] (the [CLS] row) when first_only.
 
-    `deterministic` and `first_only` are positional so remat can mark them static.
+    `deterministic` and `first_only` are positional so remat can mark them static;
+    `documents` [B,T]: packed rows' documents (BertSelfAttention).
     """
     cfg = self.config
     # One Dropout module drawn from twice: both masks come from Dropout_0's rng stream.
@@ -261,7 +272,7 @@ class BertLayer(nn.Module):
     attention = BertSelfAttention(cfg, name="attention")
     attention_norm = layer_norm(cfg, "attention_layer_norm")
     h = attention(attention_norm(x) if cfg.pre_layer_norm else x, mask,
-                  deterministic=deterministic, first_only=first_only)
+                  deterministic=deterministic, first_only=first_only, documents=documents)
     if first_only:
       x = x[:, :1]  # the residual of the one row still computed
     h = x + drop(h) if cfg.pre_layer_norm else attention_norm(x + drop(h))
@@ -287,9 +298,9 @@ class BertEncoder(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, *, deterministic: bool = True, first_only: bool = False
-               ) -> jax.Array:
-    """x [B,T,H], mask [B,1,1,T] -> [B,T,H].
+  def __call__(self, x, mask, *, deterministic: bool = True, first_only: bool = False,
+               documents=None) -> jax.Array:
+    """x [B,T,H], mask [B,1,1,T] -> [B,T,H]; `documents` [B,T]: packed rows' documents.
 
     first_only (unscanned encoders): the last layer computes only the first row, [B,1,H]:
     all a pooled-output head reads of it, so its FFN and attention output projection
@@ -311,17 +322,17 @@ class BertEncoder(nn.Module):
       params = dict(variable_broadcast="params") if cfg.share_layers else dict(
           variable_axes={"params": 0}, metadata_params={nn.PARTITION_NAME: "layers"})
       scan = nn.scan(
-          lambda module, carry, m: (module(carry, m, deterministic, False), None),
+          lambda module, carry, m, d: (module(carry, m, deterministic, False, d), None),
           split_rngs={"params": not cfg.share_layers, "dropout": True},
-          in_axes=(nn.broadcast,), length=cfg.num_hidden_layers, **params)
+          in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_hidden_layers, **params)
       name = "layer" if cfg.share_layers else "layers"
-      x, _ = scan(layer_cls(cfg, name=name), x, mask)
+      x, _ = scan(layer_cls(cfg, name=name), x, mask, documents)
     else:
       last = cfg.num_hidden_layers - 1
       shared = layer_cls(cfg, name="layer") if cfg.share_layers else None
       for i in range(cfg.num_hidden_layers):
         layer = shared or layer_cls(cfg, name=f"layer_{i}")
-        x = layer(x, mask, deterministic, first_only and i == last)
+        x = layer(x, mask, deterministic, first_only and i == last, documents)
     if cfg.pre_layer_norm:
       # Pre-LN blocks leave the residual stream unnormalised: one LayerNorm after the last.
       x = _constrain(layer_norm(cfg, "final_layer_norm")(x), "batch", "length", "embed")
@@ -351,15 +362,19 @@ class BertModel(nn.Module):
     self.pooler = BertPooler(self.config)
 
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True,
-               pooled_only: bool = False):
+               pooled_only: bool = False, positions=None, documents=None):
     """int32 [B,T] ids, mask (1 = real token), segments -> (sequence [B,T,H], pooled [B,H]).
 
     pooled_only: the caller reads only `pooled`, so the last layer may compute only the
     [CLS] row (BertEncoder's first_only); `sequence` is then [B,1,H] or [B,T,H].
+    Packed rows: `positions` [B,T] restart at each document, `documents` [B,T] keep each
+    token's attention inside its document.
     """
-    x = self.embeddings(input_ids, segment_ids, input_mask, deterministic=deterministic)
+    x = self.embeddings(input_ids, segment_ids, input_mask, deterministic=deterministic,
+                        positions=positions)
     mask = (input_mask > 0)[:, None, None, :]
-    x = self.encoder(x, mask, deterministic=deterministic, first_only=pooled_only)
+    x = self.encoder(x, mask, deterministic=deterministic, first_only=pooled_only,
+                     documents=documents)
     return x, self.pooler(x)
 
   def word_embedding_table(self) -> jax.Array:

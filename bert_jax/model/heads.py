@@ -90,13 +90,15 @@ class BertForPreTraining(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, *,
-               deterministic: bool = True) -> dict:
+               deterministic: bool = True, positions=None, documents=None) -> dict:
     """Returns {"mlm_logits": [B,P,V] f32, "nsp_logits": [B,2] f32 (if nsp_head)}.
 
-    masked_lm_positions=None evaluates the MLM head on every position (P = T).
+    masked_lm_positions=None evaluates the MLM head on every position (P = T). Packed
+    rows: `positions` and `documents` [B,T] (the encoder's).
     """
     bert = encoder_for(self.config)
-    sequence, pooled = bert(input_ids, input_mask, segment_ids, deterministic=deterministic)
+    sequence, pooled = bert(input_ids, input_mask, segment_ids, deterministic=deterministic,
+                            positions=positions, documents=documents)
     out = {"mlm_logits": MaskedLMHead(self.config, name="mlm_head")(
         sequence, masked_lm_positions, bert.word_embedding_table())}
     if self.nsp_head:

@@ -183,15 +183,18 @@ class LoweredStep:
 
 
 def lower_train_step(config: ml_collections.ConfigDict, bert_config: model_lib.BertConfig,
-                     mesh: jax.sharding.Mesh, seq_len: int, predictions: int) -> LoweredStep:
+                     mesh: jax.sharding.Mesh, seq_len: int, predictions: int,
+                     batch_size: int | None = None) -> LoweredStep:
   """The trainer's train step (bert_jax.pretrain.steps.build, the one builder) lowered on
   ShapeDtypeStructs over `mesh` (the slice's TPU devices here, simulated CPUs in
   experiments/benchmarks/pretrain/sharding.py), under the config's logical axis rules, with the
-  run's dropout key's type; nothing allocated."""
+  run's dropout key's type; nothing allocated. `batch_size`: the phase's (the run's
+  config.batch_size by default)."""
   programs = pretrain_steps.build(config, bert_config, mesh, seq_len=seq_len,
                                   predictions=predictions)
   layout = programs.layout
-  batch = pretrain_steps.abstract_batch(config.batch_size, seq_len, predictions, layout.batch)
+  batch = pretrain_steps.abstract_batch(batch_size or config.batch_size, seq_len, predictions,
+                                        layout.batch, packed=config.data.objective == "documents")
   key = jax.eval_shape(lambda: pretrain_steps.keys(config)[1])
   rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=layout.replicated)
   with sharding.activate(mesh, programs.rules):
@@ -274,12 +277,13 @@ def compile_phase(config: ml_collections.ConfigDict, tpu: Target, slice_devices:
   """
   started = time.time()
   seq_len, predictions = phase["seq_len"], phase["predictions"]
+  batch_size = phase.get("batch_size") or config.batch_size
   bert_config = bert_config_of(config)
   mesh = sharding.make_mesh(config.mesh, slice_devices)
   with compiling_for(slice_devices[0]):
     if check:
       _check_config(config, mesh)
-    step = lower_train_step(config, bert_config, mesh, seq_len, predictions)
+    step = lower_train_step(config, bert_config, mesh, seq_len, predictions, batch_size)
   layout = step.layout
   # What the arguments take per device, from their shardings: known even when libtpu refuses.
   argument_bytes = float(sum(jnp.dtype(x.dtype).itemsize * math.prod(x.sharding.shard_shape(x.shape))
@@ -301,7 +305,7 @@ def compile_phase(config: ml_collections.ConfigDict, tpu: Target, slice_devices:
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  stats = collective_stats(compiled.as_text(), config.batch_size, seq_len, bert_config.hidden_size)
+  stats = collective_stats(compiled.as_text(), batch_size, seq_len, bert_config.hidden_size)
   collectives = {k: (n, float(stats["bytes"][k])) for k, n in stats["counts"].items() if n}
   total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
            - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
@@ -311,10 +315,22 @@ def compile_phase(config: ml_collections.ConfigDict, tpu: Target, slice_devices:
                      available_bytes=tpu.hbm_gib * GIB,
                      flops=float(cost["flops"]) if cost and "flops" in cost else None,
                      model_flops=cost_lib.step_flops(
-                         bert_config, layout.abstract_params, sequences=config.batch_size,
-                         seq_len=seq_len, predictions=config.batch_size * predictions),
+                         bert_config, layout.abstract_params, sequences=batch_size,
+                         seq_len=seq_len, predictions=batch_size * predictions),
                      devices=len(slice_devices),
                      collectives=collectives, compile_s=time.time() - started)
+
+
+def _largest(shapes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """The phases to compile: of those with the same length and predictions (a batch
+  warmup's sizes and the phase they lead to), the largest batch only: a smaller batch of
+  the same step needs less memory, and each compile costs minutes."""
+  largest: dict[tuple, dict[str, Any]] = {}
+  for p in shapes:
+    key = (p["seq_len"], p["predictions"])
+    if key not in largest or p["batch_size"] > largest[key]["batch_size"]:
+      largest[key] = p
+  return [p for p in shapes if largest[(p["seq_len"], p["predictions"])] is p]
 
 
 def measure(config: ml_collections.ConfigDict, tpu: Target, slice_devices: list,
@@ -328,7 +344,8 @@ def measure(config: ml_collections.ConfigDict, tpu: Target, slice_devices: list,
   compile kills libtpu comes back as a Measurement with `crash` set (it never
   fits) and the phases after it are still compiled.
   """
-  todo = [p for p in phases_lib.shapes(config) if not only_phases or p["phase"] in only_phases]
+  todo = [p for p in _largest(phases_lib.shapes(config))
+          if not only_phases or p["phase"] in only_phases]
   if isolate:
     check_for_slice(config, slice_devices)  # here: the child does not check
     results = preflight_isolation.compile_phases(config, tpu, todo)

@@ -27,6 +27,7 @@ import numpy as np
 from bert_jax import accelerators
 from bert_jax.pretrain import phases as phases_lib
 from bert_jax.run import metrics_io
+from data_pipeline import specs
 
 
 def device_set(name: str) -> tuple[str, int]:
@@ -115,26 +116,27 @@ def executed_flops(config: ml_collections.ConfigDict, bert_config: Any, params: 
   weights, out = {}, [0.0]
   run_phases = phases_lib.of(config)
   for step in range(1, max(predictions, default=0) + 1):
-    seq_len = phases_lib.at(run_phases, step - 1).data.max_seq_length
+    phase = phases_lib.at(run_phases, step - 1)
+    seq_len = phase.data.max_seq_length
     if seq_len not in weights:  # one walk of the params per phase, not per step
       weights[seq_len] = flop_weights(bert_config, params, seq_len)
-    out.append(out[-1] + _step_flops(weights[seq_len], config.batch_size, seq_len,
+    out.append(out[-1] + _step_flops(weights[seq_len], phase.batch_size, seq_len,
                                      predictions.get(step, 0)))
   return out
 
 
 def run_flops(config: ml_collections.ConfigDict, bert_config: Any, abstract_params: Any
               ) -> list[dict[str, Any]]:
-  """phases.shapes() with each phase's model FLOPs per step and in all (config.batch_size
-  examples).
+  """phases.shapes() with each phase's model FLOPs per step and in all (each at its batch
+  size).
 
   An estimate before training: every prediction slot P counts as a prediction
   (batch_log's real predictions give the executed figure, step_flops).
   """
   out = []
   for p in phases_lib.shapes(config):
-    per_step = step_flops(bert_config, abstract_params, sequences=config.batch_size,
-                          seq_len=p["seq_len"], predictions=config.batch_size * p["predictions"])
+    per_step = step_flops(bert_config, abstract_params, sequences=p["batch_size"],
+                          seq_len=p["seq_len"], predictions=p["batch_size"] * p["predictions"])
     out.append({**p, "flops_per_step": per_step, "flops": per_step * p["steps"]})
   return out
 
@@ -177,7 +179,7 @@ def abstract_model(config: ml_collections.ConfigDict, vocab_size: int):
   overrides = dict(config.model.to_dict(), vocab_size=config.model.vocab_size or vocab_size)
   overrides.pop("vocab_multiple", None)
   bert_config = model_lib.BertConfig.from_size(config.model_size, **overrides)
-  return bert_config, abstract_params(bert_config, nsp_head=config.data.objective != "none")
+  return bert_config, abstract_params(bert_config, nsp_head=config.data.objective in specs.PAIR_OBJECTIVES)
 
 
 def abstract_params(bert_config: Any, *, nsp_head: bool) -> Any:
@@ -202,8 +204,8 @@ def main(argv):
   print(f"{config.get('variant', '')}: L={bert_config.num_hidden_layers} "
         f"H={bert_config.hidden_size}, batch {config.batch_size}")
   for p in flops:
-    print(f"  phase {p['phase']}: {p['steps']:,} steps at length {p['seq_len']} "
-          f"({p['predictions']} predictions): {p['flops_per_step']:.3g} FLOPs/step, "
+    print(f"  phase {p['phase']}: {p['steps']:,} steps at length {p['seq_len']}, batch "
+          f"{p['batch_size']} ({p['predictions']} predictions): {p['flops_per_step']:.3g} FLOPs/step, "
           f"{p['flops']:.3g} in all")
   print(f"  total {total:.3g} model FLOPs; at {flags.FLAGS.mfu:.0%} MFU:")
   for name in flags.FLAGS.on:

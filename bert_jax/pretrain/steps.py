@@ -47,12 +47,19 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
     raise ValueError(f"config.total_steps={config.total_steps} must be positive")
   if config.grad_accum_steps < 1:
     raise ValueError(f"config.grad_accum_steps={config.grad_accum_steps} must be >= 1")
-  if config.batch_size % per_update:
-    raise ValueError(
-        f"config.batch_size={config.batch_size} is not divisible by the data-parallel size "
-        f"(mesh data*fsdp={dp}) x config.grad_accum_steps={config.grad_accum_steps}")
-  if config.batch_size % jax.process_count() or config.eval_batch_size % jax.process_count():
-    raise ValueError(f"config.batch_size and eval_batch_size must divide evenly over "
+  phases_lib.check(config)  # the phase list (or phase2) and the batch warmup
+  for phase in phases_lib.of(config):
+    where = ("config.batch_size" if phase.batch_size == config.batch_size
+             else f"phase {phase.index}'s batch size")
+    if phase.batch_size % per_update:
+      raise ValueError(
+          f"{where}={phase.batch_size} is not divisible by the data-parallel size "
+          f"(mesh data*fsdp={dp}) x config.grad_accum_steps={config.grad_accum_steps}")
+    if phase.batch_size % jax.process_count():
+      raise ValueError(f"{where}={phase.batch_size} does not divide evenly over "
+                       f"{jax.process_count()} processes")
+  if config.eval_batch_size % jax.process_count():
+    raise ValueError(f"config.eval_batch_size must divide evenly over "
                      f"{jax.process_count()} processes")
   if config.eval_batch_size % dp:
     raise ValueError(f"config.eval_batch_size={config.eval_batch_size} is not divisible by "
@@ -60,8 +67,6 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
   if config.data.eval.num_examples < config.eval_batch_size:
     raise ValueError(f"config.data.eval.num_examples={config.data.eval.num_examples} is smaller "
                      f"than one eval batch (config.eval_batch_size={config.eval_batch_size})")
-  if not 0.0 < config.phase2.start_fraction <= 1.0:
-    raise ValueError(f"config.phase2.start_fraction={config.phase2.start_fraction} not in (0, 1]")
   for name in ("log_every_steps", "eval_every_steps"):
     if config[name] <= 0:
       raise ValueError(f"config.{name}={config[name]} must be positive")
@@ -78,13 +83,14 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
           f"max_seq_length={length} in {where} exceeds the model's "
           f"max_position_embeddings={bert_config.max_position_embeddings}")
     attention.check_training(bert_config, length)  # a kernel this device lacks, say
+    bert_config.replace(**phase.network)  # a phase's RoPE thetas, validated
     try:
       specs.check_data_config(phase.data)
     except ValueError as e:
       hint = (" (phase 2 takes it from config.phase2.max_predictions_per_seq)"
               if phase.index == 2 and "max_predictions" in str(e) else "")
       raise ValueError(f"{where}: {e}{hint}") from None
-  optim.check_config(config.optimizer)
+  optimizer(config)  # its fields, and a schedule that fits the run
   state_lib.check_rng_impl(config.rng_impl)
   if config.init_checkpoint and not paths.exists(config.init_checkpoint):
     raise ValueError(f"config.init_checkpoint={config.init_checkpoint!r} does not exist")
@@ -108,6 +114,24 @@ def network(config: ml_collections.ConfigDict, vocab_size: int | None) -> model_
     raise ValueError(f"config.model.vocab_size={overrides['vocab_size']} is smaller than the "
                      f"pipeline's vocabulary ({vocab_size} entries)")
   return model_lib.BertConfig.from_size(config.model_size, **overrides)
+
+
+def optimizer(config: ml_collections.ConfigDict, total_steps: int | None = None):
+  """(optax optimizer, learning-rate schedule) of the run (of `total_steps` when given: the
+  schedule a run of that length had), with its phases' segments for schedule "phases"."""
+  total = config.total_steps if total_steps is None else total_steps
+  segments = None
+  if config.optimizer.schedule == "phases":
+    config = config.copy_and_resolve_references()
+    config.total_steps = total
+    segments = phases_lib.lr_segments(config)
+  return optim.make_optimizer(config.optimizer, total, segments)
+
+
+def phase_network(bert_config: model_lib.BertConfig, phase: phases_lib.Phase
+                  ) -> model_lib.BertConfig:
+  """The network a phase trains: the run's with the phase's RoPE thetas (same parameters)."""
+  return bert_config.replace(**phase.network) if phase.network else bert_config
 
 
 def keys(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
@@ -142,8 +166,8 @@ def build(config: ml_collections.ConfigDict, bert_config: model_lib.BertConfig,
   phase's: the parameters do not depend on them). The steps trace, and so must be
   called or lowered, under sharding.activate(mesh, programs.rules).
   """
-  model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective != "none")
-  tx, lr_schedule = optim.make_optimizer(config.optimizer, config.total_steps)
+  model = heads.BertForPreTraining(bert_config, nsp_head=config.data.objective in specs.PAIR_OBJECTIVES)
+  tx, lr_schedule = optimizer(config)
   rules = state_lib.axis_rules(config)
 
   def init_params(rng):
@@ -161,11 +185,14 @@ def build(config: ml_collections.ConfigDict, bert_config: model_lib.BertConfig,
 
 
 def abstract_batch(batch: int, seq_len: int, predictions: int,
-                   batch_sharding: jax.sharding.NamedSharding) -> dict[str, jax.ShapeDtypeStruct]:
-  """The pretraining batch's shapes and dtypes (as data_pipeline.examples.pretraining feeds them)."""
+                   batch_sharding: jax.sharding.NamedSharding, packed: bool = False
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
+  """The pretraining batch's shapes and dtypes (as data_pipeline.examples.pretraining feeds
+  them; `packed`: with objective "documents"'s document and position ids)."""
   def spec(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
-  return {
+  extra = {name: spec((batch, seq_len), jnp.int32) for name in PACKING_FEATURES} if packed else {}
+  return extra | {
       "input_ids": spec((batch, seq_len), jnp.int32),
       "input_mask": spec((batch, seq_len), jnp.int32),
       "segment_ids": spec((batch, seq_len), jnp.int32),
@@ -193,7 +220,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
   def loss_fn(params, micro, micro_rng):
     out = state.apply_fn({"params": params}, micro["input_ids"], micro["input_mask"],
                          micro["segment_ids"], micro["masked_lm_positions"],
-                         deterministic=False, rngs={"dropout": micro_rng})
+                         deterministic=False, rngs={"dropout": micro_rng}, **packing(micro))
     sums = losses.pretraining_sums(out, micro)
     return losses.pretraining_objective(sums, predictions, examples), sums
 
@@ -207,5 +234,16 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
 def eval_step(params: Any, batch: dict[str, jax.Array], *, apply_fn: Any) -> dict[str, jax.Array]:
   """The objective's sums on one held-out batch (the caller adds them over batches)."""
   out = apply_fn({"params": params}, batch["input_ids"], batch["input_mask"],
-                 batch["segment_ids"], batch["masked_lm_positions"], deterministic=True)
+                 batch["segment_ids"], batch["masked_lm_positions"], deterministic=True,
+                 **packing(batch))
   return losses.pretraining_sums(out, batch)
+
+
+# A packed batch's features (objective "documents", data_pipeline.examples.documents) and
+# the model's arguments they are.
+PACKING_FEATURES = {"position_ids": "positions", "document_ids": "documents"}
+
+
+def packing(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """{"positions", "documents"} of a packed batch; {} otherwise."""
+  return {arg: batch[name] for name, arg in PACKING_FEATURES.items() if name in batch}

@@ -42,7 +42,6 @@ from bert_jax.run import checkpoint
 from bert_jax.run import metrics_io
 from bert_jax.run import workdir as workdir_lib
 from bert_jax.training import loop as train_loop
-from bert_jax.training import optim
 from bert_jax.training import sharding
 from bert_jax.training import state as state_lib
 from data_pipeline import prepare as prepare_lib
@@ -90,13 +89,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     # --------------------------------------------------------------- data
     def make_input(phase: phases.Phase, data_state: dict[str, Any] | None):
-      """`phase`'s input at `data_state`'s position when of that phase, on the devices."""
+      """`phase`'s input at `data_state`'s position when of that phase, or of the phase
+      before when it read the same data (phases.continues), else at its start; on the devices."""
+      before = [p for p in run_phases if p.index == phase.index - 1]
+      if (data_state is not None and before and data_state.get("phase") == before[0].index
+          and phases.continues(before[0], phase)):
+        data_state = {"continue": True, "input": data_state["input"]}
       return sharding.DevicePrefetch(pretraining_data.train_input(phase.index, data_state), mesh)
 
     # ------------------------------------ model, optimizer, shardings, step
     first = run_phases[0]
-    programs = pretrain_steps.build(config, bert_config, mesh, seq_len=first.data.max_seq_length,
-                                    predictions=pretraining_data.max_predictions(first.index))
+    built: dict[tuple, pretrain_steps.Programs] = {}
+
+    def programs_for(phase: phases.Phase) -> pretrain_steps.Programs:
+      """The steps of `phase`'s network (the run's, or with the phase's RoPE thetas: the
+      same parameters), built once per distinct network."""
+      key = tuple(sorted(phase.network.items()))
+      if key not in built:
+        built[key] = pretrain_steps.build(
+            config, pretrain_steps.phase_network(bert_config, phase), mesh,
+            seq_len=first.data.max_seq_length,
+            predictions=pretraining_data.max_predictions(first.index))
+      return built[key]
+
+    for phase in run_phases:  # every network the run trains, before the mesh is activated
+      programs_for(phase)
+    programs = programs_for(first)
     model, tx, layout = programs.model, programs.tx, programs.layout
     init_rng, dropout_rng = pretrain_steps.keys(config)
     logging.info("%s", cost.describe(cost.run_flops(config, bert_config, layout.abstract_params),
@@ -111,6 +129,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     state, data_state = state_lib.start(manager, layout, model, tx, init_rng, load_init,
                                         config.init_checkpoint)
     step = int(state.step)
+    programs = programs_for(phases.at(run_phases, step))  # a resume in a later phase
+    state = state.replace(apply_fn=programs.model.apply, tx=programs.tx)  # its static fields
     if previous and step and previous.get("total_steps", config.total_steps) != config.total_steps:
       _announce_new_total(config, previous["total_steps"], step, programs.lr_schedule)
     # What each step read (unmasked-batch fingerprints): ablations check runs against it.
@@ -127,13 +147,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       done = loop.writer.recorded(at_step)
       if "eval/mlm_loss" in done:
         return {k: v for k, v in done.items() if k.split("/")[0] in eval_kinds}
-      at = phases.at(run_phases, min(at_step, config.total_steps - 1)).index
+      at_phase = phases.at(run_phases, min(at_step, config.total_steps - 1))
+      at = at_phase.index
       result = {}
       for kind in eval_kinds:
         totals: dict[str, float] = {}
+        eval_step = programs_for(at_phase).eval_step
         for local in pretraining_data.eval_batches(kind, at):
-          sums = jax.device_get(programs.eval_step(state.params,
-                                                   sharding.global_batch(local, mesh)))
+          sums = jax.device_get(eval_step(state.params, sharding.global_batch(local, mesh)))
           for k, v in sums.items():
             totals[k] = totals.get(k, 0.0) + float(v)
         result.update({f"{kind}/{k}": float(v) for k, v in
@@ -155,12 +176,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     result = evaluate(step)
 
     while step < config.total_steps:
-      if step >= phase.end:  # the next phase: phase 2's longer sequences
+      if step >= phase.end:  # the next phase: longer sequences, another batch size, ...
+        handover = {"phase": phase.index, "input": data.get_state()}
         data.close()
         phase = phases.at(run_phases, step)
-        data = make_input(phase, None)
-        logging.info("step %d: phase %d, max_seq_length %d", step, phase.index,
-                     phase.data.max_seq_length)
+        data = make_input(phase, handover)
+        programs = programs_for(phase)
+        state = state.replace(apply_fn=programs.model.apply, tx=programs.tx)  # its static fields
+        logging.info("step %d: %s", step, phases.describe(phase))
       local, batch = next(data)
       tokens = local["input_ids"].size * jax.process_count()
       state, metrics = programs.train_step(state, batch, dropout_rng)
@@ -175,7 +198,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           step, metrics, tokens=tokens,
           learning_rate=lambda: float(programs.lr_schedule(step - 1)),
           flops=lambda: cost.step_flops(
-              bert_config, layout.abstract_params, sequences=config.batch_size,
+              bert_config, layout.abstract_params, sequences=phase.batch_size,
               seq_len=local["input_ids"].shape[1],
               predictions=float(np.sum(local["masked_lm_weights"])) * jax.process_count()),
           peak=peak)
@@ -197,7 +220,7 @@ def _announce_new_total(config: ml_collections.ConfigDict, old_total: int, step:
                         lr_schedule: Any) -> None:
   """One line: what a resume's new total_steps does to the schedules at the resume step
   (they follow the new end: the learning rate, the masking ratio and phase 2's start jump)."""
-  _, old_schedule = optim.make_optimizer(config.optimizer, old_total)
+  _, old_schedule = pretrain_steps.optimizer(config, old_total)
   spec = specs.masking_spec(config.data)
   masking = ""
   if spec.schedule != "constant":

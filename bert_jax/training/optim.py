@@ -12,7 +12,7 @@ a global gradient-norm clip. tests/test_optim.py checks it against a NumPy trans
 of optimi's update.
 """
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 from absl import logging
 import jax
@@ -146,15 +146,20 @@ def check_config(opt_config: ml_collections.ConfigDict) -> None:
     raise ValueError("config.optimizer." + "; config.optimizer.".join(problems))
 
 
-def make_optimizer(opt_config: ml_collections.ConfigDict,
-                   total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Returns (optimizer, learning-rate schedule) for `config.optimizer` (checked first)."""
+def make_optimizer(opt_config: ml_collections.ConfigDict, total_steps: int,
+                   segments: Sequence[tuple[int, float, str]] | None = None
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """Returns (optimizer, learning-rate schedule) for `config.optimizer` (checked first);
+  schedule "phases" takes the run's `segments` (bert_jax.pretrain.phases.lr_segments)."""
   check_config(opt_config)
+  if opt_config.schedule == "phases" and not segments:
+    raise ValueError("config.optimizer.schedule='phases' needs config.phases (a pretraining "
+                     "run's list of phases)")
   if opt_config.schedule == "wsd" and (opt_config.warmup_steps + opt_config.decay_steps
                                        > total_steps):
     raise ValueError(f"config.optimizer.warmup_steps={opt_config.warmup_steps} + decay_steps="
                      f"{opt_config.decay_steps} exceed the run's {total_steps} steps")
-  schedule = schedules.learning_rate_schedule(opt_config, total_steps)
+  schedule = schedules.learning_rate_schedule(opt_config, total_steps, segments)
   # 0 (or None) is "no clipping": optax.clip_by_global_norm(0) would zero every update.
   clip = (optax.clip_by_global_norm(opt_config.grad_clip_norm) if opt_config.grad_clip_norm
           else optax.identity())

@@ -1,6 +1,7 @@
 """The example path: sentence pairs, masking and the tf.data input of pretraining.
 
   pairs         NSP / SOP pairs and RoBERTa packing on a tokenized corpus (numpy)
+  documents     whole documents packed by best fit, each attending to itself (numpy)
   masking_spec  what a masking setting is and means (no TensorFlow)
   selection     which positions are predicted and corrupted: token, whole word, span
   masking       mask_tokens: the budget, the selection, one corruption step (tf.data)

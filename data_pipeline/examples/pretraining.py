@@ -63,6 +63,7 @@ import weakref
 import numpy as np
 from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 
+from data_pipeline.examples import documents
 from data_pipeline.examples import masking
 from data_pipeline.examples import masking_spec
 from data_pipeline.examples import pairs
@@ -97,12 +98,14 @@ class ExampleStream:
   """Unmasked examples of one process, in blocks, from a given position on."""
 
   def __init__(self, corpus: tokenized_corpus.TokenizedCorpus, *, objective: str, max_seq_length: int,
-               short_seq_prob: float, seed: int, shuffle_buffer: int, special_ids: dict):
+               short_seq_prob: float, seed: int, shuffle_buffer: int, special_ids: dict,
+               pack_window: int = 0):
     self.corpus, self.objective = corpus, objective
     self.max_seq_length, self.short_seq_prob = max_seq_length, short_seq_prob
     self.seed, self.shuffle_buffer, self.special_ids = seed, shuffle_buffer, special_ids
+    self.pack_window = pack_window  # objective "documents": rows open for best fit
     sentences_per_doc = np.diff(corpus.document_starts)
-    if objective != "none" and not (sentences_per_doc >= 2).any():
+    if objective in specs.PAIR_OBJECTIVES and not (sentences_per_doc >= 2).any():
       raise ValueError(f"objective {objective!r} needs documents of >= 2 sentences; "
                        "this corpus part has none")
     if corpus.num_documents < 1:
@@ -112,11 +115,14 @@ class ExampleStream:
     """Blocks per epoch."""
     return -(-self.corpus.num_documents // self.shuffle_buffer)
 
-  def block_instances(self, epoch: int, block: int) -> list[pairs.Instance]:
-    """The examples of one block, shuffled."""
+  def block_instances(self, epoch: int, block: int) -> list:
+    """The examples of one block (pairs.Instance, or documents.Row), shuffled."""
     order = pairs.rng_for(self.seed, epoch, 0).permutation(self.corpus.num_documents)
     docs = order[block * self.shuffle_buffer:(block + 1) * self.shuffle_buffer]
-    if self.objective == "none":
+    if self.objective == "documents":
+      instances = documents.packed_rows(self.corpus, docs, max_seq_length=self.max_seq_length,
+                                        window=self.pack_window)
+    elif self.objective == "none":
       instances = pairs.packed_instances(self.corpus, docs, max_seq_length=self.max_seq_length,
                                          sep_id=self.special_ids["sep"])
     else:
@@ -139,9 +145,10 @@ class ExampleStream:
       for b in range(block, self.num_blocks()):
         instances = self.block_instances(epoch, b)[offset:]
         if instances:
-          arrays = pairs.assemble(instances, max_seq_length=self.max_seq_length,
-                                  cls_id=self.special_ids["cls"], sep_id=self.special_ids["sep"],
-                                  pad_id=self.special_ids["pad"])
+          assemble = documents.assemble if self.objective == "documents" else pairs.assemble
+          arrays = assemble(instances, max_seq_length=self.max_seq_length,
+                            cls_id=self.special_ids["cls"], sep_id=self.special_ids["sep"],
+                            pad_id=self.special_ids["pad"])
           if self.corpus.word_starts:  # the segmentation's word starts ride in the ids
             ids = arrays["input_ids"]
             arrays["input_ids"] = ids & ~tokenized_corpus.WORD_START
@@ -184,6 +191,10 @@ def _masked_dataset(stream: ExampleStream, start: dict, spec: masking_spec.Maski
                _POSITION: tf.TensorSpec([None, 5], tf.int64),
                _RATIO: tf.TensorSpec([None], tf.float64),
                _WORD_STARTS: tf.TensorSpec([None, t], tf.bool)}
+  # Packed documents: which document each token is in, its position within it.
+  packed = ((documents.DOCUMENT_IDS, documents.POSITION_IDS) if stream.objective == "documents"
+            else ())
+  signature.update({name: tf.TensorSpec([None, t], tf.int32) for name in packed})
   start_table = tokenized_corpus.word_start_table(tokenizer)
 
   def blocks():
@@ -220,7 +231,7 @@ def _masked_dataset(stream: ExampleStream, start: dict, spec: masking_spec.Maski
             "masked_lm_ids": masked["masked_lm_ids"],
             "masked_lm_weights": masked["masked_lm_weights"],
             "next_sentence_labels": example["next_sentence_labels"], _POSITION: position,
-            _UNMASKED: ids}
+            _UNMASKED: ids, **{name: example[name] for name in packed}}
 
   ds = ds.map(mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return ds.batch(batch_size, drop_remainder=True).prefetch(prefetch)
@@ -263,10 +274,13 @@ class PretrainingInput:
     self.stream = ExampleStream(
         corpus, objective=data_config.objective, max_seq_length=data_config.max_seq_length,
         short_seq_prob=data_config.short_seq_prob, seed=data_config.seed,
-        shuffle_buffer=data_config.shuffle_buffer, special_ids=self.tokenizer.special_ids)
+        shuffle_buffer=data_config.shuffle_buffer, special_ids=self.tokenizer.special_ids,
+        pack_window=data_config.get("pack_window", 0))
     fields = [data_config.corpus, split, process_index, process_count, corpus.num_documents,
               corpus.num_tokens, data_config.objective, data_config.max_seq_length,
               data_config.short_seq_prob, data_config.seed, data_config.shuffle_buffer]
+    if data_config.objective == "documents":  # (the other objectives' fingerprints as before)
+      fields.append(data_config.pack_window)
     self._fingerprint = hashlib.md5(json.dumps(fields).encode()).hexdigest()[:16]
     self._position = {"epoch": 0, "block": 0, "offset": 0, "index": 0, "example": 0}
     self._iterator = None
@@ -374,7 +388,8 @@ def make_eval_batches(data_config, *, batch_size: int, process_index: int = 0,
   stream = ExampleStream(
       corpus, objective=data_config.objective, max_seq_length=data_config.max_seq_length,
       short_seq_prob=data_config.short_seq_prob, seed=data_config.eval.seed,
-      shuffle_buffer=data_config.shuffle_buffer, special_ids=tokenizer.special_ids)
+      shuffle_buffer=data_config.shuffle_buffer, special_ids=tokenizer.special_ids,
+      pack_window=data_config.get("pack_window", 0))
   spec = (specs.own_eval_masking_spec(data_config) if own_masking
           else specs.eval_masking_spec(data_config))
   ds = _masked_dataset(stream, {}, spec, tokenizer=tokenizer, seed=data_config.eval.seed,

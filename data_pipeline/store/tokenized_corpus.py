@@ -26,6 +26,7 @@ import os
 import numpy as np
 from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 
+from data_pipeline import specs
 from data_pipeline.sources import corpora
 from data_pipeline.vocab import tokenizers
 from data_pipeline.sources import word_segmentation
@@ -315,7 +316,7 @@ def check_pairs(data_config, corpus: TokenizedCorpus, split: str) -> None:
   """Refuses (ValueError naming the corpus and what to do) a corpus part without a
   document of the 2 sentences NSP/SOP pairs need."""
   sentences = np.diff(corpus.document_starts)
-  if data_config.objective != "none" and not (sentences >= 2).any():
+  if data_config.objective in specs.PAIR_OBJECTIVES and not (sentences >= 2).any():
     raise ValueError(
         f"corpus {data_config.corpus!r} ({split} split): objective "
         f"{data_config.objective!r} needs documents of at least 2 sentences and none has "

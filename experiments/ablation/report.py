@@ -31,6 +31,7 @@ from bert_jax.run import batch_log
 from bert_jax.run import checkpoint
 from bert_jax.run import metrics_io
 from bert_jax.run import workdir as workdir_lib
+from data_pipeline import specs
 from data_pipeline.examples import masking_spec
 from experiments import figures
 from experiments.ablation import stats as ablation_stats
@@ -56,7 +57,7 @@ def phase_flops(config: Any, bert_config: Any) -> list[tuple[int, float, int]]:
 
 def _abstract_params(config: Any, bert_config: Any) -> Any:
   from bert_jax.pretrain import cost  # pylint: disable=g-import-not-at-top  # jax only when FLOPs are asked for
-  return cost.abstract_params(bert_config, nsp_head=config.data.objective != "none")
+  return cost.abstract_params(bert_config, nsp_head=config.data.objective in specs.PAIR_OBJECTIVES)
 
 
 def executed_flops(config: Any, bert_config: Any, logs: dict[str, list[dict]]) -> list[float]:

@@ -29,7 +29,10 @@ def data_config() -> ml_collections.ConfigDict:
   c.do_lower_case = True  # uncased model: lowercase + strip accents
   c.spm_model_file = ""  # SentencePiece model instead of a WordPiece vocab
   c.max_seq_length = 128  # tokens per sequence incl. [CLS]/[SEP] (BERT: 128 for 90% of steps, then 512)
-  c.objective = "nsp"  # "nsp" (BERT) | "sop" (ALBERT) | "none" (RoBERTa full-sentences packing)
+  # "nsp" (BERT) | "sop" (ALBERT) | "none" (RoBERTa full-sentences packing, across documents)
+  # | "documents" (whole documents packed, each attending only to itself: ModernBERT's)
+  c.objective = "nsp"
+  c.pack_window = 16  # "documents": rows open at once for best-fit packing
   c.short_seq_prob = 0.1  # chance a document's target length is shorter (google-research value)
   c.seed = 0  # pair sampling, order and masks all derive from it
   c.shuffle_buffer = 256  # documents per shuffle block: their examples are shuffled together

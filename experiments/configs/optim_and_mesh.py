@@ -20,7 +20,8 @@ def optimizer_config() -> ml_collections.ConfigDict:
   c.end_learning_rate = 0.0  # learning rate at total_steps
   c.decay_from_step0 = False  # True: google-research/bert schedule (decay spans warmup too)
   # "polynomial": warmup, then the decay above over the rest (BERT's); "wsd": warmup, the
-  # peak held, then decay_shape over the last decay_steps (bert_jax/training/schedules.py).
+  # peak held, then decay_shape over the last decay_steps (bert_jax/training/schedules.py);
+  # "phases": each of a pretraining run's config.phases holds or decays its learning_rate.
   c.schedule = "polynomial"
   c.decay_steps = 0  # wsd: length of the final decay
   c.decay_shape = "linear"  # wsd: "linear" | "1-sqrt" | "cosine"

@@ -61,6 +61,20 @@ _MODERN_MODEL = dict(architecture="modernbert", use_bias=False, norm_bias=False,
                      rope_theta=160000.0, local_rope_theta=10000.0, type_vocab_size=1)
 
 
+def phase(start_fraction: float, **fields) -> ml_collections.ConfigDict:
+  """One config.phases entry: every field (bert_jax.pretrain.phases.PHASE_FIELDS), 0 or ""
+  keeping the previous phase's value; flags reach them as --config.phases[1].masking_ratio=..."""
+  entry = ml_collections.ConfigDict(dict(
+      start_fraction=float(start_fraction), max_seq_length=0, max_predictions_per_seq=0,
+      masking_ratio=0.0, batch_size=0, rope_theta=0.0, local_rope_theta=0.0,
+      learning_rate=0.0, decay=""))
+  unknown = set(fields) - set(entry.keys())
+  if unknown:
+    raise ValueError(f"phase(): unknown field(s) {sorted(unknown)}")
+  entry.update(fields)
+  return entry
+
+
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   """Returns the pretraining config for variant `arg` (one of VARIANTS)."""
   if arg not in VARIANTS:
@@ -136,6 +150,16 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # 0: derived at phase 2's length (77 at 512 and 15%; the paper pads to 80, a cap
   # round(0.15 * 512) = 77 never reaches, so the masks are the same).
   config.phase2.max_predictions_per_seq = 0
+
+  # A run as a list of phases (bert_jax/pretrain/phases.py), each made by phase() below:
+  # from its start_fraction of total_steps on, its own length, masking ratio, batch size,
+  # RoPE thetas and learning-rate segment. Empty: config.phase2 decides (the paper's).
+  config.phases = []
+  # Batch-size warmup (ModernBERT's): the first `tokens` of the first phase trained at
+  # min_batch_size, 2x, ... below its batch size, each size for the same number of steps.
+  config.batch_warmup = ml_collections.ConfigDict()
+  config.batch_warmup.tokens = 0  # 0: none
+  config.batch_warmup.min_batch_size = 0
 
   # --- optimization ---
   config.batch_size = 256  # global batch (all hosts, all micro-batches)

@@ -1,0 +1,94 @@
+"""Objective "documents": whole documents packed into rows, each attending only to itself.
+
+The MLM-only objective of ModernBERT and the encoders after it. Each document (all its
+sentences, in order) becomes [CLS] document [SEP]; a document longer than a row is cut
+into pieces of max_seq_length - 2 tokens, each wrapped so. The pieces of a block of
+documents (the shuffle block of pretraining.py, in its order) are packed by best fit
+over a bounded window, as ModernBERT's greedy best-fit packer does (its
+src/sequence_packer.py; here rows, not its flattened micro-batches): a piece goes into
+the open row it leaves least room in; when none has room, a new row opens, and when
+`window` rows are open the oldest is closed first. A row with no room for any piece
+closes at once; the rows still open close at the block's end. Everything is a pure
+function of the block's documents, so a pipeline restored at a block boundary (and
+`offset` rows into it) yields exactly the uninterrupted rows.
+
+Each row carries per token its document's number (1, 2, ... in the row; 0 for padding)
+and the position within the document (restarting at 0 at each [CLS]): the model keeps
+attention inside a document and restarts its positions there (bert_jax.model:
+`documents`, `positions`). Padding is only at a row's tail.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from data_pipeline.store.tokenized_corpus import TokenizedCorpus  # pylint: disable=g-importing-member
+
+DOCUMENT_IDS = "document_ids"
+POSITION_IDS = "position_ids"
+
+
+@dataclasses.dataclass(eq=False)  # rows are told apart by identity, not by their arrays
+class Row:
+  """One packed row before masking: its documents' tokens, without [CLS] and [SEP]."""
+  pieces: list
+  used: int = 0  # tokens the pieces take with their [CLS] and [SEP]
+
+
+def pieces_of(corpus: TokenizedCorpus, doc_index: int, max_seq_length: int):
+  """The document's tokens cut into pieces of at most max_seq_length - 2 tokens."""
+  first, last = corpus.document_starts[doc_index], corpus.document_starts[doc_index + 1]
+  tokens = corpus.ids[corpus.sentence_starts[first]:corpus.sentence_starts[last]]
+  budget = max_seq_length - 2
+  return [tokens[start:start + budget] for start in range(0, len(tokens), budget)]
+
+
+def packed_rows(corpus: TokenizedCorpus, doc_indices, *, max_seq_length: int,
+                window: int) -> list[Row]:
+  """Best-fit packing of the documents' pieces, in order, over `window` open rows."""
+  rows, open_rows = [], []
+  for doc_index in doc_indices:
+    for piece in pieces_of(corpus, int(doc_index), max_seq_length):
+      need = len(piece) + 2
+      fits = [r for r in open_rows if max_seq_length - r.used >= need]
+      if fits:
+        best = max(fits, key=lambda r: r.used)  # the least room left; the oldest on a tie
+      else:
+        if len(open_rows) == window:
+          rows.append(open_rows.pop(0))
+        best = Row([])
+        open_rows.append(best)
+      best.pieces.append(piece)
+      best.used += need
+      if max_seq_length - best.used < 3:  # not even a one-token document fits
+        open_rows.remove(best)
+        rows.append(best)
+  return rows + open_rows
+
+
+def assemble(rows: list[Row], *, max_seq_length: int, cls_id: int, sep_id: int,
+             pad_id: int) -> dict[str, np.ndarray]:
+  """The rows as the pipeline's arrays: input_ids, segment_ids (all 0), labels (all 0),
+  document_ids and position_ids."""
+  n = len(rows)
+  input_ids = np.full([n, max_seq_length], pad_id, np.int32)
+  documents = np.zeros([n, max_seq_length], np.int32)
+  positions = np.zeros([n, max_seq_length], np.int32)
+  for r, row in enumerate(rows):
+    start = 0
+    for d, piece in enumerate(row.pieces):
+      end = start + len(piece) + 2
+      input_ids[r, start] = cls_id
+      input_ids[r, start + 1:end - 1] = piece
+      input_ids[r, end - 1] = sep_id
+      documents[r, start:end] = d + 1
+      positions[r, start:end] = np.arange(end - start)
+      start = end
+  return {"input_ids": input_ids, "segment_ids": np.zeros_like(input_ids),
+          "next_sentence_labels": np.zeros([n], np.int32), DOCUMENT_IDS: documents,
+          POSITION_IDS: positions}
+
+
+def efficiency(rows: list[Row], max_seq_length: int) -> float:
+  """Real tokens (documents with their [CLS] and [SEP]) over the rows' tokens."""
+  return sum(r.used for r in rows) / max(1, len(rows) * max_seq_length)
