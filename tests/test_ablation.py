@@ -146,15 +146,17 @@ def test_every_variant_plans_runs_that_differ_only_in_masking(variant, tmp_path)
     if config.prepare_corpus:  # the Chinese grids write theirs; the pod grids' is given by flag
       assert run.config.data.corpus == f"raw:{tmp_path}/corpus.txt"
     assert (run.config.seed, run.config.data.seed) == (run.seed, run.seed)
-    # The static number of predictions follows the largest ratio a run masks at.
+    # The static number of predictions follows the largest ratio a run masks at (per
+    # token, "bernoulli": every position, so a draw is never cut).
     spec = specs.masking_spec(run.config.data)
-    assert specs.max_predictions(run.config.data) == int(
-        np.ceil(spec.max_ratio * run.config.data.max_seq_length - 1e-9))
+    length = run.config.data.max_seq_length
+    assert specs.max_predictions(run.config.data) == (
+        length if spec.strategy == "bernoulli" else int(np.ceil(spec.max_ratio * length - 1e-9)))
   flat = [ablation.workdir_lib.flatten(r.config) for r in runs if r.seed == runs[0].seed]
   differing = {k for f in flat[1:] for k in f if f[k] != flat[0][k]}
   # Under a FLOP budget each setting also gets its own steps and stretched warm-up.
-  budgeted = ({"total_steps", "optimizer.warmup_steps"} if config.budget.mode == "flops"
-              else set())
+  budgeted = ({"total_steps", "optimizer.warmup_steps", "optimizer.decay_steps"}
+              if config.budget.mode == "flops" else set())
   assert differing and all(k.startswith("data.masking.") or k in budgeted
                            for k in differing), differing
 

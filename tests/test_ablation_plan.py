@@ -121,7 +121,7 @@ def _masking(run, *fields):
   return {f: run.config.data.masking[f] for f in fields}
 
 
-@pytest.mark.parametrize("variant", ablation_configs.POD_VARIANTS)
+@pytest.mark.parametrize("variant", ablation_configs.PAPER_VARIANTS)
 def test_the_masking_papers_grids_are_their_settings_on_the_efficient_recipe(variant, tmp_path):
   """wettig: the ratio axis 15..80% mask-only, 80/10/10 at 15 and 40, corrupt 15 / predict 40
   and corrupt 40 / predict 15; ankner: constant 15, constant 30, linear 30 -> 15. Fails if a
@@ -349,3 +349,29 @@ def test_print_commands_in_flop_mode_waits_for_the_measured_plan(tmp_path):
   assert "needs the plan the prepare stage measures" in result.stderr
   assert "Traceback" not in result.stderr and "python -m bert_jax.main" not in result.stdout
   assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("variant", ["modern", "modern_pod"])
+def test_the_modern_grids_are_their_settings_on_packed_documents(variant, tmp_path):
+  """Fails if the modern grids lose a setting (constant 15/30/40% per sequence, ModernBERT's
+  30% per token, mmBERT's 30 -> 15 -> 5% at its phases' token shares, 30 -> 15 linear), run
+  on other than the modern encoder's packed documents with StableAdamW, or are not matched
+  on FLOPs."""
+  config = ablation_configs.get_config(variant)
+  runs = {r.setting: r.config for r in ablation_plan.grid_runs(config, str(tmp_path))
+          if r.seed == 0}
+  masking = {name: (c.data.masking.ratio, c.data.masking.strategy, c.data.masking.schedule,
+                    c.data.masking.final_ratio, c.data.masking.piecewise)
+             for name, c in runs.items()}
+  assert masking == {
+      "r15": (0.15, "fixed", "constant", 0.0, ""), "r30": (0.3, "fixed", "constant", 0.0, ""),
+      "r40": (0.4, "fixed", "constant", 0.0, ""),
+      "modernbert30": (0.3, "bernoulli", "constant", 0.0, ""),
+      "mmbert": (0.3, "fixed", "piecewise", 0.0, "0.767:0.15,0.967:0.05"),
+      "lin30to15": (0.3, "fixed", "linear", 0.15, "")}
+  for c in runs.values():
+    assert c.model.architecture == "modernbert" and c.data.objective == "documents"
+    assert c.optimizer.name == "stableadamw" and not c.phases
+  assert config.budget.mode == "flops"
+  assert runs["r15"].model_size == ("modernbert-tiny" if variant == "modern"
+                                    else "modernbert-base")

@@ -83,3 +83,25 @@ def test_per_example_ratio_masks_as_a_constant_spec_at_that_ratio():
         # (test_fixed_strategy_predicts_exactly_round_ratio_per_sequence).
         for key in want:
           np.testing.assert_array_equal(got[key].numpy(), want[key].numpy(), err_msg=key)
+
+
+def test_piecewise_schedule_holds_each_ratio_from_its_start():
+  """Fails if "piecewise" (mmBERT's 30% -> 15% -> 5% by phase) gives at any step another
+  ratio than the piece in force, sizes its slots for other than its largest ratio, reports
+  another end ratio or mean, or accepts pieces out of order, out of (0, 1), or without the
+  schedule."""
+  spec = masking_spec.bert_masking(ratio=0.3, schedule="piecewise",
+                                   piecewise="0.767:0.15,0.967:0.05")
+  ratios = [spec.ratio_at(s, 1000) for s in range(1000)]
+  assert ratios[:767] == [0.3] * 767 and ratios[767:967] == [0.15] * 200
+  assert ratios[967:] == [0.05] * 33
+  assert (spec.max_ratio, spec.end_ratio) == (0.3, 0.05)
+  assert spec.max_predictions(128) == math.ceil(0.3 * 128)
+  assert spec.mean_ratio(1000) == pytest.approx((767 * 0.3 + 200 * 0.15 + 33 * 0.05) / 1000)
+  assert spec.columns()["schedule"] == "piecewise 0.30->0.15@0.767->0.05@0.967"
+  for bad, message in (("0.9:0.1,0.5:0.2", "starts must increase"), ("0.5:1.5", "in \\(0, 1\\)"),
+                       ("0.5", "want START:RATIO"), ("", "needs masking.piecewise")):
+    with pytest.raises(ValueError, match=message):
+      masking_spec.bert_masking(ratio=0.3, schedule="piecewise", piecewise=bad)
+  with pytest.raises(ValueError, match="used only by masking.schedule 'piecewise'"):
+    masking_spec.bert_masking(ratio=0.3, piecewise="0.5:0.1")

@@ -222,7 +222,7 @@ def test_every_variant_builds_a_consistent_run(variant):
     data_config = phase.data
     assert data_config.max_seq_length <= bert_config.max_position_embeddings
     assert 0 < specs.max_predictions(data_config) <= data_config.max_seq_length
-  optim.make_optimizer(config.optimizer, config.total_steps)
+  pretrain_step.optimizer(config)
   assert config.batch_size % 8 == 0 and config.eval_batch_size % 8 == 0
   if variant in ("base", "large"):  # the paper's two phases
     one, two = phases.of(config)

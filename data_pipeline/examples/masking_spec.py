@@ -19,7 +19,7 @@ import numbers
 import numpy as np
 
 _STRATEGIES = ("fixed", "bernoulli")
-SCHEDULES = ("constant", "linear", "cosine", "polynomial", "warmup_decay")
+SCHEDULES = ("constant", "linear", "cosine", "polynomial", "warmup_decay", "piecewise")
 # An explicit max_predictions_per_seq with the bernoulli strategy may be smaller
 # than max_seq_length only if a sequence needs more predictions with at most
 # this probability: < 1 expected overflow over BERT's 256 x 1M training sequences.
@@ -56,6 +56,10 @@ class MaskingSpec:
       every other schedule).
     schedule_warmup: the fraction of the run over which "warmup_decay" rises
       from final_ratio to ratio before decaying linearly back (0 otherwise).
+    piecewise: "piecewise"'s later pieces, "START:RATIO,START:RATIO,..." with starts
+      the fractions of the run, increasing in (0, 1): `ratio` until the first start,
+      then each piece's ratio (mmBERT's 30% -> 15% -> 5% by phase: ratio 0.3,
+      "0.767:0.15,0.967:0.05"); "" for every other schedule.
     predict_ratio: 0 (predict exactly the corrupted tokens, BERT), or the
       fraction of maskable tokens predicted (Wettig et al. 2023 section 5,
       prediction rate apart from the corruption rate `ratio`): above `ratio`
@@ -79,6 +83,7 @@ class MaskingSpec:
   schedule_power: float
   schedule_warmup: float
   predict_ratio: float
+  piecewise: str = ""  # (a default: records and configs from before it had none)
 
   def __post_init__(self):
     def number(name, low, high, low_open, high_open):
@@ -116,7 +121,7 @@ class MaskingSpec:
         raise ValueError(
             f"masking.final_ratio={self.final_ratio!r} is used only by a 'linear' or 'cosine' "
             "masking.schedule; with 'constant' leave it 0")
-    else:
+    elif self.schedule != "piecewise":  # (piecewise: checked below)
       number("final_ratio", 0.0, 1.0, True, True)
     number("schedule_power", 0.0, 100.0, True, False)
     if self.schedule != "polynomial" and self.schedule_power != 1.0:
@@ -127,6 +132,17 @@ class MaskingSpec:
     elif self.schedule_warmup != 0.0:
       raise ValueError(f"masking.schedule_warmup={self.schedule_warmup!r} is used only by "
                        "masking.schedule 'warmup_decay'; leave it 0")
+    if self.schedule == "piecewise":
+      if self.final_ratio != 0.0:
+        raise ValueError("masking.final_ratio is not read by schedule 'piecewise' (its "
+                         "pieces end it); leave it 0")
+      pieces = self.pieces()  # parsed and validated
+      if not pieces:
+        raise ValueError("masking.schedule 'piecewise' needs masking.piecewise, e.g. "
+                         "'0.767:0.15,0.967:0.05'")
+    elif self.piecewise:
+      raise ValueError(f"masking.piecewise={self.piecewise!r} is used only by "
+                       "masking.schedule 'piecewise'; leave it ''")
     if self.predict_ratio != 0.0:
       number("predict_ratio", 0.0, 1.0, True, True)
       if self.whole_word or self.span or self.schedule != "constant":
@@ -144,19 +160,37 @@ class MaskingSpec:
     """Builds a spec from `config.data.masking` and validates it for `max_seq_length`.
 
     Every field must be present in the config (defaults live in the config,
-    not here); an explicit max_predictions_per_seq too small for the ratio is
-    rejected now, before any data is read.
+    not here), but `piecewise`, which configs from before it lack (read as "");
+    an explicit max_predictions_per_seq too small for the ratio is rejected now,
+    before any data is read.
     """
     kwargs = {}
     for field in dataclasses.fields(cls):
       try:
         kwargs[field.name] = masking_config[field.name]
       except (KeyError, AttributeError):
+        if field.default is not dataclasses.MISSING:
+          continue
         raise ValueError(
             f"masking config is missing the field {field.name!r}") from None
     spec = cls(**kwargs)
     spec.max_predictions(max_seq_length)
     return spec
+
+  def pieces(self) -> list[tuple[float, float]]:
+    """masking.piecewise as [(start fraction, ratio)] (ValueError naming a bad piece)."""
+    out = []
+    for piece in filter(None, self.piecewise.replace(" ", "").split(",")):
+      try:
+        start, ratio = (float(x) for x in piece.split(":"))
+      except ValueError:
+        raise ValueError(f"masking.piecewise piece {piece!r}: want START:RATIO") from None
+      previous = out[-1][0] if out else 0.0
+      if not previous < start < 1.0 or not 0.0 < ratio < 1.0:
+        raise ValueError(f"masking.piecewise piece {piece!r}: starts must increase in (0, 1) "
+                         "and each ratio lie in (0, 1)")
+      out.append((start, ratio))
+    return out
 
   @property
   def max_ratio(self) -> float:
@@ -164,6 +198,8 @@ class MaskingSpec:
     predict_ratio that is the prediction rate, whatever the corruption rate)."""
     if self.predict_ratio:
       return self.predict_ratio
+    if self.schedule == "piecewise":
+      return max([self.ratio] + [r for _, r in self.pieces()])
     return self.ratio if self.schedule == "constant" else max(self.ratio, self.final_ratio)
 
   def uncorrupted_fraction(self) -> float:
@@ -180,6 +216,8 @@ class MaskingSpec:
   @property
   def end_ratio(self) -> float:
     """The ratio in force at the end of training."""
+    if self.schedule == "piecewise":
+      return self.pieces()[-1][1]
     return self.ratio if self.schedule == "constant" else self.final_ratio
 
   def ratio_at(self, step: int, total_steps: int) -> float:
@@ -199,6 +237,8 @@ class MaskingSpec:
       raise ValueError(f"masking.schedule={self.schedule!r} needs the run's total_steps "
                        f"(a positive int), got {total_steps!r}")
     progress = min(max(step, 0) / total_steps, 1.0)
+    if self.schedule == "piecewise":
+      return next((r for start, r in reversed(self.pieces()) if progress >= start), self.ratio)
     if self.schedule == "linear":
       weight = 1.0 - progress
     elif self.schedule == "polynomial":
@@ -215,7 +255,7 @@ class MaskingSpec:
   def at_ratio(self, ratio: float) -> "MaskingSpec":
     """This spec with a constant `ratio` (the other knobs and P kept)."""
     return dataclasses.replace(self, ratio=ratio, schedule="constant", final_ratio=0.0,
-                               schedule_power=1.0, schedule_warmup=0.0)
+                               schedule_power=1.0, schedule_warmup=0.0, piecewise="")
 
   def max_predictions(self, max_seq_length: int) -> int:
     """The static number P of masked_lm_* slots for sequences of this length.
@@ -295,6 +335,9 @@ class MaskingSpec:
                                                   self.keep_prob))
     schedule = (self.schedule if self.schedule == "constant"
                 else f"{self.schedule} {self.ratio:.2f}->{self.final_ratio:.2f}")
+    if self.schedule == "piecewise":
+      schedule = "piecewise " + "->".join(
+          [f"{self.ratio:.2f}"] + [f"{r:.2f}@{start:g}" for start, r in self.pieces()])
     unit = "span" if self.span else "whole word" if self.whole_word else "token"
     if self.predict_ratio:
       mix += f", predict {self.predict_ratio:.2f}"  # Wettig et al.'s prediction rate

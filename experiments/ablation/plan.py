@@ -175,13 +175,16 @@ def matched_steps_measured(runs: dict[str, ml_collections.ConfigDict], baseline:
 
 
 def stretch(run: ml_collections.ConfigDict, steps: int) -> ml_collections.ConfigDict:
-  """`run` trained for `steps`, its warm-up scaled by the same factor (at least 1 step)."""
+  """`run` trained for `steps`, its warm-up (and a WSD schedule's decay) scaled by the same
+  factor (at least 1 step)."""
   out = copy.deepcopy(run)
   factor = steps / run.total_steps
   with out.unlocked():
     out.total_steps = steps
     if run.optimizer.warmup_steps:
       out.optimizer.warmup_steps = max(1, round(run.optimizer.warmup_steps * factor))
+    if run.optimizer.get("schedule") == "wsd" and run.optimizer.decay_steps:
+      out.optimizer.decay_steps = max(1, round(run.optimizer.decay_steps * factor))
   return out
 
 

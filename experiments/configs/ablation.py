@@ -72,6 +72,14 @@ Variants:
   ankner   Ankner et al. 2024 (dynamic masking-rate schedules): constant 15%, constant 30%
            and linear 30% -> 15% over the run, on the same recipe and downstream as wettig
            (mask-only; they train the MosaicBERT stack), seeds 0, 1, 2.
+  modern   the modern encoder's grid at CPU scale: constant 15 / 30 / 40%, ModernBERT's
+           30% (per token), mmBERT's 30 -> 15 -> 5% by phase (a piecewise schedule: the
+           runs keep one length, so they read the same batches) and 30 -> 15 linear, x
+           seeds 0, 1, 2, matched on executed FLOPs (r15's in 300 steps of
+           modernbert-tiny at 32 x 128 packed tokens on the Chinese corpus), then the
+           2,000-label sentiment task; experiments/results/ablation_modern/.
+  modern_pod  the same grid on modernbert-base (ModernBERT's optimizer, 4,608 x 1,024
+           tokens, 20k steps of r15's FLOPs), then MNLI; --dry_run prices it on a v5p-64.
   Both print their costs on a v4-32 with --dry_run (docs/ablation.md, "The masking
   papers' grids on a pod").
 
@@ -107,10 +115,14 @@ import ml_collections
 
 from experiments.configs import chinese as chinese_configs
 from experiments.configs import finetune as finetune_configs
+from experiments.configs import modern_recipe
 from experiments.configs import pretrain as pretrain_configs
 
-VARIANTS = ("smoke", "zh_small", "zh_proof", "zh_tiny", "zh_full", "wettig", "ankner")
-POD_VARIANTS = ("wettig", "ankner")  # the masking papers' grids, on pretrain.py:efficient
+VARIANTS = ("smoke", "zh_small", "zh_proof", "zh_tiny", "zh_full", "wettig", "ankner",
+            "modern", "modern_pod")
+PAPER_VARIANTS = ("wettig", "ankner")  # the masking papers' grids, on pretrain.py:efficient
+POD_VARIANTS = PAPER_VARIANTS + ("modern_pod",)  # and the modern grid on modernbert-base
+MODERN_VARIANTS = ("modern", "modern_pod")  # the modern encoder, packed documents
 MASK_ONLY = (1.0, 0.0, 0.0)  # every corrupted token [MASK]: Wettig et al.'s recipe
 WORKDIR = "{workdir}"  # placeholder in corpus paths, replaced by the ablation's --workdir
 
@@ -119,8 +131,10 @@ def masking_setting(ratio: float, *, mix: tuple[float, float, float] = (0.8, 0.1
                     whole_word: bool = False, span: bool = False, schedule: str = "constant",
                     final_ratio: float = 0.0, schedule_power: float = 1.0,
                     schedule_warmup: float = 0.0, predict_ratio: float = 0.0,
-                    word_segmentation: str = "") -> ml_collections.ConfigDict:
-  """One setting: the pretrain.data.masking fields it writes (every varied knob, explicitly)."""
+                    word_segmentation: str = "", strategy: str = "",
+                    piecewise: str = "") -> ml_collections.ConfigDict:
+  """One setting: the pretrain.data.masking fields it writes (every varied knob, explicitly;
+  `strategy` and `piecewise` where a setting varies them: the modern grids')."""
   s = ml_collections.ConfigDict()
   s.ratio = ratio  # fraction of maskable tokens predicted (a schedule's start)
   s.mask_prob, s.random_prob, s.keep_prob = mix  # corruption of a predicted token: [MASK] / random / kept
@@ -132,11 +146,65 @@ def masking_setting(ratio: float, *, mix: tuple[float, float, float] = (0.8, 0.1
   s.schedule_power = schedule_power  # "polynomial"'s exponent
   s.schedule_warmup = schedule_warmup  # "warmup_decay"'s rising fraction of the run
   s.predict_ratio = predict_ratio  # 0: predict the corrupted; else its rate (Wettig et al. sec. 5)
+  if strategy:
+    s.strategy = strategy  # "fixed" per sequence | "bernoulli" per token (ModernBERT's)
+  if schedule == "piecewise":
+    s.piecewise = piecewise  # "START:RATIO,...": the ratios of the later phases
   return s
+
+
+# mmBERT's masking by phase (JHU-CLSP/mmBERT README: 30% -> 15% -> 5% over pretraining
+# 2.3T, mid-training 600B and decay 100B tokens): the phases' starts as fractions of 3T.
+MMBERT_PIECES = "0.767:0.15,0.967:0.05"
+
+
+def _modern_settings() -> dict[str, ml_collections.ConfigDict]:
+  """The modern grid: constant 15/30/40% (BERT's 80/10/10 per sequence), ModernBERT's 30%
+  (per token, 80/10/10: its collator; evaluated at 15% as every run is), mmBERT's phase
+  schedule and 30 -> 15 linear."""
+  settings = {f"r{round(100 * r):02d}": masking_setting(r, strategy="fixed")
+              for r in (0.15, 0.3, 0.4)}
+  settings["modernbert30"] = masking_setting(0.3, strategy="bernoulli")
+  settings["mmbert"] = masking_setting(0.3, schedule="piecewise", piecewise=MMBERT_PIECES,
+                                       strategy="fixed")
+  settings["lin30to15"] = masking_setting(0.3, schedule="linear", final_ratio=0.15,
+                                          strategy="fixed")
+  return settings
+
+
+def _modern_pretrain(arg: str) -> ml_collections.ConfigDict:
+  """The modern grids' base run: one phase, so every setting reads the same batches (the
+  ablation's invariant) and the FLOP plan prices it: packed documents, StableAdamW and a
+  warmup-stable-decay schedule (the last fifth 1-sqrt). modern: modernbert-tiny on the
+  Chinese corpus, 300 steps of 32 x 128 tokens; modern_pod: modernbert-base at ModernBERT's
+  batch of 4,608 x 1,024 tokens for 20k steps (94B tokens, a twentieth of its pretraining;
+  no batch warmup: its sizes are phases, which the FLOP plan does not price)."""
+  if arg == "modern":
+    p = chinese_configs.pretrain_config(f"{WORKDIR}/corpus.txt", steps=300, batch_size=32,
+                                        seq_length=128)
+    p.variant = "modern"
+    p.model_size = "modernbert-tiny"
+    p.model.update(modern_recipe.MODERN_MODEL)
+    p.model.max_position_embeddings = ml_collections.FieldReference(None, field_type=int)
+    lr, warmup = 1e-3, 30
+  else:
+    p = pretrain_configs.get_config("modernbert-base")
+    p.phases, p.total_steps = [], 20_000
+    p.batch_warmup.tokens = 0
+    lr, warmup = p.optimizer.learning_rate, p.optimizer.warmup_steps
+    p.model.rope_theta = 10_000.0  # the pretraining phase's (modern_recipe.py)
+  p.data.objective = "documents"
+  p.optimizer.update(name="stableadamw", learning_rate=lr, b1=0.9, b2=0.98, eps=1e-6,
+                     weight_decay=1e-5, fully_decoupled_weight_decay=True, grad_clip_norm=0.0,
+                     schedule="wsd", decay_steps=p.total_steps // 5, decay_shape="1-sqrt",
+                     end_learning_rate=lr * 1e-3, warmup_steps=warmup)
+  return p
 
 
 def _settings(arg: str) -> dict[str, ml_collections.ConfigDict]:
   """Name -> masking setting of a variant (names become workdir names)."""
+  if arg in MODERN_VARIANTS:
+    return _modern_settings()
   if arg == "wettig":
     settings = {f"r{round(100 * r):02d}": masking_setting(r, mix=MASK_ONLY)
                 for r in (0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8)}
@@ -195,13 +263,16 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   # "zh_sentiment": experiments.chinese_data writes People's Daily + review texts to
   # WORKDIR/corpus.txt before pretraining; "": pretrain.data.corpus is used as given.
   config.prepare_corpus = "" if pod else "zh_sentiment"
+  modern = arg in MODERN_VARIANTS
 
   # --- the base pretraining run (every field of experiments/configs/pretrain.py) ---
   small = arg == "zh_small"
   proof = arg == "zh_proof"
   # zh_proof: the baseline's steps; under its FLOP budget the other settings train fewer.
   steps = 20 if smoke else 500 if proof else 1000 if small else 3000
-  if pod:
+  if modern:
+    config.pretrain = _modern_pretrain(arg)
+  elif pod:
     # Wettig et al.'s recipe as it is: 23k steps of 4096 x 128 tokens. Its corpus, the
     # embedded one, stands in for yours: --config.pretrain.data.corpus (and tokenized_dir).
     config.pretrain = pretrain_configs.get_config("efficient")
@@ -213,17 +284,18 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   p.data.eval.own_masking = True  # eval_own/*: held-out pairs masked like the run's training
   p.data.eval.num_examples = 64 if smoke else 1024  # held-out examples (both eval sets)
   # held-out curve points (and the last step); the pod grids' evaluations cost ~1% of a run
-  p.eval_every_steps = (1000 if pod else 10 if smoke else 125 if proof else 250 if small
-                        else 300)
+  p.eval_every_steps = (1000 if pod else 10 if smoke else 100 if arg == "modern" else
+                        125 if proof else 250 if small else 300)
   # metrics.jsonl rows (wall time, MFU); divides eval_every_steps
-  p.log_every_steps = 5 if smoke else 25 if proof else 50 if small else 100
+  p.log_every_steps = 5 if smoke else 25 if proof or arg == "modern" else 50 if small else 100
   # A checkpoint at every evaluation point, each kept: in step mode the equal-FLOPs
   # fine-tuning starts from the one at the smallest run's FLOPs (experiments.ablation).
   # FLOP mode needs only the last (every run's final checkpoint spends the budget), and so
   # do the pod grids, which fine-tune at equal steps only (4.3 GB a RoBERTa-large state).
   p.checkpoint.every_steps = p.eval_every_steps  # a multiple of log_every_steps
   p.checkpoint.keep = 2  # the latest, to resume
-  p.checkpoint.keep_period = 0 if proof or pod else p.eval_every_steps  # ...and every eval point
+  flops = proof or modern  # budget.mode "flops"
+  p.checkpoint.keep_period = 0 if flops or pod else p.eval_every_steps  # ...and every eval point
 
   # --- what differs between runs ---
   config.settings = ml_collections.ConfigDict(_settings(arg))  # name -> pretrain.data.masking fields
@@ -238,7 +310,7 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   config.budget = ml_collections.ConfigDict()
   # "steps": every run trains pretrain.total_steps; "flops": each setting trains the steps
   # that spend budget.flops on its own per-step model FLOPs (experiments/ablation/plan.py).
-  config.budget.mode = "flops" if proof else "steps"
+  config.budget.mode = "flops" if flops else "steps"
   config.budget.flops = 0.0  # FLOP mode's budget; 0: the baseline's FLOPs in pretrain.total_steps
   # FLOP mode plans on the predictions each setting's own stream makes, counted at the
   # prepare stage over its first measure_batches steps (all of them in a shorter run).
@@ -269,6 +341,12 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
         init_checkpoint="", seq_length=64, epochs=1, learning_rates=(1e-3,), seeds=(0,),
         train_examples=256)
     config.downstream.sentiment.task.max_dev_examples = 256  # a quick dev pass
+  elif arg == "modern":
+    # The sentiment task from every run (modernbert-tiny's random init for the floor).
+    config.downstream.sentiment_2k = chinese_configs.sentiment_config(
+        init_checkpoint="", seq_length=128, epochs=2, learning_rates=(3e-4, 1e-3),
+        seeds=(0, 1, 2), train_examples=2000, test_fraction=0.1)
+    config.downstream.sentiment_2k.model_size = "modernbert-tiny"
   elif pod:
     # MNLI, the papers' headline task, with DinkyTrain's finetune_glue.sh values (Adam
     # 0.9/0.98, eps 1e-6 (our default too), weight decay 0.1, no clipping, 6% warmup); the
@@ -299,6 +377,7 @@ def get_config(arg: str = "smoke") -> ml_collections.ConfigDict:
   config.report.fallback_gflops = 45.0
   # "<device kind in PEAK_TFLOPS>:<devices>" estimated by --dry_run (a v4-8 slice is 4 chips;
   # a v4-32, the pod grids' slice, 16: bert_jax.accelerators counts v4 TensorCores, 2 a chip).
-  config.report.targets = ("TPU v4:16",) if pod else ("TPU v4:4", "NVIDIA H200:1")
+  config.report.targets = (("TPU v5p:32",) if arg == "modern_pod" else ("TPU v4:16",) if pod
+                           else ("TPU v4:4", "NVIDIA H200:1"))
   config.report.baseline = "r15"  # differences (with t intervals) are taken to this setting
   return config

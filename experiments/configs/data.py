@@ -68,6 +68,9 @@ def data_config() -> ml_collections.ConfigDict:
   c.masking.final_ratio = 0.0  # where a schedule ends (0 with "constant")
   c.masking.schedule_power = 1.0  # "polynomial"'s exponent (1 elsewhere)
   c.masking.schedule_warmup = 0.0  # "warmup_decay": fraction of the run rising to ratio (0 elsewhere)
+  # "piecewise": the later pieces "START:RATIO,..." (fractions of the run), e.g. mmBERT's
+  # 30% -> 15% -> 5%: ratio 0.3, piecewise "0.767:0.15,0.967:0.05"
+  c.masking.piecewise = ""
   c.masking.predict_ratio = 0.0  # 0: predict the corrupted tokens; else the share predicted (> ratio: uncorrupted ones too; < ratio: a subset)
   c.eval = ml_collections.ConfigDict()
   c.eval.num_examples = 1024  # size of the fixed held-out set (rounded down to whole global batches)

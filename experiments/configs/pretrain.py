@@ -16,8 +16,13 @@ Other variants:
   large    the same with BERT-Large (L=24, H=1024, A=16).
   roberta  no NSP, full-sentence packing (objective "none"), dynamic masking.
   albert   SOP objective, factorised embeddings E=128, cross-layer sharing, LAMB.
-  modern   the modern encoder (ModernBERT's architecture: modernbert-tiny on the embedded
-           corpus, MLM only at 30%) for CPU runs; experiments/results/modern_tiny.md.
+  modernbert-base, modernbert-large
+           ModernBERT's recipe with its published values: packed documents (objective
+           "documents"), 30% masking, StableAdamW, batch-size warmup, 1,024 tokens then
+           8,192 with the global RoPE theta raised, then a 1-sqrt decay
+           (experiments/configs/modern_recipe.py holds each value's source).
+  modern   the same recipe at CPU scale (modernbert-tiny on the embedded corpus);
+           experiments/results/modern_tiny.md.
   efficient  Wettig et al. 2023 ("Should You Mask 15% in Masked Language Modeling?"),
            as princeton-nlp/DinkyTrain's run_efficient_mlm_recipe.sh sets it: pre-LN
            RoBERTa-large, no NSP, mask-only at 40%, batch 4096, lr 2e-3, 23k steps at
@@ -47,18 +52,11 @@ coordinator is discovered from the environment); nothing else changes.
 import ml_collections
 
 from experiments.configs import data as data_configs
+from experiments.configs import modern_recipe
 from experiments.configs import optim_and_mesh
 
-VARIANTS = ("tiny", "base", "large", "roberta", "albert", "efficient", "modern", "tiny_fast",
-            "base_fast", "large_fast")
-
-
-# What every modern size shares (bert_jax.model.config.MODERN_SIZES), as config.model
-# fields: a config file holds every value its run uses, so the workdir records it.
-_MODERN_MODEL = dict(architecture="modernbert", use_bias=False, norm_bias=False,
-                     layer_norm_eps=1e-5, hidden_dropout_prob=0.0,
-                     attention_probs_dropout_prob=0.0, global_attn_every_n_layers=3,
-                     rope_theta=160000.0, local_rope_theta=10000.0, type_vocab_size=1)
+VARIANTS = ("tiny", "base", "large", "roberta", "albert", "efficient", "modern",
+            "modernbert-base", "modernbert-large", "tiny_fast", "base_fast", "large_fast")
 
 
 def phase(start_fraction: float, **fields) -> ml_collections.ConfigDict:
@@ -277,35 +275,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     config.checkpoint.keep_period = 5_000  # --keep-interval-updates 100 keeps every one
     config.eval_every_steps = 5_000  # --validate-interval-updates 5000
   elif arg == "modern":
-    # The modern encoder at CPU scale (modernbert-tiny: 4 x 128, GLU 192, a 64-token window
-    # every layer but the 0th and 3rd) on the embedded corpus, trained as the tiny BERT is but
-    # for the objective: ModernBERT's MLM alone at 30% (eval at 15%, data.eval.masking_ratio).
-    # experiments/results/modern_tiny.md compares the two at the same steps and FLOPs.
-    config.model_size = "modernbert-tiny"
-    for field, value in _MODERN_MODEL.items():
-      config.model[field] = value
-    # None: the size row's (1024 for modernbert-tiny, 8192 for -base and -large): RoPE has
-    # no table, so this only bounds the sequence length.
-    config.model.max_position_embeddings = ml_collections.FieldReference(None, field_type=int)
-    config.model.vocab_multiple = 1  # a CPU run, as "tiny"
-    config.model.dtype = "float32"
-    config.data.embedded_vocab_size = 8192  # tiny's vocabulary (the same cached file)
-    config.data.embedded_vocab_max_lines = 100_000
-    config.data.objective = "none"  # MLM only, documents packed to the length
-    config.data.max_seq_length = 128  # twice the window: the sliding layers do slide
-    config.data.masking.ratio = 0.3  # ModernBERT's
-    config.phase2.start_fraction = 1.0
-    config.batch_size = 32
-    config.total_steps = 1500
-    config.optimizer.learning_rate = 1e-3
-    config.optimizer.warmup_steps = 150
-    config.optimizer.b2 = 0.98  # ModernBERT's betas (0.9, 0.98) and eps 1e-6
-    config.optimizer.eps = 1e-6
-    config.checkpoint.every_steps = 500
-    config.checkpoint.keep_period = 0
-    config.eval_every_steps = 500
-    config.eval_batch_size = 32
-    config.log_every_steps = 100
+    modern_recipe.apply_tiny(config, phase)  # ModernBERT's recipe at CPU scale
+  elif arg in modern_recipe.PUBLISHED:
+    modern_recipe.apply_published(config, arg, phase)  # ModernBERT's published values
   if fast:
     # The fast recipe: no dropout on the attention probabilities (MosaicBERT and Cramming
     # train so), so the fused kernels (cuDNN flash attention, splash) serve training.
