@@ -6,4 +6,6 @@
   sharding         per-device memory and collectives of the real step on simulated meshes
   preflight_table  which recipes fit which TPU slices (the preflight over a grid)
   fast_recipe      what the fast recipe costs in accuracy, on CPU
+  packing          packed documents against padded rows; sliding against full attention
+  modern_vs_transformers  the modern encoder's step against transformers' PyTorch ModernBERT
 """
