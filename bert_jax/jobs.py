@@ -22,6 +22,7 @@ Exit codes, for schedulers and bert_jax.launch (their values: bert_jax.exit_code
 import logging as std_logging
 import os
 import sys
+import time
 import traceback
 
 from absl import flags
@@ -85,7 +86,10 @@ def run(config, workdir_path: str) -> int:
     if config.family not in TRAINERS:
       raise errors.UsageError(f"config.family={config.family!r}: expected one of "
                               f"{sorted(TRAINERS)}")
+    started = time.monotonic()
     TRAINERS[config.family](config, workdir_path)
+    if not preemption.was_preempted():
+      done(config.family, workdir_path, time.monotonic() - started)
   except workdir.LockHeld as e:  # not wrong input: the workdir is busy, so "retry later"
     refuse(e)
     return exit_codes.LOCK_HELD
@@ -103,6 +107,14 @@ def run(config, workdir_path: str) -> int:
   finally:
     preemption.release()  # a Ctrl-C stop listened for a second Ctrl-C until here
   return preemption.stopped_exit_code() if preemption.was_preempted() else exit_codes.DONE
+
+
+def done(family: str, workdir_path: str, seconds: float) -> None:
+  """The finished job's last line: how long it took and where its results are."""
+  minutes, secs = divmod(int(round(seconds)), 60)
+  where = (f"checkpoints in {workdir_path}/checkpoints, metrics in {workdir_path}/metrics.jsonl"
+           if family == "pretrain" else f"results in {workdir_path}")
+  print(f"done in {minutes} min {secs:02d} s: {where}", flush=True)
 
 
 def verbose() -> bool:

@@ -10,6 +10,7 @@ from the same installed copy in tests/test_commands.py.
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -87,3 +88,8 @@ def test_the_installed_copy_trains_as_a_worker_starts_it(installed_artifact, tmp
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5]
   assert (workdir / "checkpoints" / "5").is_dir(), sorted(p.name for p in workdir.iterdir())
+  # The job's last line says it is done, how long it took and where its checkpoints are.
+  last = result.stdout.strip().splitlines()[-1]
+  assert re.fullmatch(rf"done in \d+ min \d\d s: checkpoints in {re.escape(str(workdir))}"
+                      rf"/checkpoints, metrics in {re.escape(str(workdir))}/metrics.jsonl",
+                      last), last

@@ -156,6 +156,8 @@ def test_a_record_without_the_field_reads_as_per_example_masks(tmp_path):
   run = tmp_path / "run"
   tiny = model_lib.BertConfig.from_size("tiny", vocab_size=96)
   _open(run, tiny).release()
+  (run / "checkpoints" / "5").mkdir(parents=True)  # work the record speaks for
+  (run / "checkpoints" / "5" / "_CHECKPOINT_METADATA").write_text("{}")
   record_file = run / "record.json"
   record = json.loads(record_file.read_text())
   del record["bert_config"]["attention_dropout_shared"]  # as older code wrote it

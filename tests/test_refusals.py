@@ -407,6 +407,8 @@ def test_a_busy_or_contradicted_workdir_is_refused_before_any_data_is_read(
   bert_config = pretrain_steps.network(
       config, len(tokenized_corpus.load_tokenizer(config.data).vocab))
   workdir_lib.open_workdir(str(run), config, bert_config, vocab_file=str(vocab)).release()
+  (run / "checkpoints" / "5").mkdir(parents=True)  # work the record speaks for
+  (run / "checkpoints" / "5" / "_CHECKPOINT_METADATA").write_text("{}")
 
   def no_data(*args, **kwargs):
     raise AssertionError("the data was read before the workdir's refusal")

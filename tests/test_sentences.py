@@ -124,7 +124,7 @@ def test_raw_documents_use_the_splitter_asked_for_and_the_regex_otherwise(tmp_pa
   assert [len(d) for d in old] == [10, 2]
 
 
-def test_a_record_from_before_the_splitter_resumes_only_with_the_regex():
+def test_a_record_from_before_the_splitter_resumes_only_with_the_regex(tmp_path):
   """A workdir recorded before data.sentence_splitter existed split raw/JSONL/Parquet/tfds text
   by the regex: resuming it with the new default would change its sentences, so the record
   compares as if it said "regex"; BERT-format and embedded corpora are never split, so there
@@ -146,7 +146,10 @@ def test_a_record_from_before_the_splitter_resumes_only_with_the_regex():
   # The refusal names the flag that resumes it as it ran.
   with pytest.raises(workdir.WorkdirError,
                      match=r"to resume it as it ran, --config.data.sentence_splitter='regex'; "):
-    workdir.check_record("/w", {"config": {"data.corpus": "raw:/data/*.txt"}},
+    done = tmp_path / "checkpoints" / "1"  # work the record speaks for (a committed step)
+    done.mkdir(parents=True)
+    (done / "_CHECKPOINT_METADATA").write_text("{}")
+    workdir.check_record(str(tmp_path), {"config": {"data.corpus": "raw:/data/*.txt"}},
                          {"config": {"data.corpus": "raw:/data/*.txt",
                                      "data.sentence_splitter": "blingfire"},
                           "bert_config": {}, "data": {}, "code_version": "x"}, quiet=True)

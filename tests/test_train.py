@@ -118,6 +118,27 @@ def test_bad_configs_are_refused_before_compiling(pretrain_test_config, tmp_path
     assert not (workdir / "checkpoints").exists(), overrides
 
 
+@pytest.mark.parametrize("overrides,message", [
+    ({"batch_size": -8}, "config.batch_size=-8 must be positive"),
+    ({"batch_size": 0}, "config.batch_size=0 must be positive"),
+    ({"eval_batch_size": 0}, "config.eval_batch_size=0 must be positive"),
+])
+def test_a_non_positive_batch_is_refused_before_anything_and_the_fix_runs(
+    overrides, message, pretrain_test_config, tmp_path, caplog):
+  """Fails if a batch size of 0 or below gets past the first check (it once read the corpus,
+  crashed dividing by it and left a record that refused the corrected command), leaves
+  anything in the workdir, or the corrected command on that workdir does not run."""
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=re.escape(message)):
+    pretrain_lib.train_and_evaluate(pretrain_test_config(**overrides), str(workdir))
+  assert not workdir.exists() or not any(workdir.iterdir())
+  caplog.set_level(logging.WARNING)
+  pretrain_lib.train_and_evaluate(pretrain_test_config(total_steps=2), str(workdir))
+  assert [r["step"] for r in _records(workdir) if "loss" in r] == [1, 2]
+  # The fixture's warmup (5 steps) is longer than this 2-step run: said, not silent.
+  assert "warmup_steps=5 is longer than the run (total_steps=2)" in caplog.text
+
+
 def test_unwritable_workdir_fails_before_training(pretrain_test_config, tmp_path):
   """Fails if a workdir under a regular file is not refused as not writable."""
   (tmp_path / "file").write_text("")

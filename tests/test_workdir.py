@@ -24,6 +24,12 @@ def _config(**overrides):
   return config
 
 
+def _commit(run, step):
+  """A committed checkpoint of `step` as orbax leaves one: a step directory with files."""
+  (run / "checkpoints" / str(step)).mkdir(parents=True)
+  (run / "checkpoints" / str(step) / "_CHECKPOINT_METADATA").write_text("{}")
+
+
 def _open(path, config=None, vocab=None, **kw):
   bert_config = model_lib.BertConfig.from_size("tiny", vocab_size=96)
   return workdir.open_workdir(str(path), config or _config(), bert_config,
@@ -46,6 +52,7 @@ def test_record_is_written_once_and_changes_are_refused_by_name(tmp_path):
   vocab.write_text("[PAD]\n[UNK]\na\nb\n")
   run = tmp_path / "run"
   _open(run, vocab=vocab).release()
+  _commit(run, 5)  # completed work: the record speaks for it
   record = json.loads((run / "record.json").read_text())
   assert record["config"]["data.masking.ratio"] == 0.15
   assert (run / "vocab.txt").read_text() == vocab.read_text()
@@ -60,7 +67,7 @@ def test_record_is_written_once_and_changes_are_refused_by_name(tmp_path):
   assert resumed["history"][0]["fields"] == {"total_steps": [10, 20], "log_every_steps": [1, 7],
                                              "mesh.data": [-1, 2]}
   assert resumed["config"] == record["config"]
-  before = {p.name: p.read_bytes() for p in run.iterdir()}
+  before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
 
   # A different ratio, model size, or a vocab with the same size in another order: refused,
   # naming the field and both values, and nothing on disk changes.
@@ -75,7 +82,7 @@ def test_record_is_written_once_and_changes_are_refused_by_name(tmp_path):
       _open(run, config, vocab=vocab_file)
     assert message in str(error.value)
     assert "--config.init_checkpoint=" in str(error.value)
-    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
   assert not (run / ".lock").exists()
 
 
@@ -83,13 +90,30 @@ def test_a_workdir_made_before_records_is_checked_against_its_config_json(tmp_pa
   """Fails if a workdir with only config.json accepts another masking ratio (or writes a record
   then), or the same config does not add the record."""
   run = tmp_path / "old"
-  run.mkdir()
+  _commit(run, 3)
   (run / "config.json").write_text(_config().to_json())
   with pytest.raises(workdir.WorkdirError, match="data.masking.ratio=0.15"):
     _open(run, _config(**{"data.masking.ratio": 0.5}))
   assert not (run / "record.json").exists()
   _open(run).release()
   assert (run / "record.json").exists()
+
+
+def test_a_record_without_completed_work_never_blocks_the_corrected_command(tmp_path):
+  """Fails if a workdir whose start failed before its first checkpoint (a record, no step
+  directory) refuses a run with another config instead of taking its record, or if one
+  committed checkpoint no longer makes the record binding."""
+  run = tmp_path / "run"
+  _open(run, _config(**{"data.masking.ratio": 0.4})).release()  # a start that then failed
+  cut = run / "checkpoints" / "5.orbax-checkpoint-tmp-1"  # a save cut short
+  cut.mkdir(parents=True)
+  (cut / "_CHECKPOINT_METADATA").write_text("{}")
+  workdir.check_before_data(str(run), _config(), None)  # the fix is not refused early...
+  _open(run).release()  # ...nor at the open, and its record replaces the failed one's
+  assert json.loads((run / "record.json").read_text())["config"]["data.masking.ratio"] == 0.15
+  _commit(run, 5)
+  with pytest.raises(workdir.WorkdirError, match="data.masking.ratio=0.15; this run has 0.4"):
+    _open(run, _config(**{"data.masking.ratio": 0.4}))
 
 
 def test_second_writer_is_refused_with_the_holders_host_and_pid(tmp_path):

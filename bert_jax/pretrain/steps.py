@@ -18,6 +18,7 @@ import dataclasses
 import functools
 from typing import Any
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -47,10 +48,15 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
     raise ValueError(f"config.total_steps={config.total_steps} must be positive")
   if config.grad_accum_steps < 1:
     raise ValueError(f"config.grad_accum_steps={config.grad_accum_steps} must be >= 1")
+  for name in ("batch_size", "eval_batch_size"):  # before anything divides by them
+    if config[name] <= 0:
+      raise ValueError(f"config.{name}={config[name]} must be positive")
   phases_lib.check(config)  # the phase list (or phase2) and the batch warmup
   for phase in phases_lib.of(config):
     where = ("config.batch_size" if phase.batch_size == config.batch_size
              else f"phase {phase.index}'s batch size")
+    if phase.batch_size <= 0:
+      raise ValueError(f"{where}={phase.batch_size} must be positive")
     if phase.batch_size % per_update:
       raise ValueError(
           f"{where}={phase.batch_size} is not divisible by the data-parallel size "
@@ -91,6 +97,10 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
               if phase.index == 2 and "max_predictions" in str(e) else "")
       raise ValueError(f"{where}: {e}{hint}") from None
   optimizer(config)  # its fields, and a schedule that fits the run
+  if config.optimizer.warmup_steps > config.total_steps:
+    logging.warning("config.optimizer.warmup_steps=%d is longer than the run (total_steps=%d): "
+                    "the learning rate never reaches its peak %g", config.optimizer.warmup_steps,
+                    config.total_steps, config.optimizer.learning_rate)
   state_lib.check_rng_impl(config.rng_impl)
   if config.init_checkpoint and not paths.exists(config.init_checkpoint):
     raise ValueError(f"config.init_checkpoint={config.init_checkpoint!r} does not exist")

@@ -246,15 +246,36 @@ def check_family(workdir: str, config: Any) -> None:
         f"--workdir (to start from its weights: --config.init_checkpoint={workdir})")
 
 
-def check_record(workdir: str, old: dict, new: dict, quiet: bool = False) -> None:
+# Where a run's committed checkpoints live (bert_jax.run.checkpoint.CHECKPOINT_DIR, which
+# imports this module): a step directory there is work a record speaks for.
+_CHECKPOINTS = "checkpoints"
+
+
+def holds_work(workdir: str) -> bool:
+  """Whether the workdir holds a committed checkpoint (a step directory): completed work
+  that its record speaks for. A record without any (a start that failed before its first
+  save) never blocks a corrected command."""
+  # paths.glob lists files: a committed step directory holds some (orbax's metadata).
+  return any(p.split("/")[-2].isdigit()
+             for p in paths.glob(paths.join(workdir, _CHECKPOINTS, "*", "*")))
+
+
+def check_record(workdir: str, old: dict, new: dict, quiet: bool = False) -> bool:
   """Refuses, in one message, a run whose record differs from the workdir's (`quiet`:
-  nothing logged, see differences)."""
+  nothing logged, see differences); returns True when it differs but the workdir holds
+  no completed work (holds_work), so that the new run's record replaces it."""
   if not quiet and old.get("code_version") != new["code_version"]:
     logging.info("workdir %s was created by bert_jax %s; this is %s", workdir,
                  old.get("code_version"), new["code_version"])
   diffs = differences(old, new, quiet)
   if not diffs:
-    return
+    return False
+  if not holds_work(workdir):
+    if not quiet:
+      logging.warning("workdir %s was created with %s=%r but holds no checkpoint: its record "
+                      "is replaced by this run's (%d field(s) differ)", workdir, diffs[0][0],
+                      diffs[0][1], len(diffs))
+    return True
   field, was_value, value = diffs[0]
   more = f" (and {len(diffs) - 1} more: {', '.join(d[0] for d in diffs[1:4])})" if diffs[1:] else ""
   variant = old["config"].get("variant") or old["config"].get("task.name")
@@ -376,9 +397,8 @@ def open_workdir(workdir: str, config: Any, bert_config: Any, *, vocab_file: str
     record = make_record(config, bert_config, vocab_file=vocab_file,
                          spm_model_file=spm_model_file, data=data)
     old = read_record(workdir, record)
-    if old is not None:
-      check_record(workdir, old, record)
-    if old is None or "created" not in old:  # new, or made before records: write it once
+    replace = old is not None and check_record(workdir, old, record)
+    if old is None or "created" not in old or replace:  # new, before records, or no work yet
       write_run_files(workdir, config, bert_config, record=record, vocab_file=vocab_file,
                       spm_model_file=spm_model_file)
     else:
