@@ -183,6 +183,15 @@ def test_the_record_orders_cheap_first_and_refuses_a_changed_protocol(minilm_dir
   assert plan.make_record(workdir, suite, more)[1]
   other = tmp_path / "other_checkpoint"
   other.mkdir()
+  # Nothing has run yet (a start that failed after writing the record): another checkpoint
+  # is planned afresh, not refused.
+  moved = plan.members(suite, plan.Flags(init_checkpoint=str(other), glue_dir=str(glue_dir),
+                                         only=("cola",)), workdir)
+  assert plan.make_record(workdir, suite, moved)[0]["members"]["cola"]["config"][
+      "init_checkpoint"] == str(other)
+  for name, run in (("cola", "lr2e-05_seed0"), ("mrpc", "")):  # finished runs bind it
+    (tmp_path / "w" / name / run).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "w" / name / run / "result.json").write_text("{}")
   for flags, field in ((plan.Flags(init_checkpoint=str(other), glue_dir=str(glue_dir),
                                    only=("cola",)), "init_checkpoint"),
                        (_flags(minilm_dir, glue_dir, epochs=2), "num_epochs")):

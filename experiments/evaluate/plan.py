@@ -240,6 +240,16 @@ def _check_same(name: str, recorded: dict[str, Any], config: ml_collections.Conf
                   "sweep in lr*_seed*/ subdirectories: use another --workdir")
 
 
+def has_finished_runs(workdir: str, name: str) -> bool:
+  """Whether member `name` has a finished run (its result.json, in the member's directory
+  or a sweep's lr*_seed*/): what a recorded protocol binds. A member recorded by a start
+  that failed before any run finished is planned afresh."""
+  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top  # only when recorded
+  member = paths.join(workdir, name)
+  return bool(paths.glob(paths.join(member, trainer.RESULT_FILE))
+              or paths.glob(paths.join(member, "*", trainer.RESULT_FILE)))
+
+
 def make_record(workdir: str, suite: ml_collections.ConfigDict, planned: list[Member]
                 ) -> tuple[dict[str, Any], bool]:
   """(the record, whether it changed): `planned` checked against DIR/suite.json, the new
@@ -250,9 +260,11 @@ def make_record(workdir: str, suite: ml_collections.ConfigDict, planned: list[Me
   entries = dict(before.get("members", {}))
   fresh = {}
   for m in planned:
-    if m.name in entries:
+    if m.name in entries and has_finished_runs(workdir, m.name):
       _check_same(m.name, entries[m.name]["config"], m.config, workdir)
       count = entries[m.name]["counts"]
+    elif m.name in entries and workdir_lib.flatten(m.config) == entries[m.name]["config"]:
+      count = entries[m.name]["counts"]  # recorded, nothing run yet, the same protocol
     else:
       count = counts(m)
       fresh[m.name] = cost(m, count)
