@@ -406,3 +406,18 @@ def test_killed_at_every_stage_resumes_to_the_same_results(reference, pretrain_t
   for run in ("r15_seed0", "cos40to15_seed0"):  # every step once, as uninterrupted
     assert (workdir / "pretrain" / run / "batch_log.jsonl").read_text() == \
         (ref_dir / "pretrain" / run / "batch_log.jsonl").read_text(), run
+
+
+def test_a_grid_that_would_run_a_run_twice_is_refused(tmp_path):
+  """Fails if a grid with a repeated pretraining seed, or two settings that mask alike, plans
+  its duplicate runs as independent ones instead of refusing, naming both."""
+  config = ablation_configs.get_config("smoke")
+  config.pretrain_seeds = (0, 0)
+  with pytest.raises(ablation.AblationError, match=r"pretrain_seeds=\(0, 0\) repeats a seed"):
+    ablation_plan.grid_runs(config, str(tmp_path))
+  config = ablation_configs.get_config("smoke")
+  with config.settings.unlocked():
+    config.settings.r15_again = ablation_configs.masking_setting(0.15)
+  with pytest.raises(ablation.AblationError,
+                     match=r"config.settings.r15 and config.settings.r15_again mask alike"):
+    ablation_plan.grid_runs(config, str(tmp_path))

@@ -442,8 +442,8 @@ def test_every_refusal_type_is_the_one_type():
 
 
 def test_compressed_corpus_files_are_read_and_undecodable_ones_named(tmp_path):
-  """Fails if a .gz/.bz2 file is not read as its text, or a mostly binary file is not refused
-  by name."""
+  """Fails if a .gz/.bz2 file is not read as its text, a mostly binary file is not refused
+  by name, or a Parquet file named without its prefix is not told to add it."""
   import bz2
   import gzip
   text = "".join(f"Sentence {i} of document {d}.\n" + ("\n" if i == 2 else "")
@@ -460,6 +460,14 @@ def test_compressed_corpus_files_are_read_and_undecodable_ones_named(tmp_path):
   with pytest.raises(ValueError, match=r"corpus file \S+c\.zip: \d+ of its \d+ lines .* are not "
                                        r"UTF-8 text"):
     list(corpora.read_documents(str(tmp_path / "packed" / "*"), split="all"))
+  # A Parquet file named without its prefix is read as text: the refusal says to add it.
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  table = pa.table({"text": [np.random.default_rng(2).bytes(64).hex() * 40] * 50})
+  pq.write_table(table, tmp_path / "good.parquet", compression="snappy")
+  with pytest.raises(ValueError, match=r"a Parquet file read as text: name it "
+                                       r"--config.data.corpus='parquet:\S+good\.parquet'"):
+    list(corpora.read_documents(str(tmp_path / "good.parquet"), split="all"))
 
 
 def test_the_old_tokenizer_command_says_where_it_went(monkeypatch):

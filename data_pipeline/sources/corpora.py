@@ -189,11 +189,15 @@ def check_decodable(path: str, lines: int, undecodable: int, max_fraction: float
   if not undecodable:
     return
   if undecodable > max_fraction * lines:
+    what = ("a binary or compressed file (.gz/.bz2/.xz are read)? Remove it from the corpus "
+            "glob")
+    if path.lower().endswith(".parquet"):  # read as text for want of the prefix
+      what = (f"a Parquet file read as text: name it --config.data.corpus='parquet:{path}' "
+              "(or the glob, prefixed)")
     raise ValueError(
         f"corpus file {path}: {undecodable} of its {lines} lines ({undecodable / lines:.0%}) "
         f"are not UTF-8 text (more than config.data.max_undecodable_fraction="
-        f"{max_fraction:g}): a binary or compressed file (.gz/.bz2/.xz are read)? Remove it "
-        "from the corpus glob")
+        f"{max_fraction:g}): {what}")
   logging.warning("corpus file %s: skipped %d of its %d lines (not UTF-8)", path, undecodable,
                   lines)
 
@@ -550,6 +554,9 @@ def harvest_embedded_corpus(output: pathlib.Path, *, site_dirs=None, html_dirs=N
     html_dirs = sorted(globlib.glob("/usr/share/doc/python3*/html"))
   output = pathlib.Path(output)
   output.parent.mkdir(parents=True, exist_ok=True)
+  # A minute or so of silence otherwise, on a new machine's first run.
+  logging.info("harvesting the embedded corpus (the installed packages' docstrings, once; "
+               "about a minute) into %s", output)
   temp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
   seen, written = set(), 0
   try:

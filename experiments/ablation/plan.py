@@ -360,9 +360,27 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if unknown:
       raise AblationError(f"config.settings.{name} sets {unknown}, which are not fields of "
                           "pretrain.data.masking: a setting may change the masks and nothing else")
+  seeds = [int(s) for s in config.pretrain_seeds]
+  if len(set(seeds)) < len(seeds):
+    raise AblationError(f"config.pretrain_seeds={tuple(seeds)} repeats a seed: its runs would "
+                        "be the same run twice, not independent ones")
+  masks = {}  # a setting's whole masking config -> its name
+  for name in config.settings:
+    masking = copy.deepcopy(config.pretrain.data.masking)
+    masking.update(config.settings[name].to_dict())
+    key = json.dumps(masking.to_dict(), sort_keys=True)
+    if key in masks:
+      raise AblationError(f"config.settings.{masks[key]} and config.settings.{name} mask "
+                          "alike: their runs would be the same run twice; drop one")
+    masks[key] = name
   if config.budget.mode not in MODES:
     raise AblationError(f"config.budget.mode={config.budget.mode!r}: expected one of "
                         f"{MODES}")
+  if config.budget.mode == "flops" and (config.pretrain.get("phases")
+                                        or config.pretrain.get("batch_warmup", {}).get("tokens")):
+    raise AblationError("config.budget.mode='flops' with config.pretrain.phases or a batch "
+                        "warmup: the FLOP plan matches single-phase runs; use one phase or "
+                        "budget.mode='steps'")
   if (config.budget.mode == "steps" and config.budget.get("finetune_at_equal_flops", True)
       and config.downstream):
     _check_eval_checkpoints(config.pretrain)
