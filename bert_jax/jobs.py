@@ -32,6 +32,7 @@ from bert_jax import errors
 from bert_jax import exit_codes
 from bert_jax.run import checkpoint
 from bert_jax.run import job_state
+from bert_jax.run import layouts
 from bert_jax.run import preemption
 from bert_jax.run import workdir
 
@@ -79,13 +80,22 @@ def _drop_unretrieved_storage_errors(record: std_logging.LogRecord) -> bool:
 
 
 @job_state.tracked  # WORKDIR/job_state.json for bert_jax.launch (only when it set BERT_JAX_JOB_ID)
-def run(config, workdir_path: str) -> int:
-  """Runs the job and returns the process exit code (see the module docstring)."""
+def run(config, workdir_path: str, explicit: tuple[str, ...] | list[str] = ()) -> int:
+  """Runs the job and returns the process exit code (see the module docstring).
+
+  `explicit`: the config fields the command line set (bert_jax.run.layouts: a layout
+  chosen for the slice never overrides them)."""
   preemption.clear()  # the exit code describes this run, not an earlier one in this process
   try:
     if config.family not in TRAINERS:
       raise errors.UsageError(f"config.family={config.family!r}: expected one of "
                               f"{sorted(TRAINERS)}")
+    with errors.judging_input():  # a bad layout table is the config's fault: one line
+      recorded = (workdir.previous_config(workdir_path) if workdir.holds_work(workdir_path)
+                  else None)  # a record without work binds nothing (workdir.holds_work)
+      line = layouts.choose(config, explicit, recorded)
+    if line:
+      logging.info("%s", line)
     started = time.monotonic()
     TRAINERS[config.family](config, workdir_path)
     if not preemption.was_preempted():

@@ -22,6 +22,7 @@ from ml_collections import config_flags
 
 from bert_jax import errors
 from bert_jax import jobs
+from bert_jax.run import layouts
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file[:variant].",
                                           lock_config=True)
@@ -46,7 +47,7 @@ def main(argv):
     last = [l.strip() for l in str(e).splitlines() if l.strip()][-1]
     sys.exit(jobs.refuse(e, f"flag --config: cannot load the config file: {last}"))
   jobs.configure_logging()
-  sys.exit(jobs.run(config, _WORKDIR.value))
+  sys.exit(jobs.run(config, _WORKDIR.value, explicit=layouts.explicit_fields(sys.argv)))
 
 
 if __name__ == "__main__":

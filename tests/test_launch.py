@@ -58,6 +58,7 @@ INSTALL = VM + ["ssh", NAME, "--worker=all"] + WHERE + [
 MAIN_ARGS = (f"-c {shlex.quote(launch_plan.run_and_record_line())} bert_jax.main "
              "--config=experiments/configs/pretrain.py:base"
              " --workdir=gs://bucket/run1 --config.distributed.enabled=True"
+             " --config.slice=v4-32"  # the slice's tested layout (bert_jax/run/layouts.py)
              " --config.total_steps=7 '--config.data.corpus=gs://bucket/text/*.txt'")
 
 

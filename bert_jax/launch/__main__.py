@@ -198,7 +198,8 @@ def main(argv: list[str]) -> None:
                                    follow_logs=_FOLLOW_LOGS.value,
                                    logdir=_LOGDIR.value or os.path.join(
                                        tempfile.gettempdir(), "bert_jax_launch", tpu.name))
-  args = (launch_plan.main_args(_CONFIG.value, workdir, extra) if _JOB.value == "main"
+  args = (launch_plan.main_args(_CONFIG.value, workdir, extra, accelerator_type)
+          if _JOB.value == "main"
           else launch_plan.evaluate_args(workdir, extra))
   if _DRY_RUN.value:
     if _ACTION.value == "run" and not _SKIP_PREFLIGHT.value and _JOB.value == "main":

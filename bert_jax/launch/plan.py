@@ -199,11 +199,15 @@ def install_command(s: Slice) -> list[str]:
   return _VM + ["ssh", s.name, "--worker=all"] + s.where + [f"--command={install_script()}"]
 
 
-def main_args(config: str, workdir: str, extra: list[str]) -> list[str]:
+def main_args(config: str, workdir: str, extra: list[str], accelerator_type: str = ""
+              ) -> list[str]:
   """The job's module and argv on every worker, a bert_jax.main run; the same gs:// workdir
-  makes a relaunch resume."""
+  makes a relaunch resume. `accelerator_type` becomes --config.slice (the run's tested
+  layout for it, bert_jax.run.layouts) unless `extra` names a slice."""
+  named = any(a.startswith("--config.slice=") for a in extra)
+  slice_flag = [f"--config.slice={accelerator_type}"] if accelerator_type and not named else []
   return (["bert_jax.main", f"--config={config}", f"--workdir={workdir}",
-           "--config.distributed.enabled=True"] + list(extra))
+           "--config.distributed.enabled=True"] + slice_flag + list(extra))
 
 
 def evaluate_args(workdir: str, extra: list[str]) -> list[str]:

@@ -36,6 +36,7 @@ import sys
 from typing import Sequence
 
 from bert_jax.preflight import check
+from bert_jax.run import layouts
 from bert_jax.preflight.targets import PreflightError
 
 
@@ -56,6 +57,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.get("family", "pretrain") != "pretrain":
       print(f"preflight: {args.config} is not a pretraining config; nothing compiled")
       return 0
+    # What a run on this slice would train: its tested layout (bert_jax.run.layouts), unless
+    # a flag sets a field of it.
+    if "slice" in config and not config.slice:
+      config.slice = args.topology
+    line = layouts.choose(config, layouts.explicit_fields(overrides))
+    if line:
+      print(f"preflight: {line}", file=sys.stderr, flush=True)
     report = check.run(config, args.topology, name=args.config, search=not args.no_search,
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
   except PreflightError as e:

@@ -1,6 +1,7 @@
 """A run's record on disk: the workdir contract, its lock, checkpoints, logs and the job state.
 
-workdir (record.json written once, every later run checked against it), lock
+workdir (record.json written once, every later run checked against it), layouts
+(the mesh / remat / accumulation tested for the run's slice, chosen before it starts), lock
 (one writer per workdir), checkpoint (orbax: save, restore past a damaged
 step), preemption (SIGTERM -> save at an agreed step), job_state
 (WORKDIR/job_state.json for a detached job's launcher), metrics_io

@@ -83,6 +83,9 @@ RESUMABLE = (
     "data.tokenized_dir", "data.prepare_workers", "data.shard_bytes",
     "init_checkpoint",  # read only when the workdir starts empty
     "skip_nonfinite_steps",  # what to do on a NaN step, not what a step is
+    # The slice a run is on and the layouts tested for slices (bert_jax.run.layouts): they
+    # choose mesh / remat / accumulation fields, themselves resumable.
+    "layout", "slice", "layouts",
 )
 # Paths whose content is compared (by hash, in the record), not their spelling.
 CONTENT_FIELDS = ("data.vocab_file", "data.spm_model_file", "vocab_file", "spm_model_file")

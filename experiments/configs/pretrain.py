@@ -59,6 +59,28 @@ VARIANTS = ("tiny", "base", "large", "roberta", "albert", "efficient", "modern",
             "modernbert-base", "modernbert-large", "tiny_fast", "base_fast", "large_fast")
 
 
+# The slices where a variant does not fit as configured, with the knob that makes it fit:
+# measured by the preflight (experiments/results/preflight.md: BERT-Base and -Large, paper
+# and fast, v4-8 / v4-32 / v5litepod-16 / v6e-8; the efficient recipe; modern_recipe.md:
+# modernbert-base on v5p-8 and v6e-8). A slice not named here fits as configured or was
+# not measured: the preflight says which.
+_FSDP = "mesh.data=1 mesh.fsdp=-1"
+LAYOUTS = {
+    "base": ("v4-32: " + _FSDP,),  # data-parallel at 512 tokens: VMEM, 16.5 of 16 MiB
+    "large": ("v4-8: " + _FSDP + " model.remat_policy=dots_with_no_batch_dims_saveable",
+              "v5litepod-16: " + _FSDP + " model.remat_policy=dots_saveable",
+              "v6e-8: " + _FSDP + " model.remat_policy=full grad_accum_steps=8"),
+    "large_fast": ("v4-8: " + _FSDP + " model.remat_policy=dots_saveable",
+                   "v5litepod-16: " + _FSDP + " model.remat_policy=dots_saveable",
+                   "v6e-8: " + _FSDP + " model.remat_policy=dots_saveable"),
+    "efficient": ("v4-32: " + _FSDP + " model.remat_policy=dots_saveable",
+                  "v5litepod-16: " + _FSDP + " model.remat_policy=save_qkv_out_proj",
+                  "v6e-8: " + _FSDP + " model.remat_policy=save_qkv_out_proj"),
+    "modernbert-base": ("v5p-8: grad_accum_steps=12",
+                        "v6e-8: " + _FSDP + " model.remat_policy=full grad_accum_steps=12"),
+}
+
+
 def phase(start_fraction: float, **fields) -> ml_collections.ConfigDict:
   """One config.phases entry: every field (bert_jax.pretrain.phases.PHASE_FIELDS), 0 or ""
   keeping the previous phase's value; flags reach them as --config.phases[1].masking_ratio=..."""
@@ -174,6 +196,13 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
 
   # --- sharding ---
   optim_and_mesh.add_sharding(config)
+  # Layouts tested per slice (bert_jax/run/layouts.py): "SLICE: field=value ...", each the
+  # cheapest knob the preflight found to fit (experiments/results/preflight.md); applied
+  # when config.slice names that slice (the launcher passes its accelerator type), unless a
+  # flag sets the field or the workdir records another value. "none": as configured.
+  config.layout = "auto"
+  config.slice = ""
+  config.layouts = ()
 
   # --- checkpoints, evaluation, logging ---
   config.init_checkpoint = ""  # used only when the workdir has no checkpoint; see bert_jax.convert
@@ -278,6 +307,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     modern_recipe.apply_tiny(config, phase)  # ModernBERT's recipe at CPU scale
   elif arg in modern_recipe.PUBLISHED:
     modern_recipe.apply_published(config, arg, phase)  # ModernBERT's published values
+  config.layouts = LAYOUTS.get(arg + ("_fast" if fast else ""), ())
   if fast:
     # The fast recipe: no dropout on the attention probabilities (MosaicBERT and Cramming
     # train so), so the fused kernels (cuDNN flash attention, splash) serve training.

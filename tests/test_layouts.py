@@ -1,0 +1,96 @@
+"""Layouts chosen for the slice (bert_jax/run/layouts.py): a recipe plus a slice gets its tested
+layout, a user's flag wins, a resumed run keeps its recorded layout, and the layouts the
+chooser can pick train the same losses."""
+
+import json
+
+import pytest
+
+from bert_jax.run import layouts
+from bert_jax.run import workdir as workdir_lib
+from experiments.configs import pretrain
+
+
+def test_a_recipe_on_a_slice_gets_its_tested_layout():
+  """Fails if BERT-Base on a v4-32 (data-parallel does not compile at 512 tokens there) does
+  not get the layout the preflight found, or the line does not say what was applied."""
+  config = pretrain.get_config("base")
+  config.slice = "v4-32"
+  line = layouts.choose(config)
+  assert (config.mesh.data, config.mesh.fsdp) == (1, -1)
+  assert line == "layout for v4-32: --config.mesh.data=1 --config.mesh.fsdp=-1"
+  large = pretrain.get_config("large")
+  large.slice = "v6e-8"
+  layouts.choose(large)
+  assert (large.model.remat_policy, large.grad_accum_steps, large.batch_size) == ("full", 8, 256)
+
+
+def test_an_explicit_flag_wins_and_none_or_no_slice_changes_nothing():
+  """Fails if a field the user set by flag is overridden, or the layout applies with
+  config.layout 'none', without a slice, or on a slice no layout was tested for."""
+  config = pretrain.get_config("base")
+  config.slice, config.mesh.fsdp = "v4-32", 4
+  line = layouts.choose(config, explicit=layouts.explicit_fields(
+      ["--config.mesh.fsdp=4", "--workdir=w"]))
+  assert (config.mesh.data, config.mesh.fsdp) == (1, 4)
+  assert line.endswith("kept mesh.fsdp=4 (your flag)"), line
+  for changes, says in (({"slice": "v4-32", "layout": "none"}, "none (config.layout"),
+                        ({"slice": ""}, "no slice named"),
+                        ({"slice": "v4-8"}, "none tested for v4-8")):
+    config = pretrain.get_config("base")
+    config.update(changes)
+    before = config.to_dict()
+    assert layouts.choose(config).startswith(f"layout: {says}"), changes
+    assert config.to_dict() == before
+
+
+def test_a_resumed_run_keeps_its_recorded_layout():
+  """Fails if the workdir's recorded values of the layout's fields do not win over the
+  table (a table changed since the run started must not move a running job)."""
+  config = pretrain.get_config("base")
+  config.slice = "v4-32"
+  recorded = workdir_lib.flatten(pretrain.get_config("base"))  # a run started data-parallel
+  line = layouts.choose(config, recorded=recorded)
+  assert (config.mesh.data, config.mesh.fsdp) == (-1, 1)
+  assert "kept mesh.data=-1 (the workdir's), mesh.fsdp=1 (the workdir's)" in line
+
+
+def test_every_shipped_layout_sets_only_what_a_resume_may_change():
+  """Fails if a variant's layout line does not parse, names a slice twice, or sets a field
+  that changes what is trained (only RESUMABLE fields: mesh, remat, accumulation)."""
+  for variant in pretrain.VARIANTS:
+    lines = pretrain.get_config(variant).layouts
+    table = layouts.parse(lines)
+    assert len(table) == len(lines), variant
+    for knobs in table.values():
+      for field in knobs:
+        assert workdir_lib._resumable(field), (variant, field)  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match="'batch_size=8' is not one of"):
+    layouts.parse(["v4-8: batch_size=8"])
+
+
+@pytest.mark.slow  # four short runs on 8 simulated devices
+def test_the_layouts_train_the_same_losses(pretrain_test_config, pretrain_subprocess, tmp_path):
+  """Fails if the tiny model's per-step losses under each layout the chooser can pick (fsdp,
+  a remat policy, gradient accumulation) differ from data parallelism's beyond float
+  rounding (1e-5), dropout off, or a layout is not applied and recorded."""
+  losses = {}
+  choices = {"dp": "", "fsdp": "mesh.data=1 mesh.fsdp=-1",
+             "remat": "model.remat_policy=full", "accum": "grad_accum_steps=2"}
+  for name, knobs in choices.items():
+    # 2 rows a device, in 2 parts under accumulation. Dropout off: accumulation draws each
+    # micro-batch's masks apart (the same rate, other bits); everything else is the same.
+    config = pretrain_test_config(total_steps=4, batch_size=16, **{
+        "model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_prob": 0.0})
+    config.slice = "test-slice"
+    config.layouts = (f"test-slice: {knobs}",) if knobs else ()
+    process = pretrain_subprocess(config, tmp_path / name, devices=8)
+    assert process.wait(timeout=600) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+    rows = [json.loads(l) for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    losses[name] = [r["loss"] for r in rows if "loss" in r]
+    recorded = json.loads((tmp_path / name / "record.json").read_text())["config"]
+    for item in knobs.split():
+      field, value = item.split("=")
+      assert str(recorded[field]) == value, (name, field)
+  for name in ("fsdp", "remat", "accum"):
+    assert losses[name] == pytest.approx(losses["dp"], abs=1e-5), name
