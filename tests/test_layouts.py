@@ -3,6 +3,8 @@ layout, a user's flag wins, a resumed run keeps its recorded layout, and the lay
 chooser can pick train the same losses."""
 
 import json
+import pathlib
+import re
 
 import pytest
 
@@ -94,3 +96,39 @@ def test_the_layouts_train_the_same_losses(pretrain_test_config, pretrain_subpro
       assert str(recorded[field]) == value, (name, field)
   for name in ("fsdp", "remat", "accum"):
     assert losses[name] == pytest.approx(losses["dp"], abs=1e-5), name
+
+
+def _recorded_fits() -> set[tuple[str, str]]:
+  """(variant, slice) the recorded preflight table says fit as configured."""
+  table = (pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results" /
+           "preflight.md").read_text()
+  fits = set()
+  for row in re.findall(r"^\| (BERT-Base|BERT-Large) \| (paper|fast) \| (\S+) \|(.*)$", table,
+                        re.M):
+    model, recipe, slice_name, rest = row
+    variant = ("base" if model == "BERT-Base" else "large") + ("_fast" if recipe == "fast"
+                                                                else "")
+    if "| fits" in rest:
+      fits.add((variant, slice_name))
+  return fits
+
+
+def test_every_documented_launch_runs_what_fits():
+  """Fails if a launch or preflight command in the README or docs names a recipe and a slice
+  where the recipe neither fits as configured (the recorded preflight table) nor has a
+  tested layout for that slice: the docs would launch what the preflight refuses."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  fits, checked = _recorded_fits(), []
+  assert ("base", "v6e-8") in fits and ("base", "v4-32") not in fits  # the table was read
+  for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+    for paragraph in re.split(r"\n\s*\n", doc.read_text()):
+      variant = re.search(r"pretrain\.py:([a-z_-]+)", paragraph)
+      slice_name = re.search(r"--(?:accelerator_type|topology)=([a-z0-9-]+)", paragraph)
+      if not (variant and slice_name) or "--config.batch_size" in paragraph:
+        continue  # no recipe and slice, or a batch of the user's (not the recipe's)
+      variant, slice_name = variant.group(1), slice_name.group(1)
+      tested = layouts.parse(pretrain.get_config(variant).layouts)
+      assert (variant, slice_name) in fits or slice_name in tested, (doc.name, variant,
+                                                                     slice_name)
+      checked.append((doc.name, variant, slice_name))
+  assert ("pods.md", "base", "v4-32") in checked, checked  # the step-by-step launch

@@ -128,10 +128,12 @@ def share_store(runs: list[ablation_plan.Run], workdir: str) -> None:
       run.config.data.tokenized_dir = paths.join(workdir, TOKENIZED_DIR)
 
 
-def job_args(run: ablation_plan.Run, workdir: str) -> list[str]:
-  """`run`'s job on every worker: python -m bert_jax.main with its flags (stages.pretrain_job)."""
+def job_args(run: ablation_plan.Run, workdir: str, accelerator_type: str = "") -> list[str]:
+  """`run`'s job on every worker: python -m bert_jax.main with its flags (stages.pretrain_job),
+  and the slice it runs on, whose tested layout it gets (bert_jax.run.layouts)."""
   config_arg, flags_ = stages.pretrain_job(run)
-  return launch_plan.main_args(config_arg, paths.join(workdir, run.pretrain_dir), flags_)
+  return launch_plan.main_args(config_arg, paths.join(workdir, run.pretrain_dir), flags_,
+                               accelerator_type)
 
 
 def shape_key(run: ablation_plan.Run) -> str:
@@ -190,7 +192,8 @@ class Orchestrator:
     by_name = {run.name: run for run in runs}
     entries = self.grid.merge([ablation_grid.Entry(
         name=run.name, setting=run.setting, seed=run.seed, index=0,
-        workdir=paths.join(self.workdir, run.pretrain_dir), args=job_args(run, self.workdir))
+        workdir=paths.join(self.workdir, run.pretrain_dir),
+        args=job_args(run, self.workdir, accelerators.canonical(self.options.accelerator_type)))
         for run in runs])
     retried = [e for e in entries
                if e.state == ablation_grid.FAILED and e.attempt < self.options.max_attempts]
