@@ -93,7 +93,7 @@ _STORE_LINES = (
 _AFTER_THE_CORPUS = ("an init checkpoint without a complete step",  # checked against the
                      # network, whose vocabulary size the run's vocabulary gives
                      "a corpus of one-sentence documents (NSP)", "a binary file in the corpus glob",
-                     "no held-out document")
+                     "no held-out document", "a Parquet file named without its `parquet:` prefix")
 
 
 def _refusal_line(err: str, code: int, expected_code: int = 1, after_corpus: bool = False) -> str:
@@ -142,7 +142,30 @@ def _pretrain_cases(config, tmp_path) -> dict:
       "a corpus that is a directory": config(**{"data.corpus": f"raw:{one}"}),
       "no held-out document": config(**{"data.heldout_modulus": 1 << 40}),
       "an unknown `config.family`": config(family="pretrian"),
+      "a batch size below 1": config(batch_size=-8),
+      "an eval batch size of 0": config(eval_batch_size=0),
+      "a Parquet file named without its `parquet:` prefix": config(
+          **{"data.corpus": str(_parquet(tmp_path))}),
+      "a phase list whose lengths go down": _phase_list(config, tmp_path),
   }
+
+
+def _parquet(tmp_path) -> pathlib.Path:
+  """A Parquet file of text (snappy pages: bytes that are not UTF-8 text)."""
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "books.parquet"
+  pq.write_table(pa.table({"text": [np.random.default_rng(3).bytes(64).hex() * 40] * 50}), path)
+  return path
+
+
+def _phase_list(config, tmp_path):
+  """A run whose second phase is shorter than its first."""
+  del tmp_path
+  from experiments.configs import pretrain  # pylint: disable=g-import-not-at-top
+  run = config()
+  run.phases = [pretrain.phase(0.0), pretrain.phase(0.5, max_seq_length=16)]
+  return run
 
 
 @pytest.mark.slow
