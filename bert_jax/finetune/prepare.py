@@ -44,6 +44,12 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
   if config.max_seq_length < 8:
     raise ValueError(f"config.max_seq_length={config.max_seq_length} is too short")
   buckets_lib.bucket_lengths(config.max_seq_length, config.bucket_multiple, config.padding)
+  if config.padding == "packed" and (config.grad_accum_steps > 1 or jax.process_count() > 1
+                                     or config.group_by_length):
+    # A packed batch's rows and examples differ in number: they split neither into
+    # micro-batches nor over processes; grouping would change what a batch holds.
+    raise ValueError("config.padding='packed' takes one process, grad_accum_steps=1 and "
+                     "group_by_length=False; use padding 'buckets' otherwise")
   if config.bucket_window_batches < 1:
     raise ValueError(f"config.bucket_window_batches={config.bucket_window_batches} must be >= 1")
   if config.loss_normalizer not in ("batch", "train_mean"):

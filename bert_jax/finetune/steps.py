@@ -23,6 +23,7 @@ import numpy as np
 import optax
 
 from bert_jax.finetune.features import buckets as buckets_lib
+from bert_jax.finetune.features import packed as packed_lib
 from bert_jax.finetune.kinds import task_kind
 from bert_jax.run import workdir as workdir_lib
 from bert_jax.training import optim
@@ -68,7 +69,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
 
   def loss_fn(params, micro, micro_rng):
     out = state.apply_fn({"params": params}, *(micro[k] for k in task_kind.INPUTS),
-                         deterministic=False, rngs={"dropout": micro_rng})
+                         deterministic=False, rngs={"dropout": micro_rng}, **packing(micro))
     loss_sum, weight = task.loss(out, micro)
     return loss_sum / total_weight, {"loss_sum": loss_sum, "weight": weight}
 
@@ -80,8 +81,14 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, apply_fn: Any, task: Any) -> dict:
   """The task's kept outputs on one dev batch (deterministic)."""
-  out = apply_fn({"params": params}, *(batch[k] for k in task_kind.INPUTS), deterministic=True)
+  out = apply_fn({"params": params}, *(batch[k] for k in task_kind.INPUTS), deterministic=True,
+                 **packing(batch))
   return task.outputs(out)
+
+
+def packing(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """The model's packing arguments of a packed batch (features/packed.py); {} otherwise."""
+  return {arg: batch[name] for name, arg in packed_lib.PACKING.items() if name in batch}
 
 
 @dataclasses.dataclass
@@ -93,8 +100,10 @@ class Programs:
   train_step: Any                   # jitted train_step: one program per bucket length
   eval_step: Any                    # jitted eval_step: one program per (batch, length)
   buckets: tuple[int, ...]          # the lengths batches are padded to
+  packed: bool                      # config.padding "packed" (features/packed.py)
   sequence_outputs: tuple[str, ...]  # eval outputs with a length axis (padded back)
   train_lengths: set = dataclasses.field(default_factory=set)  # bucket lengths trained on
+  train_rows: set = dataclasses.field(default_factory=set)     # packed row counts trained on
   eval_shapes: set = dataclasses.field(default_factory=set)    # (batch, length) evaluated
 
   def compiled(self) -> dict[str, int]:
@@ -157,6 +166,7 @@ def build(config: ml_collections.ConfigDict, task: task_kind.Task, cache: dict, 
       tx=tx, schedule=schedule, layout=layout, train_step=train, eval_step=jitted_eval,
       buckets=buckets_lib.bucket_lengths(config.max_seq_length, config.bucket_multiple,
                                          config.padding),
+      packed=config.padding == "packed",
       sequence_outputs=tuple(k for k in full if full[k].shape != shorter[k].shape))
   cache[key] = programs
   return programs
@@ -198,6 +208,8 @@ def predict(programs: Programs, params, features: dict[str, np.ndarray], eval_ba
   unit = math.lcm(sharding.data_parallel_size(mesh), jax.process_count())
   per = jax.process_index()
   outputs = {}
+  if programs.packed:
+    return _predict_packed(programs, params, features, eval_batch_size, mesh, unit)
   for b in buckets_lib.eval_batches(buckets_lib.row_lengths(features), programs.buckets,
                                     eval_batch_size, unit):
     batch = buckets_lib.cut(features, task_kind.INPUTS, b.rows, b.length, max_len)
@@ -217,4 +229,32 @@ def predict(programs: Programs, params, features: dict[str, np.ndarray], eval_ba
       if k not in outputs:
         outputs[k] = np.zeros((len(features["input_ids"]),) + v.shape[1:], v.dtype)
       outputs[k][b.rows] = v
+  return outputs
+
+
+def _predict_packed(programs: Programs, params, features: dict[str, np.ndarray],
+                    eval_batch_size: int, mesh, unit: int) -> dict[str, np.ndarray]:
+  """predict() for config.padding "packed": batches of eval_batch_size examples in order
+  (the last filled with empty ones), each packed into as few rows as hold it; the model
+  reads every example's outputs back, whose padded positions get PAD_LOGIT (0 for
+  integers), as predict() gives them."""
+  max_len = programs.buckets[-1]
+  n = len(features["input_ids"])
+  outputs = {}
+  for start in range(0, n, eval_batch_size):
+    rows = np.arange(start, min(start + eval_batch_size, n))
+    examples = packed_lib.padded_examples(
+        {k: features[k] for k in task_kind.INPUTS}, rows, eval_batch_size)
+    batch = packed_lib.pack(examples, (), np.arange(eval_batch_size), max_len, unit)
+    programs.eval_shapes.add((len(batch["input_ids"]), max_len))
+    out = jax.device_get(programs.eval_step(params, sharding.global_batch(batch, mesh)))
+    real = features["input_mask"][rows].astype(bool)
+    for k, v in out.items():
+      v = v[:len(rows)]
+      if k in programs.sequence_outputs:
+        fill = buckets_lib.PAD_LOGIT if np.issubdtype(v.dtype, np.floating) else 0
+        v = np.where(real.reshape(real.shape + (1,) * (v.ndim - 2)), v, v.dtype.type(fill))
+      if k not in outputs:
+        outputs[k] = np.zeros((n,) + v.shape[1:], v.dtype)
+      outputs[k][rows] = v
   return outputs

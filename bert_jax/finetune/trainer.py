@@ -113,7 +113,8 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
     batches = buckets_lib.TrainBatches(
         task.train.features, seed=config.seed, batch_size=config.batch_size,
         buckets=programs.buckets, grouped=config.group_by_length,
-        window_batches=config.bucket_window_batches)
+        window_batches=config.bucket_window_batches,
+        pack_unit=sharding.data_parallel_size(mesh) if programs.packed else 0)
     padding = batches.padding(total_steps)
     logging.info("padding %s to %s%s: %.1f%% of train tokens are padding (fixed padding: "
                  "%.1f%%)", config.padding, programs.buckets,
@@ -175,6 +176,8 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
     while step < total_steps:
       local = batches.batch(step, task.train_features, jax.process_index(), jax.process_count())
       programs.train_lengths.add(local["input_ids"].shape[1])
+      if programs.packed:  # one program per packed row count
+        programs.train_rows.add(local["input_ids"].shape[0])
       state, metrics = programs.train_step(state, sharding.global_batch(local, mesh), dropout_rng)
       step += 1
       # Saved only where the config asks (every_steps, the end, a stop) and to best/: a run
@@ -200,6 +203,7 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
       # Resumed after the last step: its evaluation may not have reached result.json.
       result = _read_json(paths.join(workdir, RESULT_FILE)).get("final") or evaluate(step)
     compiled = {**programs.compiled(), "train_lengths": sorted(programs.train_lengths),
+                "train_rows": sorted(programs.train_rows),
                 "eval_shapes": sorted(programs.eval_shapes)}
     logging.info("compiled so far in this sweep: %d train programs (lengths %s), %d eval "
                  "programs ((batch, length) %s)", compiled["train"], compiled["train_lengths"],

@@ -377,6 +377,11 @@ class BertModel(nn.Module):
                      documents=documents)
     return x, self.pooler(x)
 
+  def pool(self, sequence: jax.Array, real: jax.Array) -> jax.Array:
+    """The pooled vector of [B,T,H] rows (the pooler on each row's first token)."""
+    del real
+    return self.pooler(sequence)
+
   def word_embedding_table(self) -> jax.Array:
     """The [padded V,E] float32 word embedding matrix, for heads tied to it."""
     return self.embeddings.word_embedding_table()

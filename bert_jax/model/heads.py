@@ -36,6 +36,25 @@ def _modern_head(config: BertConfig, x: jax.Array, name: str = "head") -> jax.Ar
   return modern.norm(config, f"{name}_norm")(model_lib.gelu(x))
 
 
+def encode(config: BertConfig, input_ids, input_mask, segment_ids, *, deterministic: bool,
+           pooled_only: bool = False, positions=None, documents=None, pack_index=None):
+  """(sequence [B,T,H], pooled [B,H]) of a task head's examples. Packed (`pack_index`, with
+  `positions` and `documents`: bert_jax/finetune/features/packed.py): the encoder runs on
+  the packed rows and each example's vectors are read back to [B,T,H], zero past its end,
+  then pooled as an unpacked row is."""
+  bert = encoder_for(config)
+  if pack_index is None:
+    return bert(input_ids, input_mask, segment_ids, deterministic=deterministic,
+                pooled_only=pooled_only, positions=positions, documents=documents)
+  packed, _ = bert(input_ids, input_mask, segment_ids, deterministic=deterministic,
+                   positions=positions, documents=documents)
+  flat = packed.reshape((-1,) + packed.shape[2:])
+  real = pack_index >= 0
+  sequence = jnp.where(real[..., None], flat[jnp.maximum(pack_index, 0)], 0).astype(
+      packed.dtype)
+  return sequence, bert.pool(sequence, real)
+
+
 def gather_positions(sequence: jax.Array, positions: jax.Array) -> jax.Array:
   """[B,T,H] sequence, int [B,P] positions -> [B,P,H] vectors at those positions."""
   return jnp.take_along_axis(sequence, positions[:, :, None].astype(jnp.int32), axis=1)
@@ -113,11 +132,12 @@ class BertForSequenceClassification(nn.Module):
   num_labels: int = 2  # 1 -> a single regression output
 
   @nn.compact
-  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True):
-    """-> logits [B,num_labels] float32."""
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True,
+               **packing):
+    """-> logits [B,num_labels] float32 (`packing`: encode()'s packed rows)."""
     # Only the pooled [CLS] is read: the last layer computes that row alone.
-    _, pooled = encoder_for(self.config)(
-        input_ids, input_mask, segment_ids, deterministic=deterministic, pooled_only=True)
+    _, pooled = encode(self.config, input_ids, input_mask, segment_ids,
+                       deterministic=deterministic, pooled_only=True, **packing)
     if self.config.architecture == "modernbert":
       pooled = _modern_head(self.config, pooled)
     pooled = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
@@ -131,10 +151,11 @@ class BertForTokenClassification(nn.Module):
   num_labels: int = 2  # size of the tag set
 
   @nn.compact
-  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True):
-    """-> logits [B,T,num_labels] float32."""
-    sequence, _ = encoder_for(self.config)(
-        input_ids, input_mask, segment_ids, deterministic=deterministic)
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True,
+               **packing):
+    """-> logits [B,T,num_labels] float32 (`packing`: encode()'s packed rows)."""
+    sequence, _ = encode(self.config, input_ids, input_mask, segment_ids,
+                         deterministic=deterministic, **packing)
     if self.config.architecture == "modernbert":
       sequence = _modern_head(self.config, sequence)
     sequence = nn.Dropout(self.config.hidden_dropout_prob)(sequence, deterministic=deterministic)
@@ -147,10 +168,11 @@ class BertForQuestionAnswering(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True):
-    """-> (start_logits [B,T], end_logits [B,T]) float32."""
-    sequence, _ = encoder_for(self.config)(
-        input_ids, input_mask, segment_ids, deterministic=deterministic)
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True,
+               **packing):
+    """-> (start_logits [B,T], end_logits [B,T]) float32 (`packing`: encode()'s packed rows)."""
+    sequence, _ = encode(self.config, input_ids, input_mask, segment_ids,
+                         deterministic=deterministic, **packing)
     if self.config.architecture == "modernbert":
       sequence = nn.Dropout(self.config.hidden_dropout_prob)(
           _modern_head(self.config, sequence), deterministic=deterministic)

@@ -209,12 +209,15 @@ class ModernBertModel(nn.Module):
     real = input_mask > 0
     x = self.embeddings(input_ids, deterministic=deterministic)
     x = self.encoder(x, real, positions, deterministic=deterministic, documents=documents)
-    if cfg.classifier_pooling == "mean":
+    return x, self.pool(x, real)
+
+  def pool(self, sequence: jax.Array, real: jax.Array) -> jax.Array:
+    """The pooled vector of [B,T,H] rows: [CLS]'s, or the mean of the real tokens'
+    (classifier_pooling)."""
+    if self.config.classifier_pooling == "mean":
       weights = real.astype(jnp.float32)[..., None]
-      pooled = (x.astype(jnp.float32) * weights).sum(1) / jnp.maximum(weights.sum(1), 1.0)
-    else:
-      pooled = x[:, 0]
-    return x, pooled
+      return (sequence.astype(jnp.float32) * weights).sum(1) / jnp.maximum(weights.sum(1), 1.0)
+    return sequence[:, 0]
 
   def word_embedding_table(self) -> jax.Array:
     """The [padded V,H] float32 word embedding matrix, for heads tied to it."""

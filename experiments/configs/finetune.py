@@ -87,6 +87,10 @@ def get_config(arg: str = "sst2") -> ml_collections.ConfigDict:
   t.n_best_size = 20  # SQuAD: candidate starts/ends and answers kept (google-research value)
   t.max_answer_length = 30  # SQuAD: longest answer in pieces (google-research value)
   t.null_score_diff_threshold = 0.0  # SQuAD 2.0: predict "" when null - best span exceeds it
+  # SQuAD's start/end softmax: False over every position of the row, padding included
+  # (google-research/bert's run_squad); True over the real tokens only, as config.padding
+  # "packed" always trains (a packed example has no padding to include).
+  t.mask_padding_logits = False
   t.max_train_examples = 0  # 0: all; else a fixed subset (quick runs, benchmarks)
   t.max_dev_examples = 0  # 0: all; else a fixed subset
   # > 0 (classification): a labelled test split carved out of train by text hash
@@ -115,7 +119,9 @@ def get_config(arg: str = "sst2") -> ml_collections.ConfigDict:
   config.max_seq_length = 128  # google-research value (SQuAD: KIND_RECIPES)
   # "buckets": a batch (the rows fixed padding would batch) is cut to the shortest bucket
   # length holding its longest row (finetune/buckets.py: the same losses and dev metrics,
-  # less padding); "fixed": always max_seq_length.
+  # less padding); "fixed": always max_seq_length; "packed": the batch's examples packed
+  # into as few max_seq_length rows as hold them, each attending only to itself
+  # (finetune/features/packed.py: the same examples per batch, losses and predictions).
   config.padding = "buckets"
   config.bucket_multiple = 32  # bucket lengths: its multiples below max_seq_length, and that
   config.group_by_length = False  # True: sort train rows by length in windows; learns less

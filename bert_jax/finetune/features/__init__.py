@@ -6,6 +6,7 @@
   token_features  first-sub-token features of tagged words, per-word predictions
   windows         overlapping windows over long piece sequences, max-context scoring
   buckets         length buckets, batches of fixed padding's rows, eval batches
+  packed          a batch's examples packed into as few rows as hold them (padding "packed")
 
 Imports: `host`, data_pipeline's tokenizers, bert_jax.finetune.readers (records).
 """

@@ -33,7 +33,9 @@ import math
 
 import numpy as np
 
-PADDINGS = ("buckets", "fixed")
+from bert_jax.finetune.features import packed as packed_lib
+
+PADDINGS = ("buckets", "fixed", "packed")  # packed: features/packed.py
 # Filled into sequence outputs at every padded position (steps.predict): far below any
 # real logit, so a padded position never ranks among SQuAD's n-best.
 PAD_LOGIT = -1e9
@@ -44,7 +46,7 @@ def bucket_lengths(max_seq_length: int, multiple: int, padding: str) -> tuple[in
   max_seq_length itself; ("fixed" padding, or multiple >= max_seq_length) only the latter."""
   if padding not in PADDINGS:
     raise ValueError(f"config.padding={padding!r} must be one of {PADDINGS}")
-  if padding == "fixed" or multiple >= max_seq_length:
+  if padding in ("fixed", "packed") or multiple >= max_seq_length:
     return (max_seq_length,)
   if multiple < 1:
     raise ValueError(f"config.bucket_multiple={multiple} must be >= 1")
@@ -102,8 +104,11 @@ class TrainBatches:
   """
 
   def __init__(self, features: dict[str, np.ndarray], *, seed: int, batch_size: int,
-               buckets: tuple[int, ...], grouped: bool, window_batches: int):
+               buckets: tuple[int, ...], grouped: bool, window_batches: int,
+               pack_unit: int = 0):
     self.features, self.seed, self.batch_size = features, seed, batch_size
+    # > 0: config.padding "packed" (packed.py), the row count rounded to this multiple.
+    self.pack_unit = pack_unit
     self.buckets, self.grouped, self.window_batches = buckets, grouped, window_batches
     self.max_seq_length = buckets[-1]
     self.lengths = row_lengths(features)
@@ -126,11 +131,23 @@ class TrainBatches:
     rows, length = self.rows(step)
     per_host = self.batch_size // process_count
     rows = rows[process_index * per_host:(process_index + 1) * per_host]
+    if self.pack_unit:
+      return packed_lib.pack(self.features, keys, rows, self.max_seq_length, self.pack_unit)
     return cut(self.features, keys, rows, length, self.max_seq_length)
 
   def padding(self, total_steps: int) -> dict[str, float]:
     """padding_stats of every train step of a run (a pure function of the seed)."""
     steps = [self.rows(step) for step in range(total_steps)]
+    if self.pack_unit:  # every step's rows at full length, as many as its packing takes
+      packed_rows = [max(self.pack_unit, -(-packed_lib.assign(
+          self.lengths[rows], self.max_seq_length)[2] // self.pack_unit) * self.pack_unit)
+                     for rows, _ in steps]
+      real = float(sum(self.lengths[rows].sum() for rows, _ in steps))
+      padded = float(sum(packed_rows)) * self.max_seq_length
+      fixed = float(sum(len(rows) for rows, _ in steps)) * self.max_seq_length
+      return {"real_tokens": real, "padded_tokens": padded,
+              "pad_fraction": 1.0 - real / padded if padded else 0.0,
+              "fixed_pad_fraction": 1.0 - real / fixed if fixed else 0.0}
     return padding_stats(np.concatenate([self.lengths[rows] for rows, _ in steps]),
                          np.concatenate([np.full(len(rows), length) for rows, length in steps]),
                          self.max_seq_length)

@@ -66,6 +66,11 @@ class SquadKind(task_kind.TaskKind):
 
   def loss(self, task, out, batch):
     start_logits, end_logits = out
+    if "pack_index" in batch or task.config.get("mask_padding_logits", False):
+      # Over the real tokens only (a packed example's outputs end with it).
+      real = (batch["pack_index"] >= 0 if "pack_index" in batch else batch["input_mask"] > 0)
+      start_logits = jnp.where(real, start_logits, -1e9)
+      end_logits = jnp.where(real, end_logits, -1e9)
     per_example = 0.5 * (task_kind.softmax_nll(start_logits, batch["start_positions"])
                          + task_kind.softmax_nll(end_logits, batch["end_positions"]))
     return jnp.sum(per_example), self.loss_weight(task, batch)

@@ -179,9 +179,11 @@ class TaskKind:
     raise NotImplementedError(f"task kind {self.name!r} has no loss")
 
   def loss_weight(self, task: Task, batch: dict[str, jax.Array]) -> jax.Array:
-    """What the loss is averaged over; default: the batch's examples."""
+    """What the loss is averaged over; default: the batch's examples (a packed batch's
+    pack_index has one row per example, its inputs one per packed row)."""
     del task
-    return jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+    examples = batch["pack_index"] if "pack_index" in batch else batch["input_ids"]
+    return jnp.asarray(examples.shape[0], jnp.float32)
 
   # ----------------------------------------------------------------- evaluation
 

@@ -1,0 +1,110 @@
+"""config.padding="packed" (bert_jax/finetune/features/packed.py): each batch's examples, the
+ones fixed padding batches, packed into as few rows as hold them, each attending only to
+itself. With dropout off the per-step losses equal fixed padding's within 1e-5 and the
+dev predictions are the same, for classification and SQuAD here and tagging in
+tests/test_finetune_padding.py."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from bert_jax.finetune import sweep as finetune_sweep
+from bert_jax.finetune.features import packed
+from experiments.configs import finetune as finetune_configs
+from test_finetune_trainer import toy_config
+from test_finetune_trainer import toy_files  # noqa: F401  (the fixture, by name)
+
+
+def test_examples_are_packed_first_fit_decreasing_and_read_back():
+  """Fails if the examples are not packed into the fewest rows first fit decreasing, a
+  token lands elsewhere than pack_index says, positions do not restart, document ids do
+  not number the examples of a row, or the labels stop being one per example."""
+  lengths = [5, 9, 3, 7, 0]  # the last an empty (padding) example
+  features = {"input_ids": np.zeros((5, 10), np.int32), "input_mask": np.zeros((5, 10), np.int32),
+              "segment_ids": np.zeros((5, 10), np.int32), "label_ids": np.arange(5)}
+  for i, n in enumerate(lengths):
+    features["input_ids"][i, :n] = 100 * (i + 1) + np.arange(n)
+    features["input_mask"][i, :n] = 1
+  out = packed.pack(features, ("label_ids",), np.arange(5), 10, unit=4)
+  # 9 | 7 3 | 5 -> three rows (5 and 3 would fit too, but 3 went first, by length),
+  # rounded up to 4 (the unit).
+  assert out["input_ids"].shape == (4, 10)
+  flat = out["input_ids"].reshape(-1)
+  for i, n in enumerate(lengths):
+    index = out["pack_index"][i]
+    assert (index[n:] == -1).all()
+    np.testing.assert_array_equal(flat[index[:n]], features["input_ids"][i, :n])
+    np.testing.assert_array_equal(out["position_ids"].reshape(-1)[index[:n]], np.arange(n))
+  # Numbered in batch order: example 2 (3 tokens) before example 3 (7 tokens) in their row.
+  np.testing.assert_array_equal(out["document_ids"][1], [2] * 7 + [1] * 3)
+  assert not out["input_mask"][3].any()
+  np.testing.assert_array_equal(out["label_ids"], features["label_ids"])
+
+
+def _run(config, workdir: pathlib.Path):
+  """(per-step losses, dev predictions file's text, the summary) of one run."""
+  summary = finetune_sweep.finetune(config, str(workdir))
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  step = json.loads((workdir / "result.json").read_text())["step"]
+  files = sorted((workdir / "predictions" / str(step)).glob("*"))
+  return [r["loss"] for r in rows if "loss" in r], [f.read_text() for f in files], summary
+
+
+def _no_dropout(config):
+  config.model.hidden_dropout_prob = 0.0
+  config.model.attention_probs_dropout_prob = 0.0
+  return config
+
+
+@pytest.mark.slow  # two runs of the toy classification task
+def test_packed_classification_trains_as_fixed_padding(toy_files, tmp_path):  # noqa: F811
+  """Fails if packed classification's per-step losses differ from fixed padding's beyond
+  1e-5 or its dev predictions differ, or no batch was packed into fewer rows."""
+  runs = {p: _run(_no_dropout(toy_config(toy_files, padding=p, log_every_steps=1,
+                                         max_seq_length=32)), tmp_path / p)
+          for p in ("packed", "fixed")}
+  (losses, predictions, summary), (fixed_losses, fixed_predictions, _) = (
+      runs["packed"], runs["fixed"])
+  assert len(losses) == len(fixed_losses) >= 20
+  assert max(abs(a - b) for a, b in zip(losses, fixed_losses)) < 1e-5
+  assert predictions == fixed_predictions and predictions
+  assert max(summary["speed"]["compiled"]["train_rows"]) < 16, summary["speed"]
+
+
+@pytest.mark.slow  # two SQuAD runs on the allennlp fixture
+def test_packed_squad_trains_as_fixed_padding(allennlp_fixtures, uncased_vocab, tmp_path):
+  """Fails if packed SQuAD windows' per-step losses differ from fixed padding's (its softmax
+  over the real tokens, as packed rows train) beyond 1e-5, or the predictions (answers,
+  n-best) differ."""
+  def config(padding):
+    c = finetune_configs.get_config("squad_v1")
+    c.update_from_flattened_dict({
+        "task.train_file": str(allennlp_fixtures / "squad.json"),
+        "task.dev_file": str(allennlp_fixtures / "squad.json"), "max_seq_length": 128,
+        "task.doc_stride": 32, "num_epochs": 3, "padding": padding, "log_every_steps": 1})
+    c.vocab_file = str(uncased_vocab)
+    c.model_size = "tiny"
+    c.batch_size = c.eval_batch_size = 8
+    c.optimizer.learning_rate = 2e-3
+    c.eval_every_steps = 1000
+    return _no_dropout(c)
+  losses, predictions, _ = _run(config("packed"), tmp_path / "packed")
+  # Packed trains SQuAD's softmax over the real tokens (it has no padding to include):
+  # fixed padding with the same loss (task.mask_padding_logits).
+  fixed = config("fixed")
+  fixed.task.mask_padding_logits = True
+  fixed_losses, fixed_predictions, _ = _run(fixed, tmp_path / "fixed")
+  assert len(losses) == len(fixed_losses) > 0
+  assert max(abs(a - b) for a, b in zip(losses, fixed_losses)) < 1e-5
+  # The answers are the same; the n-best lists the same texts, their logits within float
+  # rounding (the packed rows' sums run in another order).
+  answers, fixed_answers = (json.loads(p[-1]) for p in (predictions, fixed_predictions))
+  assert answers == fixed_answers and answers
+  nbest, fixed_nbest = (json.loads(p[0]) for p in (predictions, fixed_predictions))
+  assert nbest.keys() == fixed_nbest.keys()
+  for qid, entries in nbest.items():
+    assert [e["text"] for e in entries] == [e["text"] for e in fixed_nbest[qid]]
+    np.testing.assert_allclose([e["start_logit"] for e in entries],
+                               [e["start_logit"] for e in fixed_nbest[qid]], atol=1e-5)
