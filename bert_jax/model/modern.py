@@ -202,7 +202,6 @@ class ModernBertModel(nn.Module):
     for the task heads' sake and changes nothing: every layer computes every row.
     """
     del segment_ids, pooled_only
-    cfg = self.config
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32),
                                    input_ids.shape)
