@@ -165,6 +165,19 @@ def _numpy_reference(params, grads_seq, lr_fn, *, name, bias_correction, weight_
   return params
 
 
+def _six_steps(tx, params, seed: int):
+  """(the gradients, the params after) of six updates of `tx` on random gradients whose
+  scale jumps between steps (global norms from ~0.04 to ~8)."""
+  rng = np.random.default_rng(seed)
+  grads_seq = [jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape) * s, jnp.float32),
+                            params) for s in (0.01, 2.0, 0.1, 1.0, 0.05, 0.5)]
+  state, ours = tx.init(params), params
+  for grads in grads_seq:
+    updates, state = tx.update(grads, state, ours)
+    ours = optax.apply_updates(ours, updates)
+  return grads_seq, ours
+
+
 # (optimizer, bias correction, global-norm clip, weight decay, google-research schedule)
 _CASES = {
     "adamw": ("adamw", True, 1.0, 0.1, False),
@@ -189,14 +202,8 @@ def test_optimizer_matches_a_numpy_transcription_of_its_update_rule(case):
                        decay_from_step0=google)
   tx, _ = optim.make_optimizer(config, total_steps=total)
   params = _params()
-  rng = np.random.default_rng(1)
   # Global norms from ~0.04 to ~8: clipping at 1 is active on some steps and not others.
-  grads_seq = [jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape) * s, jnp.float32),
-                            params) for s in (0.01, 2.0, 0.1, 1.0, 0.05, 0.5)]
-  state, ours = tx.init(params), params
-  for grads in grads_seq:
-    updates, state = tx.update(grads, state, ours)
-    ours = optax.apply_updates(ours, updates)
+  grads_seq, ours = _six_steps(tx, params, seed=1)
 
   lr = lambda step: _lr_by_hand(step, peak, warmup, total, google)
   def reference(**changes):
@@ -295,13 +302,7 @@ def test_stableadamw_matches_optimis_update(fully_decoupled):
                        decay_shape="1-sqrt", fully_decoupled_weight_decay=fully_decoupled)
   tx, schedule = optim.make_optimizer(config, total_steps=6)
   params = _params()
-  rng = np.random.default_rng(2)
-  grads_seq = [jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape) * s, jnp.float32),
-                            params) for s in (0.01, 2.0, 0.1, 1.0, 0.05, 0.5)]
-  state, ours = tx.init(params), params
-  for grads in grads_seq:
-    updates, state = tx.update(grads, state, ours)
-    ours = optax.apply_updates(ours, updates)
+  grads_seq, ours = _six_steps(tx, params, seed=2)
 
   def reference(**changes):
     kw = dict(weight_decay=wd, decays=_decays_by_hand(params), b1=b1, b2=b2, eps=eps,
