@@ -273,6 +273,8 @@ def _finetune_input_cases(root: pathlib.Path, vocab: pathlib.Path):
       "a fine-tuning file without the named column": dev("other_columns.tsv"),
       "a negative fine-tuning learning rate": config(learning_rates=(1e-3, -1.0)),
       "a fine-tuning run without seeds": config(seeds=()),
+      "two labels without `--config.task.positive_label` among them": config(
+          **{"task.positive_label": "1"}),
   }
 
 

@@ -151,6 +151,11 @@ def custom_task(name: str, *, train_file: str, dev_file: str, text_a: Column,
   else:
     binary = labels is not None and len(labels) == 2
     metric_names, main = ("accuracy", "f1") if binary else ("accuracy",), "accuracy"
+    if binary and positive_label not in labels:  # else the first dev evaluation fails
+      raise ValueError(f"custom task {name!r}: config.task.positive_label="
+                       f"{positive_label!r} is not one of the labels {list(labels)}; binary "
+                       f"F1 is reported for it: set --config.task.positive_label="
+                       f"{labels[-1]} (or the class you mean)")
   return TaskSpec(name=name, text_a=text_a, text_b=text_b, label=label,
                   labels=tuple(labels) if labels else None, regression=regression,
                   metrics=metric_names, main_metric=main,
