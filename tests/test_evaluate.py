@@ -294,10 +294,15 @@ def test_leaderboard_files_are_checked_and_zipped_the_same_each_time(tmp_path):
     assert z.namelist() == ["MRPC.tsv"]
 
 
-@pytest.mark.slow  # three fresh processes (each imports JAX and TensorFlow)
+@pytest.mark.slow  # five fresh processes (each imports JAX and TensorFlow)
 def test_the_command_refuses_in_one_line_and_writes_nothing(tmp_path, minilm_dir):
-  """Fails if a bad --suite or a missing flag gives a traceback, exit code 0, or a workdir."""
+  """Fails if a bad --suite (unknown, a file that is not there or does not parse) or a
+  missing flag gives a traceback, exit code 0, or a workdir."""
+  broken = tmp_path / "broken_suite.py"
+  broken.write_text("def get_config(\n")
   for args, message in ((["--suite=nope"], "unknown suite 'nope'"),
+                        ([f"--suite={tmp_path / 'missing.py'}:x"], "No such file or directory"),
+                        ([f"--suite={broken}:x"], "'(' was never closed (broken_suite.py, line 1)"),
                         (["--suite=glue"], "--init_checkpoint is required"),
                         (["--suite=glue", f"--init_checkpoint={minilm_dir}", "--seeds=a,b"],
                          "flag --seeds=a,b: expected a comma-separated list of ints")):

@@ -87,8 +87,11 @@ def parse_flags(argv: list[str]) -> list[str]:
     os.environ[errors.VERBOSE_ENV] = "1"
   from bert_jax import jobs  # pylint: disable=g-import-not-at-top  # JAX only once parsing runs
   try:
-    return flags.FLAGS(_named_suites(argv))
-  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    parsed = flags.FLAGS(_named_suites(argv))
+    getattr(flags.FLAGS.suite, "family", None)  # a suite file that did not load fails on use
+    return parsed
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError,
+          SyntaxError) as e:  # the user's flags and suite file, not a bug of ours
     text = [l.strip() for l in str(e).splitlines() if l.strip()]
     cause = re.sub(r"^\w+(Error|Exception): ", "", text[-1]) if text else repr(e)
     head = re.match(r"(flag --\S+): ", text[0]) if text else None
