@@ -157,14 +157,37 @@ def test_plan_seeds_prints_the_pilots_spread_and_the_table(tmp_path):
   assert f"| 0.001 | {ablation_stats.seeds_needed(0.001, sd)} |" in text
 
 
+def _damaged(tmp_path, how: str) -> str:
+  """A pilot whose results.csv or plan.json is damaged as `how` says."""
+  _pilot(tmp_path, [0.004, 0.001])
+  results = tmp_path / "results.csv"
+  if how == "n/a":  # the first run's downstream median
+    lines = results.read_text().splitlines()
+    lines[1] = lines[1].rsplit(",", 1)[0] + ",n/a"
+    results.write_text("\n".join(lines) + "\n")
+  elif how == "no seed":
+    results.write_text("\n".join(",".join(c for i, c in enumerate(line.split(",")) if i != 2)
+                                 for line in results.read_text().splitlines()) + "\n")
+  elif how == "binary":
+    results.write_bytes(b"run,setting\n\xff\xfe\x00\x81")
+  else:  # a cut plan.json
+    (tmp_path / "plan.json").write_text('{"baseline": "r15", "tas')
+  return str(tmp_path)
+
+
 @pytest.mark.parametrize("make, says", [
     (lambda p: str(p), "results.csv is missing"),
     (lambda p: _pilot(p, [0.004, 0.001], finished=False), "has no finished run"),
     (lambda p: _pilot(p, [0.004]), "no setting has 2 pretraining seeds"),
+    (lambda p: _damaged(p, "n/a"), "has sent_median='n/a', not a number"),
+    (lambda p: _damaged(p, "no seed"), "has seed=None, not a number (or no such column)"),
+    (lambda p: _damaged(p, "binary"), "results.csv is not the CSV the report writes"),
+    (lambda p: _damaged(p, "cut plan"), "plan.json is not the JSON the ablation writes"),
 ])
 def test_plan_seeds_refuses_in_one_line(tmp_path, make, says):
-  """Fails if plan_seeds, on a pilot without results.csv, without a finished run or with one seed,
-  does not raise a UsageError that says so in a single line."""
+  """Fails if plan_seeds, on a pilot without results.csv, without a finished run, with one seed,
+  with an n/a cell, without a seed column, with binary bytes for results.csv or with a cut
+  plan.json, does not raise a UsageError that says so in a single line."""
   with pytest.raises(errors.UsageError) as e:
     ablation_power.plan_seeds(make(tmp_path))
   assert says in str(e.value) and "\n" not in str(e.value)

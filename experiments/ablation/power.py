@@ -45,13 +45,36 @@ def read_pilot(workdir: str) -> tuple[list[dict[str, Any]], list[str], str]:
     if not paths.exists(path):
       raise errors.UsageError(f"{path} is missing: --plan_seeds plans from a pilot's report; "
                               f"run the ablation (or --stage=report) in {workdir} first")
-  plan = json.loads(paths.read_text(plan_path))
-  rows = [r for r in csv.DictReader(io.StringIO(paths.read_text(results)))
-          if r.get("steps") and r["steps"] == r.get("total_steps")]
+  try:  # the pilot's files are input: damaged ones are named in one line
+    plan = json.loads(paths.read_text(plan_path))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise errors.UsageError(f"{plan_path} is not the JSON the ablation writes ({e}): "
+                            f"re-run --stage=prepare (or the ablation) in {workdir}") from None
+  try:
+    rows = [r for r in csv.DictReader(io.StringIO(paths.read_text(results)))
+            if r.get("steps") and r["steps"] == r.get("total_steps")]
+  except (UnicodeDecodeError, csv.Error) as e:
+    raise errors.UsageError(f"{results} is not the CSV the report writes ({e}): re-run "
+                            f"--stage=report in {workdir}") from None
+  tasks = list(plan.get("tasks", {}))
+  numbers = [("seed", int), ("eval_mlm_accuracy", float)] + [(f"{t}_median", float)
+                                                             for t in tasks]
+  for r in rows:  # what comparisons() reads: a seed, and numbers where a metric is given
+    for column, kind in numbers:
+      value = r.get(column)
+      if column != "seed" and value in ("", None):
+        continue
+      try:
+        kind(value)
+      except (TypeError, ValueError):
+        raise errors.UsageError(
+            f"{results}: run {r.get('setting', '?')}_seed{r.get('seed', '?')} has "
+            f"{column}={value!r}, not a number (or no such column); re-run --stage=report "
+            f"in {workdir}") from None
   if not rows:
     raise errors.UsageError(f"{results} has no finished run (steps = total_steps): nothing to "
                             "plan from; let the pilot's runs finish and re-run --stage=report")
-  return rows, list(plan.get("tasks", {})), plan.get("baseline", "r15")
+  return rows, tasks, plan.get("baseline", "r15")
 
 
 def comparisons(rows: list[dict[str, Any]], tasks: list[str], baseline: str
