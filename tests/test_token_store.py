@@ -284,6 +284,21 @@ def test_truncated_damaged_or_foreign_shards_are_refused_by_name_and_rebuilt(
     assert shard.read_bytes() == good
 
 
+def test_a_cut_manifest_is_named_with_what_to_do(files, tmp_path):
+  """Fails if a store whose manifest.json was cut is read past without a refusal naming the
+  file and the fix, or if the fix (deleting it) does not give the same batches again."""
+  config = _config(files[0], files[2], tmp_path)
+  expected = _everything(_data(config))
+  store = prepare_corpus.prepare_store(config.data, vocab_file=str(files[2]), spm_model_file="",
+                                       num_workers=1)
+  manifest = pathlib.Path(store.directory) / token_store.MANIFEST
+  manifest.write_text(manifest.read_text()[:200])
+  with pytest.raises(ValueError, match=rf"{manifest} is damaged \(.*\): delete it"):
+    token_store.read_manifest(store.directory)
+  manifest.unlink()
+  _assert_same(_everything(_data(config)), expected)
+
+
 def test_refusals_are_the_in_memory_paths(tmp_path, files):
   """Fails if a bad JSONL line in a later shard is named with another line number than the
   in-memory path's, or a binary file with another message."""

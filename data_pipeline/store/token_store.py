@@ -297,7 +297,11 @@ def read_manifest(directory: str) -> dict | None:
   path = paths.join(directory, MANIFEST)
   if not paths.exists(path):
     return None
-  manifest = json.loads(paths.read_text(path))
+  try:
+    manifest = json.loads(paths.read_text(path))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:  # cut or overwritten by hand
+    raise ValueError(f"{path} is damaged ({e}): delete it (the shards beside it are checked "
+                     "and kept) and run again, which writes it anew") from None
   return manifest if manifest.get("format") == FORMAT_VERSION else None
 
 
