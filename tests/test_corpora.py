@@ -52,7 +52,8 @@ def test_bert_format_glob_reads_all_documents_in_sorted_order(tmp_path):
 
 def test_raw_and_jsonl_documents_are_sentence_split(tmp_path):
   """Fails if raw: or jsonl: documents split into other sentences than the listed ones (a jsonl line
-  wrap is no paragraph break), or a jsonl line without "text" is not refused by file:line."""
+  wrap is no paragraph break), or a jsonl line without "text" or with a lone surrogate escape is
+  not refused by file:line."""
   _write(tmp_path / "raw.txt", "First doc. Two sentences!\n\nSecond doc? Yes.\n")
   assert list(corpora.read_documents(f"raw:{tmp_path}/raw.txt", split="all")) == [
       ["First doc.", "Two sentences!"], ["Second doc?", "Yes."]]
@@ -63,6 +64,11 @@ def test_raw_and_jsonl_documents_are_sentence_split(tmp_path):
   _write(tmp_path / "bad.jsonl", '{"body": "no text field"}\n')
   with pytest.raises(ValueError, match=r"bad.jsonl:1.*'text'"):
     list(corpora.read_documents(f"jsonl:{tmp_path}/bad.jsonl", split="all"))
+  # A lone surrogate escape: valid JSON, no character; named by file and line.
+  _write(tmp_path / "surrogate.jsonl", '{"text": "fine."}\n{"text": "bad \\ud800 one."}\n')
+  with pytest.raises(ValueError, match=r"surrogate.jsonl:2: field 'text' holds '\\ud800', a "
+                                       r"lone surrogate escape"):
+    list(corpora.read_documents(f"jsonl:{tmp_path}/surrogate.jsonl", split="all"))
 
 
 def test_tfds_dataset_from_local_data_dir(tmp_path):

@@ -239,6 +239,12 @@ def _jsonl_documents(path, max_line_bytes, stats, text_field, byte_range=None,
     if not isinstance(text, str):
       raise ValueError(f"{path}:{_line_number(path, number, byte_range)}: field "
                        f"{text_field!r} is not a string")
+    try:  # JSON may escape a lone surrogate (\ud800), which no UTF-8 text can hold
+      text.encode("utf-8")
+    except UnicodeEncodeError as e:
+      raise ValueError(f"{path}:{_line_number(path, number, byte_range)}: field "
+                       f"{text_field!r} holds {e.object[e.start:e.end]!r}, a lone surrogate "
+                       "escape that is no character: fix or remove the line") from None
     yield sentences.paragraph_sentences(text, split)
 
 
