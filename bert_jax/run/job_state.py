@@ -194,12 +194,13 @@ def track(workdir: str, distributed: bool, body: Callable[[], int]) -> int:
     tracker.finish(code)
 
 
-def tracked(run: Callable[[Any, str], int]) -> Callable[[Any, str], int]:
-  """Decorates bert_jax.jobs.run(config, workdir) -> exit code: records the job's state (track)."""
+def tracked(run: Callable[..., int]) -> Callable[..., int]:
+  """Decorates bert_jax.jobs.run(config, workdir, **options) -> exit code: records the job's
+  state (track). Keyword options pass through unchanged."""
 
   @functools.wraps(run)
-  def wrapper(config, workdir_path: str) -> int:
+  def wrapper(config, workdir_path: str, **options) -> int:
     return track(workdir_path, bool(config.distributed.enabled),
-                 lambda: run(config, workdir_path))
+                 lambda: run(config, workdir_path, **options))
 
   return wrapper
