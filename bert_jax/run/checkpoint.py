@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import re
+import sys
 import time
 from typing import Any
 
@@ -190,6 +191,7 @@ def _try_restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int
       raise  # a refusal about this run (the same on every process), not damage
     except Exception as e:  # pylint: disable=broad-except  # tensorstore/orbax raise many kinds
       restored = None
+      _drop_abandoned_reads()
       causes.append(_missing_file(manager, step) or _one_line(e))
       logging.warning("checkpoint step %d: restore attempt %d of %d failed: %s", step,
                       attempt + 1, RESTORE_ATTEMPTS, causes[-1])
@@ -202,6 +204,37 @@ def _try_restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int
   else:
     verdict = _UNREADABLE
   return None, _agree(manager, step, verdict), causes[-1] if causes else ""
+
+
+def _from_orbax(unraisable) -> bool:
+  """Whether an unraisable exception is one of orbax's array reads, abandoned when a
+  restore failed: a coroutine of orbax's whose finalisation raised the read error again."""
+  code = getattr(unraisable.object, "cr_code", None)
+  return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+
+
+def _drop_abandoned_reads() -> None:
+  """Once a restore has failed, orbax's other reads of that step are left as coroutines
+  that raise the read error again when the garbage collector finalises them, at some
+  later moment: each printed as 'Exception ignored in: <coroutine ...>' with tensorstore's
+  whole spec, about 60 lines per array (3,400 lines for BERT-tiny), long after the one
+  line that said why the step does not restore. From the first failure on, this process
+  drops those (and only those; any other unraisable exception passes), saying so once.
+  BERT_JAX_VERBOSE=1 keeps them all."""
+  previous = sys.unraisablehook
+  if getattr(previous, "drops_abandoned_reads", False) or os.environ.get(errors.VERBOSE_ENV) == "1":
+    return
+
+  def hook(unraisable):
+    if not _from_orbax(unraisable):
+      previous(unraisable)
+    elif not hook.said:
+      hook.said = True
+      logging.info("orbax's abandoned reads of a checkpoint that did not restore are not "
+                   "printed (%s=1 prints them)", errors.VERBOSE_ENV)
+
+  hook.drops_abandoned_reads, hook.said = True, False
+  sys.unraisablehook = hook
 
 
 def restore_latest(manager: ocp.CheckpointManager, abstract_state: Any
