@@ -1,13 +1,16 @@
 """Tests of data_pipeline/sources/corpora.py: formats, sharding, held-out split, bad input, embedded corpus."""
 
 import ast
+import io
 import json
 import pathlib
 import textwrap
 
+import numpy as np
 import pytest
 
 from data_pipeline.sources import corpora
+from data_pipeline.sources import text_lines
 
 
 def _write(path: pathlib.Path, content) -> pathlib.Path:
@@ -157,6 +160,42 @@ def test_bad_input_is_skipped_and_counted(tmp_path):
   assert stats.split_documents == 2
   assert stats.single_sentence_documents == 1
   assert stats.documents == 6 and stats.files == 4
+
+
+def test_lines_end_at_lf_crlf_or_a_lone_cr_and_lf_files_read_as_before(tmp_path):
+  """Fails if a raw: file with "\r" line ends (old Mac) is not one document per line (it was
+  one document), if "\r", "\r\n" and a mix do not give the BERT-format documents "\n"
+  gives, or if on "\n"-only bytes (random lines, over-long ones among them) the lines,
+  their sizes and the skipped ones differ from the reader before "\r" ended a line
+  (readline on "\n"): a "\n" file's tokens and stores stay as they were."""
+  _write(tmp_path / "mac.txt", b"First document. It has two sentences.\rSecond one here.\r")
+  assert list(corpora.read_documents(f"raw:{tmp_path}/mac.txt", split="all")) == [
+      ["First document.", "It has two sentences."], ["Second one here."]]
+  documents = b"One.\nTwo.\n\nThree.\nFour.\n\n\nFive.\n"
+  for name, data in (("cr", documents.replace(b"\n", b"\r")),
+                     ("crlf", documents.replace(b"\n", b"\r\n")),
+                     ("mixed", b"One.\rTwo.\r\n\nThree.\nFour.\r\r\n\rFive.")):
+    _write(tmp_path / name / "a.txt", data)
+    assert list(corpora.read_documents(str(tmp_path / name / "a.txt"), split="all")) == [
+        ["One.", "Two."], ["Three.", "Four."], ["Five."]], name
+
+  def before(f, limit):  # corpora._lines's reading before text_lines
+    while raw := f.readline(limit + 1):
+      size = len(raw)
+      if len(raw) > limit and not raw.endswith(b"\n"):
+        while raw and not raw.endswith(b"\n"):
+          raw = f.readline(1 << 20)
+          size += len(raw)
+        yield None, size
+        continue
+      yield raw.rstrip(b"\r\n"), size
+
+  rng = np.random.default_rng(0)
+  for _ in range(300):
+    data = bytes(rng.choice(list(b"ab \n"), rng.integers(0, 80)))
+    limit = int(rng.integers(1, 12))
+    assert (list(text_lines.raw_lines(io.BytesIO(data), limit))
+            == list(before(io.BytesIO(data), limit))), (data, limit)
 
 
 def test_empty_corpus_is_a_clear_error(tmp_path):

@@ -5,6 +5,7 @@ Wikipedia: a "text" column (with nulls and empty texts), other columns beside it
 """
 
 import json
+import logging
 
 import numpy as np
 import pyarrow as pa
@@ -15,6 +16,7 @@ from data_pipeline.sources import corpora
 from data_pipeline.sources import parquet_files
 from data_pipeline import prepare
 from data_pipeline.examples import pretraining
+from data_pipeline.store import prepare_corpus
 from experiments.configs import data as data_configs
 from host import paths
 
@@ -151,3 +153,85 @@ def test_pretraining_batches_over_parquet_equal_those_over_the_same_jsonl(tmp_pa
       for key in got:
         np.testing.assert_array_equal(got[key], want[key], err_msg=f"{other}: {key}")
   assert batches["parquet"][0]["input_mask"].sum() > 16 * 32  # real text, not padding
+
+
+def damage_page(path, row_group: int) -> None:
+  """Flips 8 bytes in the middle of a row group's text page (of a file `paged` wrote): its
+  snappy data no longer decodes (tests/test_refusals.py uses it too)."""
+  column = pq.ParquetFile(str(path)).metadata.row_group(row_group).column(0)
+  assert not column.has_dictionary_page  # the text is in the one page
+  data = bytearray(path.read_bytes())
+  middle = column.data_page_offset + column.total_compressed_size // 2
+  for k in range(middle, middle + 8):
+    data[k] ^= 0xFF
+  path.write_bytes(bytes(data))
+
+
+def paged(path, rows: int = 300):
+  """A file of `rows` texts in row groups of 100, snappy pages without a dictionary; `path`."""
+  texts = [" ".join(f"word{(7 * i + j) % 97}" for i in range(40)) + ". Another sentence."
+           for j in range(rows)]
+  pq.write_table(pa.table({"text": texts}), str(path), compression="snappy",
+                 row_group_size=100, use_dictionary=False)
+  return path
+
+
+def _store_config(corpus: str, vocab, tokenized_dir):
+  config = data_configs.data_config()
+  config.corpus, config.vocab_file, config.tokenized_dir = corpus, str(vocab), str(tokenized_dir)
+  config.prepare_workers = 1
+  return config
+
+
+def _prepare(config):
+  return prepare_corpus.prepare_store(config, vocab_file=config.vocab_file, spm_model_file="",
+                                      num_workers=1)
+
+
+def test_a_corrupt_data_page_is_one_line_naming_the_file_and_row_group(tmp_path, uncased_vocab):
+  """Fails if a page that does not decode comes out as pyarrow's bare OSError (a 68-line
+  traceback ending "Corrupt snappy compressed data", no file named) rather than one line
+  naming the file, its row group and what to do, read in memory or into a store; or if
+  the refused preparation leaves anything in the store root."""
+  paged(tmp_path / "wiki.parquet")
+  damage_page(tmp_path / "wiki.parquet", 1)
+  expected = (f"corpus file {tmp_path / 'wiki.parquet'}: row group 1 (of 0-2; 100 rows) cannot "
+              "be read (Corrupt snappy compressed data.): the file is damaged; fetch or write it "
+              "again, or remove it from the parquet: glob (config.data.corpus)")
+  with pytest.raises(ValueError) as refusal:
+    list(corpora.read_documents(f"parquet:{tmp_path}/*.parquet", split="all"))
+  assert str(refusal.value) == expected
+  with pytest.raises(ValueError) as refusal:
+    _prepare(_store_config(f"parquet:{tmp_path}/*.parquet", uncased_vocab, tmp_path / "stores"))
+  assert str(refusal.value) == expected
+  assert not (tmp_path / "stores").exists()
+
+
+def test_an_empty_parquet_file_is_refused_and_null_texts_are_counted(tmp_path, uncased_vocab,
+                                                                      caplog):
+  """A 0-byte .parquet is no Parquet file (its footer is mandatory): a failed download. Fails
+  if it is dropped without a word (as it was) rather than refused by name, in memory or by
+  the store, or leaves anything in the store root; or if the rows whose text is null go
+  uncounted in the store's report of the corpus."""
+  _write(tmp_path / "a.parquet", _texts("a", 6)[:3] + [None, None] + _texts("a", 6)[3:])
+  (tmp_path / "b.parquet").write_bytes(b"")
+  corpus = f"parquet:{tmp_path}/*.parquet"
+  expected = (f"corpus file {tmp_path / 'b.parquet'} is empty (0 bytes), not a Parquet file: a "
+              "download or copy that failed? Fetch it again, or remove it from the parquet: glob "
+              "(config.data.corpus)")
+  with pytest.raises(ValueError) as refusal:
+    list(corpora.read_documents(corpus, split="all"))
+  assert str(refusal.value) == expected
+  with pytest.raises(ValueError) as refusal:
+    _prepare(_store_config(corpus, uncased_vocab, tmp_path / "stores"))
+  assert str(refusal.value) == expected
+  assert not (tmp_path / "stores").exists()
+
+  (tmp_path / "b.parquet").unlink()
+  config = _store_config(corpus, uncased_vocab, tmp_path / "stores")
+  store = _prepare(config)
+  assert store.skipped() == ", 2 Parquet rows with a null text skipped"
+  with caplog.at_level(logging.INFO):
+    prepare_corpus.read_selection(store, config, split="all", process_index=0, process_count=1)
+  assert any(r.getMessage().endswith("tokens, 2 Parquet rows with a null text skipped")
+             for r in caplog.records), caplog.text

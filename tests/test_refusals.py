@@ -33,6 +33,7 @@ from data_pipeline.sources import corpora
 from data_pipeline import prepare as prepare_lib
 from data_pipeline.store import tokenized_corpus
 from experiments.configs import finetune as finetune_configs
+import test_parquet_corpora
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -93,7 +94,8 @@ _STORE_LINES = (
 _AFTER_THE_CORPUS = ("an init checkpoint without a complete step",  # checked against the
                      # network, whose vocabulary size the run's vocabulary gives
                      "a corpus of one-sentence documents (NSP)", "a binary file in the corpus glob",
-                     "no held-out document", "a Parquet file named without its `parquet:` prefix")
+                     "no held-out document", "a Parquet file named without its `parquet:` prefix",
+                     "a Parquet file with a corrupt data page")
 
 
 def _refusal_line(err: str, code: int, expected_code: int = 1, after_corpus: bool = False) -> str:
@@ -127,6 +129,14 @@ def _pretrain_cases(config, tmp_path) -> dict:
   mixed.mkdir()
   shutil.copy(good, mixed / "a.txt")
   (mixed / "blob.bin").write_bytes(np.random.default_rng(0).bytes(1 << 16))
+  (tmp_path / "a_file").write_text("not a directory\n")  # a store root under it is no directory
+  parquet = tmp_path / "parquet"
+  parquet.mkdir()
+  _parquet(parquet)
+  (parquet / "empty.parquet").write_bytes(b"")  # a download that failed
+  damaged = tmp_path / "damaged"
+  damaged.mkdir()
+  test_parquet_corpora.damage_page(test_parquet_corpora.paged(damaged / "wiki.parquet"), 1)
   no_step = tmp_path / "no_step"  # a workdir whose run never saved a step
   (no_step / "checkpoints").mkdir(parents=True)
   (no_step / "bert_config.json").write_text(json.dumps(dataclasses.asdict(
@@ -147,6 +157,12 @@ def _pretrain_cases(config, tmp_path) -> dict:
       "a Parquet file named without its `parquet:` prefix": config(
           **{"data.corpus": str(_parquet(tmp_path))}),
       "a phase list whose lengths go down": _phase_list(config, tmp_path),
+      "a tokenized store root that is not a writable directory": config(
+          **{"data.tokenized_dir": str(tmp_path / "a_file" / "stores")}),
+      "an empty (0-byte) Parquet file in the corpus glob": config(
+          **{"data.corpus": f"parquet:{parquet}/*.parquet"}),
+      "a Parquet file with a corrupt data page": config(
+          **{"data.corpus": f"parquet:{damaged}/*.parquet"}),
   }
 
 
@@ -177,9 +193,12 @@ def test_every_bad_input_is_one_line_writes_nothing_and_the_fix_then_works(
   rows = _readme_rows()
   cases = _pretrain_cases(pretrain_test_config, tmp_path)
   run = tmp_path / "run"
+  seconds = {}
   for name, config in cases.items():
-    line = _one_line_refusal(capfd, jobs.run(config, str(run)),
-                             after_corpus=name in _AFTER_THE_CORPUS)
+    start = time.perf_counter()
+    code = jobs.run(config, str(run))
+    seconds[name] = time.perf_counter() - start
+    line = _one_line_refusal(capfd, code, after_corpus=name in _AFTER_THE_CORPUS)
     assert rows[name] in line, (name, line)
     assert not run.exists(), name
 
@@ -217,6 +236,14 @@ def test_every_bad_input_is_one_line_writes_nothing_and_the_fix_then_works(
   covered = (set(cases) | {"a non-finite loss"} | set(finetune_rows) | set(_FLAG_CASES)
              | set(finetune_inputs))
   assert covered == set(rows), set(rows) ^ covered
+  # Seconds to each refusal, in this process (imports paid), after every read of capfd:
+  # `pytest -rP` shows them. Those before the corpus must not wait for it (a fresh
+  # machine's harvest of the embedded corpus alone takes a minute; the test's corpus is
+  # small, so the bound is loose).
+  for name, took in seconds.items():
+    print(f"refused in {took:5.2f} s: {name}")
+    if name not in _AFTER_THE_CORPUS:
+      assert took < 30, (name, took)
 
 
 def _finetune_cases(tmp_path, minilm) -> dict:

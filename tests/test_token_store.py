@@ -20,6 +20,8 @@ The 2-process jax.distributed run and the resume of a workdir made before the st
 are the slow tests at the end.
 """
 
+import errno
+import hashlib
 import json
 import logging
 import os
@@ -297,6 +299,139 @@ def test_a_cut_manifest_is_named_with_what_to_do(files, tmp_path):
     token_store.read_manifest(store.directory)
   manifest.unlink()
   _assert_same(_everything(_data(config)), expected)
+
+
+# The command on a full disk: writes past 32 KiB fail with EFBIG (test_checkpoint's way), set
+# by a shell before it execs the command (a preexec_fn would fork this JAX process).
+_FULL_DISK = ["bash", "-c", 'trap "" XFSZ; ulimit -f 32; exec "$@"', "full_disk"]
+
+
+_ANOTHER_ROOT = ("or choose another store root with --config.data.tokenized_dir=DIR (or "
+                 "BERT_JAX_CACHE=DIR, whose tokenized/ is the default root)")
+
+
+@pytest.mark.parametrize("case", ["a file on its path", "a full disk"])
+def test_a_store_root_that_cannot_be_written_is_one_line_and_leaves_nothing(files, tmp_path,
+                                                                           case):
+  """The offline command into a store root under a file (ENOTDIR) or on a full disk (EFBIG
+  past 32 KiB; a shard of the whole corpus is larger): fails unless it exits 1 with one
+  line naming the file it could not write, the root and what to do (it was a 25-30 line
+  OSError traceback; a training run printed the path as '?'), or if anything is left:
+  the root and its parent, made by the command, are gone again."""
+  from test_refusals import _refusal_line  # pylint: disable=g-import-not-at-top
+  if case == "a file on its path":
+    (tmp_path / "file").write_text("not a directory\n")
+    root, fix, cause = tmp_path / "file" / "stores", "make {root} a writable directory", (
+        "key.json: Not a directory")
+  else:
+    root, fix, cause = tmp_path / "full" / "stores", "free space on {root}", (
+        "shards/00000.tok: File too large")
+  args, env = _prepare_command(files, root, 1)
+  args[args.index(f"--config.data.shard_bytes={SHARD_BYTES}")] = "--config.data.shard_bytes=1000000"
+  run = subprocess.run((_FULL_DISK if case == "a full disk" else []) + args, cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600, check=False)
+  line = _refusal_line(run.stderr, run.returncode)
+  match = re.fullmatch(rf"error: cannot write the tokenized store: {re.escape(str(root))}/"
+                       rf"[0-9a-f]{{20}}/(\S+: [^;]+); (.*)", line)
+  assert match, line
+  assert match.groups() == (cause, f"{fix.format(root=root)}, {_ANOTHER_ROOT}")
+  assert sorted(p.name for p in tmp_path.iterdir()) == (["file"] if "file" in case else [])
+
+
+def test_a_read_only_store_root_is_told_to_fix_its_permissions(files, tmp_path, monkeypatch):
+  """As root (the CI's user) a directory's mode stops no write, so the storage's answer is
+  played here: fails unless a read-only file system's error (no file name in it, as a
+  failed write gives) is refused naming the file, the root and the fixes."""
+  config = _config(files[0], files[2], tmp_path / "stores")
+
+  def read_only(path, data):
+    del data
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+  monkeypatch.setattr(paths, "write_atomic", read_only)
+  with pytest.raises(ValueError) as refusal:
+    prepare_corpus.prepare_store(config.data, vocab_file=str(files[2]), spm_model_file="",
+                                 num_workers=1)
+  assert str(refusal.value) == (
+      f"cannot write the tokenized store: {_key_dir(config)}/key.json: Read-only file system; "
+      f"fix the permissions of {tmp_path / 'stores'}, {_ANOTHER_ROOT}")
+  assert not (tmp_path / "stores").exists()
+
+
+def test_the_command_verifies_every_shard_before_it_says_already_prepared(files, tmp_path):
+  """A complete store with a truncated shard and one with a flipped byte (its size and header
+  right: only its checksum tells): fails if the offline command says "already prepared"
+  (it did, "checked in 0.0 s", leaving the repair to a run's start) rather than naming
+  both, rebuilding them and saying so; or if a store found whole is written to."""
+  from experiments.configs import pretrain  # pylint: disable=g-import-not-at-top
+  config = pretrain.get_config("tiny")  # the command's config (_prepare_command)
+  config.data.update(corpus=str(files[0]), vocab_file=str(files[2]),
+                     tokenized_dir=str(tmp_path), shard_bytes=SHARD_BYTES)
+  store = prepare_corpus.prepare_store(config.data, vocab_file=str(files[2]), spm_model_file="",
+                                       num_workers=1)
+  shards = {i: pathlib.Path(store.directory) / token_store.shard_name(i) for i in (3, 5)}
+  good = {i: shard.read_bytes() for i, shard in shards.items()}
+  shards[3].write_bytes(good[3][:len(good[3]) // 2])
+  header = store.shard(5)
+  damaged = bytearray(good[5])
+  damaged[header.data_start + header.header["arrays"]["ids"]["offset"] + 3] ^= 0xFF
+  shards[5].write_bytes(bytes(damaged))
+  args, env = _prepare_command(files, tmp_path, 1)
+  run = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+                       check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  for i, why in ((3, r"\d+ bytes where its header says \d+ \(truncated or overwritten\)"),
+                 (5, r"array 'ids' does not match its checksum \(damaged\)")):
+    assert re.search(rf"rebuilding a shard that cannot be used: {re.escape(str(shards[i]))}: "
+                     rf"{why}$", run.stderr, re.MULTILINE), run.stderr
+    assert shards[i].read_bytes() == good[i]
+  assert f"tokenized 2 of {len(store.units)} shards here" in run.stdout, run.stdout
+  written = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+  again = prepare_corpus.prepare_store(config.data, vocab_file=str(files[2]), spm_model_file="",
+                                       num_workers=1, check_shards=True)
+  assert again.prepared["units"] == 0
+  assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == written
+
+
+def test_an_overlong_line_is_named_on_every_path(files, tmp_path, caplog):
+  """A corpus file with a 5 MiB line: fails unless the in-memory path, the store's first
+  start (it tokenizes) and a later one (it reads the store) each warn, naming the file
+  (the store's said nothing)."""
+  corpus = tmp_path / "long.txt"
+  text = files[0].read_text()
+  corpus.write_text(text + "\n" + "x" * (5 << 20) + "\n\n" + text)
+  warning = (f"corpus file {corpus}: skipped 1 line longer than config.data.max_line_bytes="
+             "1048576 bytes (minified code or binary data, not prose?); raise it to read them")
+  for where in ("none", tmp_path / "stores", tmp_path / "stores"):
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+      _data(_config(corpus, files[2], where))
+    assert warning in [r.getMessage() for r in caplog.records], (where, caplog.text)
+
+
+def test_lone_cr_line_ends_are_lines_and_a_lf_file_keeps_its_store(files, tmp_path):
+  """The corpus with "\\r" (old Mac) and "\\r\\n" line ends: fails if either tokenizes to
+  other ids, sentences or documents than with "\\n" ones, in memory or from the store (in
+  byte ranges cut at its line starts), as a "\\r" file did (one document); or if the
+  key of a "\\n" file changed (its store, made before, would be made again) while a "\\r"
+  file's, read otherwise now, did not."""
+  text = files[0].read_bytes()
+  corpora_read = {}
+  for name, end in (("lf", b"\n"), ("cr", b"\r"), ("crlf", b"\r\n")):
+    (tmp_path / f"{name}.txt").write_bytes(text.replace(b"\n", end))
+    for where in ("none", tmp_path / "stores") if name != "crlf" else (tmp_path / "stores",):
+      data = _data(_config(tmp_path / f"{name}.txt", files[2], where))
+      corpora_read[name, str(where)] = list(data.tokenized.values())
+  expected = corpora_read["lf", "none"]
+  assert len(expected) == 2 and expected[0].num_documents > 40
+  for key, got in corpora_read.items():
+    for want, have in zip(expected, got, strict=True):
+      for field in ("ids", "sentence_starts", "document_starts"):
+        np.testing.assert_array_equal(getattr(have, field), getattr(want, field),
+                                      err_msg=f"{key}: {field}")
+  plain = lambda name: "sha256:" + hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+  assert token_store.file_digest(str(tmp_path / "lf.txt"), text=True) == plain("lf.txt")
+  assert token_store.file_digest(str(tmp_path / "crlf.txt"), text=True) == plain("crlf.txt")
+  assert token_store.file_digest(str(tmp_path / "cr.txt"), text=True) != plain("cr.txt")
 
 
 def test_refusals_are_the_in_memory_paths(tmp_path, files):

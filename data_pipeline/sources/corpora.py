@@ -40,9 +40,11 @@ Bad input never crashes an epoch; it is skipped and counted in
   than ``max_undecodable_fraction`` of the lines are undecodable is refused by
   name (ValueError): it is binary or compressed, not text;
 * a line longer than ``max_line_bytes`` is skipped without being held in memory
-  (``overlong_lines``) -- such lines are minified code or binary, not prose;
+  (``overlong_lines``) -- such lines are minified code or binary, not prose -- and
+  each file with such lines is named in a warning (warn_overlong, the store's too);
+  lines end at "\n", "\r\n" or a lone "\r" (text_lines.py);
 * empty files and empty documents are skipped (``empty_files``,
-  ``empty_documents``);
+  ``empty_documents``), but a 0-byte Parquet file is refused: it is no Parquet file;
 * a document longer than ``max_sentences_per_document`` is cut into several
   documents (``split_documents``), so memory per document stays bounded;
 * one-sentence documents are passed on and counted (``single_sentence_documents``):
@@ -70,6 +72,7 @@ from typing import Iterator
 
 from data_pipeline.sources import parquet_files
 from data_pipeline.sources import sentences
+from data_pipeline.sources import text_lines
 from data_pipeline.sources import word_segmentation
 from host import paths
 
@@ -138,10 +141,11 @@ def _lines(path: str, max_line_bytes: int, stats: CorpusStats,
            byte_range: tuple[int, int] | None = None) -> Iterator[str]:
   """Decoded lines of a file; undecodable and over-long lines are skipped and counted.
 
-  ``readline(limit)`` keeps memory bounded by ``max_line_bytes`` however long a
-  line is. Compressed files (_DECOMPRESSORS) are read decompressed. ``byte_range``
-  (start, end), both at line starts (token_store's shards of a large plain file):
-  only the lines that start in it, read exactly as a whole-file pass reads them.
+  Lines end at "\n", "\r\n" or a lone "\r" (text_lines.raw_lines, which keeps memory
+  bounded by ``max_line_bytes`` however long a line is). Compressed files
+  (_DECOMPRESSORS) are read decompressed. ``byte_range`` (start, end), both at line
+  starts (token_store's shards of a large plain file): only the lines that start in
+  it, read exactly as a whole-file pass reads them.
   """
   opener = None if byte_range else _DECOMPRESSORS.get(os.path.splitext(path)[1].lower())
   start, end = byte_range or (0, None)
@@ -150,26 +154,24 @@ def _lines(path: str, max_line_bytes: int, stats: CorpusStats,
     if start:
       f.seek(start)
     position = start  # counted, not f.tell(): one system call per line would cost more
-    while end is None or position < end:
-      try:
-        raw = f.readline(max_line_bytes + 1)
-      except (OSError, EOFError, lzma.LZMAError) as e:  # a truncated or corrupt archive
-        raise ValueError(f"{path}: cannot decompress ({e}); re-create the file or remove "
-                         "it from the corpus glob") from e
-      if not raw:
-        return
-      position += len(raw)
-      stats.lines += 1
-      if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-        stats.overlong_lines += 1
-        while raw and not raw.endswith(b"\n"):  # discard the rest of the line
-          raw = f.readline(1 << 20)
-          position += len(raw)
-        continue
-      try:
-        yield raw.decode("utf-8").rstrip("\r\n")
-      except UnicodeDecodeError:
-        stats.undecodable_lines += 1
+    try:
+      for raw, size in text_lines.raw_lines(f, max_line_bytes):
+        if end is not None and position >= end:
+          return
+        position += size
+        stats.lines += 1
+        if raw is None:
+          stats.overlong_lines += 1
+          continue
+        try:
+          line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+          stats.undecodable_lines += 1
+          continue
+        yield line
+    except (OSError, EOFError, lzma.LZMAError) as e:  # a truncated or corrupt archive
+      raise ValueError(f"{path}: cannot decompress ({e}); re-create the file or remove "
+                       "it from the corpus glob") from e
 
 
 def is_compressed(path: str) -> bool:
@@ -200,6 +202,18 @@ def check_decodable(path: str, lines: int, undecodable: int, max_fraction: float
         f"{max_fraction:g}): {what}")
   logging.warning("corpus file %s: skipped %d of its %d lines (not UTF-8)", path, undecodable,
                   lines)
+
+
+def warn_overlong(path: str, overlong: int, max_line_bytes: int) -> None:
+  """Warns, naming the file, that `overlong` of its lines (a Parquet file's: texts) were
+  skipped for being over max_line_bytes. Every path says it: the in-memory reader
+  after each file, the tokenized store at every start from its per-file counts."""
+  if not overlong:
+    return
+  what = "text" if path.lower().endswith(".parquet") else "line"
+  logging.warning("corpus file %s: skipped %d %s%s longer than config.data.max_line_bytes=%d "
+                  "bytes (minified code or binary data, not prose?); raise it to read them",
+                  path, overlong, what, "s" if overlong > 1 else "", max_line_bytes)
 
 
 def _bert_format_documents(path, max_line_bytes, stats, byte_range=None) -> Iterator[list[str]]:
@@ -253,7 +267,7 @@ def _line_number(path: str, number: int, byte_range: tuple[int, int] | None) -> 
   if not byte_range or not byte_range[0]:
     return number
   with paths.open_binary(path) as f:
-    return number + f.read(byte_range[0]).count(b"\n")
+    return number + text_lines.count_lines(f.read(byte_range[0]))
 
 
 def file_documents(kind: str, path: str, *, max_line_bytes: int, stats: CorpusStats,
@@ -321,6 +335,15 @@ def corpus_files(corpus: str, embedded_cache_dir: str = "") -> tuple[str, list[s
                      f"files, e.g. --config.data.corpus='{prefix}{paths.join(pattern, '*')}'")
   if not files:
     raise ValueError(f"corpus glob {pattern!r} (config.data.corpus) matches no file")
+  if kind == "parquet":
+    # Refused, not skipped like an empty text file: an empty text is text, but no Parquet
+    # file has 0 bytes (its footer is mandatory), so this is a download or copy that
+    # failed, and the corpus the user meant is not what would be read.
+    empty = next((f for f in files if not paths.size(f)), None)
+    if empty:
+      raise ValueError(f"corpus file {empty} is empty (0 bytes), not a Parquet file: a "
+                       "download or copy that failed? Fetch it again, or remove it from the "
+                       "parquet: glob (config.data.corpus)")
   return kind, files
 
 
@@ -418,13 +441,14 @@ def _source_documents(corpus, process_index, process_count, tfds_data_dir,
       continue
     documents = file_documents(kind, path, max_line_bytes=max_line_bytes, stats=stats,
                                text_field=text_field, sentence_splitter=sentence_splitter)
-    lines, undecodable = stats.lines, stats.undecodable_lines
+    lines, undecodable, overlong = stats.lines, stats.undecodable_lines, stats.overlong_lines
     for document in documents:
       if by_file or index % process_count == process_index:
         yield document
       index += 1
     check_decodable(path, stats.lines - lines, stats.undecodable_lines - undecodable,
                     max_undecodable_fraction)
+    warn_overlong(path, stats.overlong_lines - overlong, max_line_bytes)
 
 
 # --------------------------------------------------------------------------

@@ -13,7 +13,8 @@ stays bounded by a batch, not the file. A null text is skipped and counted
 ``max_line_bytes`` is skipped like an over-long JSONL line (``overlong_lines``),
 so the same rows read the same from either format. A file without the column,
 with a column that is not text, or that is not Parquet is refused by name
-(ValueError: the trainer's one-line refusal), listing the file's columns.
+(ValueError: the trainer's one-line refusal), listing the file's columns; a page
+that does not decode (a damaged file) is refused naming the file and its row group.
 
 Multi-host shares and the held-out split are corpora.py's, as for every file
 corpus. A tokenized store can read a file in pieces: `row_group_count` says how
@@ -84,20 +85,32 @@ def parquet_documents(path: str, max_line_bytes: int, stats, text_field: str = "
   f, parquet_file = _open(path)
   with f:
     _text_column(path, parquet_file, text_field)
-    groups = list(row_groups) if row_groups is not None else None
-    try:
-      # One thread: a store's workers are processes, one core each.
-      batches = parquet_file.iter_batches(batch_size=_BATCH_ROWS, row_groups=groups,
-                                          columns=[text_field], use_threads=False)
-      for batch in batches:
-        for text in batch.column(0).to_pylist():
-          stats.rows += 1
-          if text is None:
-            stats.null_texts += 1
-          elif len(text) > max_line_bytes // 4 and len(text.encode("utf-8")) > max_line_bytes:
-            stats.overlong_lines += 1
-          else:
-            yield sentences.paragraph_sentences(text, split)
-    except pa.ArrowException as e:  # a truncated or corrupt file
-      raise ValueError(f"corpus file {path}: cannot read Parquet column {text_field!r} ({e}); "
-                       "re-create the file or remove it from the corpus glob") from None
+    groups = row_groups if row_groups is not None else range(parquet_file.num_row_groups)
+    for group in groups:  # one at a time, so that a damaged one is named
+      for text in _texts(path, parquet_file, group, text_field):
+        stats.rows += 1
+        if text is None:
+          stats.null_texts += 1
+        elif len(text) > max_line_bytes // 4 and len(text.encode("utf-8")) > max_line_bytes:
+          stats.overlong_lines += 1
+        else:
+          yield sentences.paragraph_sentences(text, split)
+
+
+def _texts(path: str, parquet_file, group: int, text_field: str) -> Iterator[str | None]:
+  """The texts of one row group, a record batch at a time; a page that does not decode
+  (pyarrow: OSError "Corrupt snappy compressed data", ArrowInvalid) is refused naming the
+  file and the row group: the file's bytes are the user's, so it is input, not a bug."""
+  try:
+    # One thread: a store's workers are processes, one core each.
+    for batch in parquet_file.iter_batches(batch_size=_BATCH_ROWS, row_groups=[group],
+                                           columns=[text_field], use_threads=False):
+      yield from batch.column(0).to_pylist()
+  except (pa.ArrowException, OSError) as e:
+    rows = parquet_file.metadata.row_group(group).num_rows
+    # A decoding failure has no errno; one with an errno is the storage's (a disk, a bucket).
+    why = "the file is damaged" if getattr(e, "errno", None) is None else "a storage error"
+    raise ValueError(
+        f"corpus file {path}: row group {group} (of 0-{parquet_file.num_row_groups - 1}; "
+        f"{rows} rows) cannot be read ({' '.join(str(e).split())}): {why}; fetch or write it "
+        "again, or remove it from the parquet: glob (config.data.corpus)") from None

@@ -3,7 +3,8 @@
 A unit is an input file, or, for a plain-text file larger than data.shard_bytes, a
 byte range of it: the k-th of n = ceil(size / shard_bytes) ranges starts at the first
 document boundary at or after k x shard_bytes -- just after the first blank line for
-BERT format, the next line start for raw: and jsonl: (a line is a document there) --
+BERT format, the next line start for raw: and jsonl: (a line is a document there; lines
+end where text_lines says, at "\n", "\r\n" or a lone "\r") --
 and ends where the next begins. Every document is so read whole by exactly one unit,
 and the units one after the other read the file exactly as one pass does (the same
 lines, the same documents, the same counts; corpora._lines reads a range).
@@ -32,6 +33,7 @@ import numpy as np
 from data_pipeline.sources import corpora
 from data_pipeline.sources import parquet_files
 from data_pipeline.sources import sentences
+from data_pipeline.sources import text_lines
 from data_pipeline.store import tokenized_corpus
 from host import paths
 
@@ -78,41 +80,19 @@ def unit_bytes(unit: dict, data_config, files: list[str]) -> int:
 # ------------------------------------------------------------------ byte ranges
 
 
-def _line_start(f, offset: int) -> int:
-  """The first line start at or after `offset` (0, or just after a newline)."""
-  if offset == 0:
-    return 0
-  f.seek(offset - 1)
-  position = offset - 1
-  while True:
-    block = f.read(1 << 16)
-    if not block:
-      return position
-    newline = block.find(b"\n")
-    if newline >= 0:
-      return position + newline + 1
-    position += len(block)
-
-
 def _boundary(path: str, kind: str, offset: int, size: int, max_line_bytes: int) -> int:
   """The first document boundary at or after `offset` (see the module docstring)."""
   if offset <= 0 or offset >= size:
     return max(0, min(offset, size))
   with paths.open_binary(path) as f:
-    position = _line_start(f, offset)
+    position = text_lines.line_start(f, offset)
     if kind != "bert":
       return position
     f.seek(position)
-    while position < size:  # lines exactly as corpora._lines reads them
-      raw = f.readline(max_line_bytes + 1)
-      if not raw:
-        break
-      position += len(raw)
-      if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-        while raw and not raw.endswith(b"\n"):  # an over-long line: skipped, not blank
-          raw = f.readline(1 << 20)
-          position += len(raw)
-        continue
+    for raw, length in text_lines.raw_lines(f, max_line_bytes):  # as corpora._lines reads
+      position += length
+      if raw is None:
+        continue  # an over-long line: skipped, not blank
       try:
         if not raw.decode("utf-8").strip():
           return position  # just after a blank line: a document boundary

@@ -7,7 +7,9 @@ r"""Tokenizes a corpus once into its store (token_store.py), in parallel; and th
 prepares, on any CPU machine and before a slice is paid for, the store a training
 run's first start would otherwise make (data_pipeline.prepare.PretrainingData calls
 `prepare_store` too), with a progress bar and ETA, then prints the tokens/s and the
-store's path and size. --process_index/--process_count prepare one host's share.
+store's path and size. --process_index/--process_count prepare one host's share. A
+complete store is "already prepared" only once every shard's checksums are read right;
+a shard that fails is named and rebuilt.
 
 Over cores: `num_workers` workers, each tokenizing whole units on one core with
 tokenized_corpus's own code and writing their shards: this process, which starts
@@ -63,7 +65,8 @@ def _make_shard(job: dict, data_config, tokenizer, unit: dict) -> dict:
   arrays, info = corpus_units.tokenize_unit(data_config, tokenizer, unit, job["kind"],
                                             job["files"], job["process_count"])
   data = token_store.encode_shard(job["key"], unit, arrays, info)
-  paths.write_atomic(paths.join(job["directory"], token_store.shard_name(unit["index"])), data)
+  token_store.write_file(paths.join(job["directory"], token_store.shard_name(unit["index"])),
+                         data, job["directory"])
   return {**info, "bytes": len(data), "seconds": time.perf_counter() - start}
 
 
@@ -235,6 +238,18 @@ def _bad_shard(directory: str, key_hex: str, unit_index: int, full: bool) -> str
   return None
 
 
+def _missing_directories(directory: str) -> list[str]:
+  """`directory` and those of its parents that do not exist, innermost first (local only)."""
+  missing = []
+  while not paths.is_remote(directory) and not paths.exists(directory):
+    missing.append(directory)
+    parent = os.path.dirname(directory)
+    if parent == directory:
+      break
+    directory = parent
+  return missing
+
+
 def _remove_dead_writers_temporaries(directory: str) -> None:
   """Temporary shards left by this host's killed writers (paths.write_atomic's names)."""
   if paths.is_remote(directory):
@@ -257,6 +272,7 @@ class _Preparation:
                tokenizer, stream):
     self.config, self.key, self.key_hex = data_config, key, token_store.key_digest(key)
     self.directory = token_store.store_dir(data_config, key)
+    self.new = _missing_directories(self.directory)  # what remove_if_empty may remove
     self.kind, self.files = kind, files
     self.process_index, self.process_count = process_index, process_count
     self.units = corpus_units.plan_units(data_config, kind, files, process_count)
@@ -301,11 +317,12 @@ class _Preparation:
 
   def run(self, check_shards: bool, grace_s: float, stall_s: float) -> dict:
     """Prepares this process's share, waits for (or takes over) the rest; the manifest."""
-    paths.write_atomic(paths.join(self.directory, token_store.KEY_FILE),
-                       json.dumps(self.key, sort_keys=True, indent=1) + "\n")
+    token_store.write_file(paths.join(self.directory, token_store.KEY_FILE),
+                           json.dumps(self.key, sort_keys=True, indent=1) + "\n",
+                           self.directory)
     marker = paths.join(self.directory, "hosts", str(self.process_index))
     if self.process_count > 1:
-      paths.write_atomic(marker, "")
+      token_store.write_file(marker, "", self.directory)
     present = _existing_shards(self.directory)
     mine = [u for u in self.units if u["index"] % self.process_count == self.process_index]
     self.tokenize([u for u in mine if self._rebuild(u, present, full=True)])
@@ -327,6 +344,25 @@ class _Preparation:
       paths.remove(marker)
     _remove_dead_writers_temporaries(self.directory)
     return manifest
+
+  def remove_if_empty(self) -> None:
+    """After a refusal (bad input, a full or unwritable store root): the store directory
+    (and root) this preparation created, when it holds no shard yet, so that a refused
+    command leaves nothing behind. Shards made are kept: the same command resumes with
+    them. Only empty directories go, so a peer's work is never removed."""
+    if not self.new or _existing_shards(self.directory):
+      return
+    for name in (token_store.KEY_FILE, f"hosts/{self.process_index}"):
+      try:
+        os.remove(paths.join(self.directory, name))
+      except OSError:
+        pass  # never written
+    for directory in (paths.join(self.directory, token_store.SHARDS),
+                      paths.join(self.directory, "hosts"), *self.new):
+      try:
+        os.rmdir(directory)
+      except OSError:
+        pass  # not made, or not empty: someone else's
 
   def _rebuild(self, unit: dict, present: set[str], full: bool) -> bool:
     name = token_store.shard_name(unit["index"])
@@ -361,13 +397,13 @@ class _Preparation:
       time.sleep(_POLL_S)
 
   def _write_manifest(self, infos: list[dict]) -> dict:
-    per_file = collections.defaultdict(lambda: [0, 0])
+    counted = ("lines", "undecodable_lines", "overlong_lines", "null_texts")  # per file
+    per_file = collections.defaultdict(collections.Counter)
     for unit, info in zip(self.units, infos):
       if "file" in unit:
-        per_file[unit["file"]][0] += info["stats"]["lines"]
-        per_file[unit["file"]][1] += info["stats"]["undecodable_lines"]
-    files = [{"name": os.path.basename(f), "size": paths.size(f), "lines": per_file[i][0],
-              "undecodable_lines": per_file[i][1]} for i, f in enumerate(self.files)]
+        per_file[unit["file"]].update({k: info["stats"][k] for k in counted})
+    files = [{"name": os.path.basename(f), "size": paths.size(f),
+              **{k: per_file[i][k] for k in counted}} for i, f in enumerate(self.files)]
     units = [{**unit, **{k: info[k] for k in ("range", "source_documents", "pieces",
                                               "sentences", "tokens", "bytes")}}
              for unit, info in zip(self.units, infos)]
@@ -385,23 +421,32 @@ def prepare_store(data_config, *, vocab_file: str, spm_model_file: str, process_
   process's share of it; see the module docstring); its files judged like the in-memory
   path judges them (corpora.check_decodable). `check_shards`: read every shard whole and
   rebuild the damaged ones even when the store is complete. The store's `prepared` says
-  what was tokenized here: {"units", "tokens", "seconds", "workers", "worker_start_s"}."""
+  what was tokenized here: {"units", "tokens", "seconds", "workers", "worker_start_s"}.
+  A complete store whose shards all pass that check is not written to."""
   if data_config.corpus.startswith("tfds:"):
     kind, files = "tfds", []
   else:
     kind, files = token_store.source_files(data_config)
   key = token_store.store_key(data_config, vocab_file, spm_model_file, process_count)
-  store = None if check_shards else token_store.open_store(data_config, key, files)
+  store = token_store.open_store(data_config, key, files)
+  if store is not None and check_shards and any(
+      _bad_shard(store.directory, store.manifest["key"], u["index"], full=True)
+      for u in store.units):
+    store = None  # the preparation names each damaged shard as it rebuilds it
   prepared = {"units": 0, "tokens": 0, "seconds": 0.0, "workers": 0, "worker_start_s": 0.0}
   if store is None:
     preparation = _Preparation(
         data_config, key, kind, files, vocab_file=vocab_file, spm_model_file=spm_model_file,
         process_index=process_index, process_count=process_count, num_workers=num_workers,
         tokenizer=tokenizer, stream=stream)
-    # The module's waits, read now (not bound as defaults) so that a caller several
-    # layers up, such as a test of the prepared batches, can shorten them.
-    preparation.run(check_shards, GRACE_S if grace_s is None else grace_s,
-                    STALL_S if stall_s is None else stall_s)
+    try:
+      # The module's waits, read now (not bound as defaults) so that a caller several
+      # layers up, such as a test of the prepared batches, can shorten them.
+      preparation.run(check_shards, GRACE_S if grace_s is None else grace_s,
+                      STALL_S if stall_s is None else stall_s)
+    except ValueError:  # a refusal: of the corpus, or of the store root's storage
+      preparation.remove_if_empty()
+      raise
     made = preparation.made.values()
     prepared = {"units": len(made), "tokens": sum(i["tokens"] for i in made),
                 "seconds": preparation.seconds,
@@ -433,9 +478,9 @@ def read_selection(store: token_store.TokenStore, data_config, *, split: str,
                      f"store {store.directory})")
   tokenized_corpus.check_segmented(data_config, selection.corpus,
                                    selection.segmented_sentences, split)
-  logging.info("corpus %s (%s, process %d/%d) from %s: %d documents, %d tokens",
+  logging.info("corpus %s (%s, process %d/%d) from %s: %d documents, %d tokens%s",
                data_config.corpus, split, process_index, process_count, store.directory,
-               selection.corpus.num_documents, selection.corpus.num_tokens)
+               selection.corpus.num_documents, selection.corpus.num_tokens, store.skipped())
   return selection.corpus
 
 
@@ -469,12 +514,14 @@ def main(argv) -> None:
                        "or a directory / gs:// path")
     vocab_file, spm_model_file = tokenized_corpus.resolve_vocab(data_config)
     start = time.perf_counter()
+    # check_shards: a complete store is said to be prepared only once every shard's
+    # header, size and checksums are verified (a damaged one is rebuilt, named).
     store = prepare_store(data_config, vocab_file=vocab_file, spm_model_file=spm_model_file,
                           process_index=fv.process_index, process_count=fv.process_count,
                           num_workers=fv.num_workers or data_config.prepare_workers,
-                          stream=sys.stderr)
+                          stream=sys.stderr, check_shards=True)
   except ValueError as e:
-    sys.exit(f"error: {e}")
+    sys.exit(f"error: {' '.join(str(e).split())}")
   made, manifest = store.prepared, store.manifest
   if made["units"]:
     rate = made["tokens"] / max(made["seconds"], 1e-9)
@@ -482,10 +529,12 @@ def main(argv) -> None:
           f"{made['tokens']:,} tokens in {made['seconds']:.1f} s, {rate:,.0f} tokens/s "
           f"({rate / made['workers']:,.0f} per worker, {made['workers']} workers)")
   else:
-    print(f"already prepared (checked in {time.perf_counter() - start:.1f} s)")
+    print(f"already prepared: every shard's checksums verified in "
+          f"{time.perf_counter() - start:.1f} s")
   print(f"store: {store.directory}: {manifest['tokens']:,} tokens, "
         f"{manifest['shard_bytes'] / 2**20:,.1f} MiB in {len(manifest['units'])} shards "
-        f"({manifest['shard_bytes'] / max(manifest['tokens'], 1):.2f} bytes per token)")
+        f"({manifest['shard_bytes'] / max(manifest['tokens'], 1):.2f} bytes per token)"
+        f"{store.skipped()}")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ Safety: every shard is written whole (host/paths.write_atomic: a renamed tempora
 file, or one object upload on gs://) and says in its header which key and unit it
 belongs to and how long each array is, with a CRC-32 of each. A shard that is
 truncated, damaged or of another store is refused by name (ShardError) wherever it
-is read; the preparation (prepare_corpus.py) rebuilds it. Nothing in a store
+is read; the preparation (prepare_corpus.py) rebuilds it. A write the store root's
+storage refuses (full, read-only) is a one-line refusal naming the file and the fix
+(`write_file`). Nothing in a store
 depends on who made it or when: a preparation killed at any point and run again
 ends with the same bytes.
 
@@ -49,6 +51,7 @@ whether a store exists (`describe`).
 
 import collections
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -115,10 +118,17 @@ def _flat_options(data_config) -> dict:
       k == n or (n.endswith(".") and k.startswith(n)) for n in NOT_IN_KEY)}
 
 
-def file_digest(path: str) -> str:
+def file_digest(path: str, text: bool = False) -> str:
   """A digest of a file's content: SHA-256 for a local file, kept under
   <cache_root>/file_digests by (path, size, mtime, inode) so a later start only stats it;
-  the object store's own checksum for a remote one (host.paths.remote_checksum)."""
+  the object store's own checksum for a remote one (host.paths.remote_checksum).
+
+  `text` (a plain local text file): the digest is marked when the file holds a lone
+  "\r", which ends a line since text_lines (issue 51; before, it stayed inside its
+  line), so that a store made before from such a file is not reused; a file without
+  one keeps the digest, and the store, it had. (A compressed or remote file is not
+  looked into: a store made before from one with lone "\r"s must be deleted by hand.)
+  """
   if paths.is_remote(path):
     return paths.remote_checksum(path)
   path = os.fspath(paths.path(path))
@@ -130,16 +140,23 @@ def file_digest(path: str) -> str:
     with open(memo, encoding="utf-8") as f:
       cached = json.load(f)
     if cached["stamp"] == stamp:
-      return cached["digest"]
-  except (OSError, ValueError, KeyError):
+      return cached["digest"] + (";lone-cr" if text and cached["lone_cr"] else "")
+  except (OSError, ValueError, KeyError):  # KeyError: a memo from before "lone_cr"
     pass
-  digest = hashlib.sha256()
+  digest, ends, last = hashlib.sha256(), 0, b""
   with open(path, "rb") as f:
     for block in iter(lambda: f.read(1 << 24), b""):
       digest.update(block)
+      # "\r"s that are not the first half of a "\r\n" (one may span two blocks)
+      ends += (block.count(b"\r") - block.count(b"\r\n")
+               - (last == b"\r" and block.startswith(b"\n")))
+      last = block[-1:]
   value = "sha256:" + digest.hexdigest()
-  paths.write_atomic(memo, json.dumps({"stamp": stamp, "digest": value}))
-  return value
+  try:
+    paths.write_atomic(memo, json.dumps({"stamp": stamp, "digest": value, "lone_cr": ends > 0}))
+  except OSError:
+    pass  # only a memo: an unwritable cache costs this read again at the next start
+  return value + (";lone-cr" if text and ends > 0 else "")
 
 
 def source_files(data_config) -> tuple[str, list[str]]:
@@ -155,8 +172,8 @@ def _source_key(data_config, process_count: int) -> dict:
     from data_pipeline.store import corpus_units  # pylint: disable=g-import-not-at-top
     return corpus_units.tfds_source_key(data_config, process_count)
   kind, files = source_files(data_config)
-  return {"kind": kind, "files": [[os.path.basename(f), paths.size(f), file_digest(f)]
-                                  for f in files]}
+  return {"kind": kind, "files": [[os.path.basename(f), paths.size(f), file_digest(
+      f, text=kind != "parquet" and not corpora.is_compressed(f))] for f in files]}
 
 
 def store_key(data_config, vocab_file: str, spm_model_file: str, process_count: int) -> dict:
@@ -177,6 +194,27 @@ def key_digest(key: dict) -> str:
 def store_dir(data_config, key: dict) -> str:
   """Where the store of `key` lives."""
   return paths.join(store_root(data_config), key_digest(key))
+
+
+def write_file(path: str, data: str | bytes, directory: str) -> None:
+  """paths.write_atomic of a file of the store `directory`. A write its storage refuses (a
+  full disk, a read-only or unwritable store root) is refused as one line (ValueError)
+  naming the file, the root and what to do, not a traceback: the store root is the
+  user's choice (data.tokenized_dir, or $BERT_JAX_CACHE), so this is their input."""
+  try:
+    paths.write_atomic(path, data)
+  except OSError as e:
+    root = os.path.dirname(directory.rstrip("/"))
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+      fix = f"free space on {root}"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+      fix = f"fix the permissions of {root}"
+    else:
+      fix = f"make {root} a writable directory"
+    raise ValueError(
+        f"cannot write the tokenized store: {path}: {e.strerror or e}; {fix}, or choose "
+        "another store root with --config.data.tokenized_dir=DIR (or BERT_JAX_CACHE=DIR, "
+        "whose tokenized/ is the default root)") from e
 
 
 def shard_name(unit_index: int) -> str:
@@ -287,8 +325,8 @@ def write_manifest(directory: str, key: dict, files: list[dict], units: list[dic
   manifest = {"format": FORMAT_VERSION, "key": key_digest(key), "files": files, "units": units,
               "tokens": sum(u["tokens"] for u in units),
               "shard_bytes": sum(u["bytes"] for u in units), **fields}
-  paths.write_atomic(paths.join(directory, MANIFEST),
-                     json.dumps(manifest, sort_keys=True, indent=1) + "\n")
+  write_file(paths.join(directory, MANIFEST),
+             json.dumps(manifest, sort_keys=True, indent=1) + "\n", directory)
   return manifest
 
 
@@ -339,15 +377,24 @@ class TokenStore:
     self.tfds_processes = manifest["tfds_processes"]  # 0, else the processes it is split for
     self.segmentation = data_config.masking.word_segmentation
     self.max_undecodable_fraction = data_config.max_undecodable_fraction
+    self.max_line_bytes = data_config.max_line_bytes
     starts = np.cumsum([0] + [u["source_documents"] for u in self.units])
     self.raw_offsets = starts[:-1]  # each unit's first source document in the corpus stream
 
   def check_files(self) -> None:
-    """corpora.check_decodable on every file's counts (named by this run's paths): the
-    in-memory path's refusal, at every start, at this run's max_undecodable_fraction."""
+    """corpora.check_decodable and corpora.warn_overlong on every file's counts (named by
+    this run's paths): the in-memory path's refusal and warning, at every start, at this
+    run's max_undecodable_fraction. (A manifest from before the counts of over-long lines
+    has none: 0.)"""
     for path, f in zip(self.files, self.manifest["files"]):
       corpora.check_decodable(path, f["lines"], f["undecodable_lines"],
                               self.max_undecodable_fraction)
+      corpora.warn_overlong(path, f.get("overlong_lines", 0), self.max_line_bytes)
+
+  def skipped(self) -> str:
+    """What the corpus report adds: ", N Parquet rows with a null text skipped", or ""."""
+    nulls = sum(f.get("null_texts", 0) for f in self.manifest["files"])
+    return f", {nulls:,} Parquet rows with a null text skipped" if nulls else ""
 
   def shard(self, index: int) -> Shard:
     """Unit `index`'s shard, its header checked."""
