@@ -28,7 +28,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from absl import logging
 
