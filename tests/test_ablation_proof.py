@@ -143,3 +143,25 @@ def test_flop_mode_still_refuses_other_config_fields(tmp_path):
   (tmp_path / "b" / "record.json").write_text(json.dumps(record))
   with pytest.raises(ablation_proof.AblationError, match="config.data.seed: 0 vs 1"):
     ablation.check_identical_data(str(tmp_path), [a, b], flop_mode=True)
+
+
+def test_flop_mode_accepts_every_field_the_plan_stretches(tmp_path):
+  """Fails if a field plan.stretch changes (the steps, the warm-up, a WSD schedule's decay) is
+  refused as a difference between a seed's runs: the modern grid's FLOP-matched runs, stretched
+  to 250 and 235 steps, were refused at the report for decay_steps 50 vs 47."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from experiments.ablation import plan as ablation_plan  # pylint: disable=g-import-not-at-top
+  run = ml_collections.ConfigDict({"total_steps": 300, "optimizer": {
+      "schedule": "wsd", "warmup_steps": 30, "decay_steps": 60}})
+  flat = lambda c: {f"{k}.{kk}" if isinstance(v, dict) else k: vv
+                    for k, v in c.to_dict().items()
+                    for kk, vv in (v.items() if isinstance(v, dict) else [(None, v)])}
+  before, after = flat(run), flat(ablation_plan.stretch(run, 235))
+  changed = {k for k in before if before[k] != after[k]}
+  assert changed == {"total_steps", "optimizer.warmup_steps", "optimizer.decay_steps"}
+  a = _write_run(tmp_path, "a")
+  b = _write_run(tmp_path, "b")
+  record = json.loads((tmp_path / "b" / "record.json").read_text())
+  record["config"].update({k: after[k] for k in changed if k != "total_steps"})
+  (tmp_path / "b" / "record.json").write_text(json.dumps(record))
+  assert ablation.check_identical_data(str(tmp_path), [a, b], flop_mode=True).finished == ["a", "b"]

@@ -37,7 +37,9 @@ RUNTIME_FIELDS = ("checkpoint.", "mesh.", "distributed.", "log_every_steps", "ev
                   "model.remat_policy", "model.attention_impl", "data.prefetch_batches",
                   "data.embedded_cache_dir")
 # What a FLOP budget sets per setting (the schedule stretched to the run's own steps).
-BUDGET_FIELDS = ("total_steps", "optimizer.warmup_steps")
+# What a FLOP-matched plan sets per setting (plan.stretch): the steps, and the schedule's
+# warm-up and WSD decay scaled with them. Nothing else may differ between a seed's runs.
+BUDGET_FIELDS = ("total_steps", "optimizer.warmup_steps", "optimizer.decay_steps")
 _PROCESS_FILE = re.compile(r"^batch_log\.(\d+)-of-(\d+)\.jsonl$")
 
 
