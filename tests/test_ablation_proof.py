@@ -146,9 +146,10 @@ def test_flop_mode_still_refuses_other_config_fields(tmp_path):
 
 
 def test_flop_mode_accepts_every_field_the_plan_stretches(tmp_path):
-  """Fails if a field plan.stretch changes (the steps, the warm-up, a WSD schedule's decay) is
-  refused as a difference between a seed's runs: the modern grid's FLOP-matched runs, stretched
-  to 250 and 235 steps, were refused at the report for decay_steps 50 vs 47."""
+  """Fails if a field plan.stretch changes (the steps, the warm-up, a WSD schedule's decay) or the
+  layout chooser's placement fields are refused as a difference between a seed's runs: the
+  modern grid's FLOP-matched runs, stretched to 250 and 235 steps, were refused at the report
+  for decay_steps 50 vs 47, then for layout None vs 'auto' (a run made before the chooser)."""
   import ml_collections  # pylint: disable=g-import-not-at-top
   from experiments.ablation import plan as ablation_plan  # pylint: disable=g-import-not-at-top
   run = ml_collections.ConfigDict({"total_steps": 300, "optimizer": {
@@ -163,5 +164,7 @@ def test_flop_mode_accepts_every_field_the_plan_stretches(tmp_path):
   b = _write_run(tmp_path, "b")
   record = json.loads((tmp_path / "b" / "record.json").read_text())
   record["config"].update({k: after[k] for k in changed if k != "total_steps"})
+  # ... and the layout chooser's fields, which a run made before them does not record.
+  record["config"].update({"layout": "auto", "layouts": [], "slice": ""})
   (tmp_path / "b" / "record.json").write_text(json.dumps(record))
   assert ablation.check_identical_data(str(tmp_path), [a, b], flop_mode=True).finished == ["a", "b"]

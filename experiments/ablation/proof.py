@@ -35,8 +35,10 @@ from host import paths
 RUNTIME_FIELDS = ("checkpoint.", "mesh.", "distributed.", "log_every_steps", "eval_every_steps",
                   "peak_tflops_per_device", "grad_accum_steps", "model.remat",
                   "model.remat_policy", "model.attention_impl", "data.prefetch_batches",
-                  "data.embedded_cache_dir")
-# What a FLOP budget sets per setting (the schedule stretched to the run's own steps).
+                  "data.embedded_cache_dir",
+                  # the layout chooser's (bert_jax.run.layouts): it sets only the mesh, remat
+                  # and accumulation above, never what a step computes
+                  "layout", "layouts", "slice")
 # What a FLOP-matched plan sets per setting (plan.stretch): the steps, and the schedule's
 # warm-up and WSD decay scaled with them. Nothing else may differ between a seed's runs.
 BUDGET_FIELDS = ("total_steps", "optimizer.warmup_steps", "optimizer.decay_steps")
