@@ -58,7 +58,7 @@ def pack_documents(data: ml_collections.ConfigDict) -> None:
   """Whole documents packed, each attending only to itself, filling at least 98% of the
   tokens: rows close at the end of each shuffle block, so the block is 1,024 documents (the
   data default's 256 fill 97.1-97.6% at 128 to 2,048 tokens on the embedded corpus, 64 open
-  rows 98.4-99.2%: experiments/results/packing.md)."""
+  rows 98.7-99.2%: experiments/results/packing.md)."""
   data.objective = "documents"
   data.pack_window = 64
   data.shuffle_buffer = 1024
