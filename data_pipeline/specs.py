@@ -13,6 +13,7 @@ from typing import Any
 from data_pipeline.examples import masking_spec as spec_lib  # masking_spec() below is a function
 from data_pipeline.sources import sentences
 from data_pipeline.sources import word_segmentation
+from host import fields
 
 OBJECTIVES = ("nsp", "sop", "none", "documents")
 # Objectives of sentence pairs with a pair head (NSP, SOP); "none" (RoBERTa's packing
@@ -20,35 +21,41 @@ OBJECTIVES = ("nsp", "sop", "none", "documents")
 PAIR_OBJECTIVES = ("nsp", "sop")
 
 
+def _storable(stored: str) -> bool:
+  """A tokenized_dir the store can use: '' (the cache), 'none', a local directory, gs:// or
+  s3:// (a stray 'None' is a typo of 'none', not a directory to create)."""
+  return not ("://" in stored and not stored.startswith(("gs://", "s3://"))
+              or stored.lower() == "none" and stored != "none")
+
+
+# The domain of each data-config field, declared once as data (host/fields.py) beside the
+# objectives it names: a field's domain is a row, and every refusal reads "data.<field>
+# must be ..., got <value>". What depends on another field or on what is installed is code
+# in validate, right after.
+RULES = {
+    "objective": fields.one_of(OBJECTIVES),
+    "max_seq_length": fields.at_least(8),
+    "short_seq_prob": fields.in_range(0, 1),
+    "shuffle_buffer": fields.at_least(1),
+    "heldout_modulus": fields.at_least(2),
+    "tokenized_dir": fields.satisfies(_storable, "must be '' (the cache), 'none' (no store), "
+                                      "a local directory or a gs:// path"),
+    "prepare_workers": fields.at_least(0),
+    "shard_bytes": fields.at_least(1 << 12),
+    "masking.word_segmentation": fields.one_of(word_segmentation.SEGMENTATIONS),
+}
+
+
 def validate(data_config) -> None:
   """ValueErrors naming the field for settings the pipeline cannot honour."""
-  if data_config.objective not in OBJECTIVES:
-    raise ValueError(f"data.objective must be one of {OBJECTIVES}, got {data_config.objective!r}")
+  fields.check(data_config, RULES, prefix="data.", form="got")
   if data_config.objective == "documents" and data_config.get("pack_window", 0) < 1:
     raise ValueError(f"data.pack_window must be >= 1 with objective 'documents', got "
                      f"{data_config.get('pack_window')}")
-  if not 8 <= data_config.max_seq_length:
-    raise ValueError(f"data.max_seq_length must be >= 8, got {data_config.max_seq_length}")
-  if not 0.0 <= data_config.short_seq_prob <= 1.0:
-    raise ValueError(f"data.short_seq_prob must be in [0, 1], got {data_config.short_seq_prob}")
-  if data_config.shuffle_buffer < 1 or data_config.heldout_modulus < 2:
-    raise ValueError("data.shuffle_buffer must be >= 1 and data.heldout_modulus >= 2, got "
-                     f"{data_config.shuffle_buffer}, {data_config.heldout_modulus}")
-  stored = data_config.tokenized_dir
-  if "://" in stored and not stored.startswith(("gs://", "s3://")) or (
-      stored.lower() == "none" and stored != "none"):
-    raise ValueError(f"data.tokenized_dir must be '' (the cache), 'none' (no store), a local "
-                     f"directory or a gs:// path, got {stored!r}")
-  if data_config.prepare_workers < 0 or data_config.shard_bytes < 1 << 12:
-    raise ValueError("data.prepare_workers must be >= 0 and data.shard_bytes >= 4096, got "
-                     f"{data_config.prepare_workers}, {data_config.shard_bytes}")
   sentences.splitter(data_config.sentence_splitter)  # a known name, whatever the corpus
   if data_config.corpus.startswith(sentences.SPLIT_CORPORA):
     sentences.check_available(data_config.sentence_splitter)  # else refused mid-read
   segmentation = data_config.masking.word_segmentation
-  if segmentation not in word_segmentation.SEGMENTATIONS:
-    raise ValueError(f"data.masking.word_segmentation must be one of "
-                     f"{word_segmentation.SEGMENTATIONS}, got {segmentation!r}")
   if segmentation and data_config.spm_model_file:
     raise ValueError("data.masking.word_segmentation needs a WordPiece vocab (data.vocab_file): "
                      "SentencePiece pieces are not aligned to a segmentation")

@@ -223,7 +223,7 @@ def test_docs_link_nowhere_outside_the_repository():
   assert bad == []
 
 
-# The layers: `host` (the floor: paths, tf_cpu) under both packages; data_pipeline
+# The layers: `host` (the floor: paths, tf_cpu, fields) under both packages; data_pipeline
 # under bert_jax, reached only through these modules.
 FLOOR = "host"
 DATA_PIPELINE_ENTRIES = {

@@ -19,20 +19,31 @@ from bert_jax.finetune.kinds import registry
 from bert_jax.finetune.kinds import task_kind
 from bert_jax.model import encoder as model_lib
 from bert_jax.training import sharding
+from host import fields
 from host import paths
 
 _VOCAB_CHANGE_FIX = "set config.allow_vocab_change=True if the change is intended"
 
 
+# The domain of each fine-tuning field checked here, declared once as data (host/fields.py):
+# a field's domain is a row, its refusal worded like every other's (`says` keeps the words
+# these refusals have always had). What depends on the mesh, the process count or another
+# field is code in check_config, right after.
+RULES = {
+    "num_epochs": fields.greater_than(0),
+    "warmup_fraction": fields.in_range(0, 1, "[)", says="not in [0, 1)"),
+    "grad_accum_steps": fields.at_least(1),
+    "max_seq_length": fields.at_least(8, says="is too short"),
+    "bucket_window_batches": fields.at_least(1),
+    "loss_normalizer": fields.one_of(("batch", "train_mean"),
+                                     says="must be 'batch' or 'train_mean'"),
+}
+
+
 def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
   """Refuses, before reading data or compiling, a config that cannot run."""
+  fields.check(config, RULES, prefix="config.")
   dp = sharding.data_parallel_size(mesh)
-  if config.num_epochs <= 0:
-    raise ValueError(f"config.num_epochs={config.num_epochs} must be positive")
-  if not 0.0 <= config.warmup_fraction < 1.0:
-    raise ValueError(f"config.warmup_fraction={config.warmup_fraction} not in [0, 1)")
-  if config.grad_accum_steps < 1:
-    raise ValueError(f"config.grad_accum_steps={config.grad_accum_steps} must be >= 1")
   for name in ("batch_size", "eval_batch_size"):
     size = config[name]
     per = dp * (config.grad_accum_steps if name == "batch_size" else 1)
@@ -41,8 +52,6 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
                        f"size {dp}" + (f" x grad_accum_steps {config.grad_accum_steps}"
                                        if name == "batch_size" else "")
                        + f" and divide over {jax.process_count()} processes")
-  if config.max_seq_length < 8:
-    raise ValueError(f"config.max_seq_length={config.max_seq_length} is too short")
   buckets_lib.bucket_lengths(config.max_seq_length, config.bucket_multiple, config.padding)
   if config.padding == "packed" and (config.grad_accum_steps > 1 or jax.process_count() > 1
                                      or config.group_by_length):
@@ -50,11 +59,6 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
     # micro-batches nor over processes; grouping would change what a batch holds.
     raise ValueError("config.padding='packed' takes one process, grad_accum_steps=1 and "
                      "group_by_length=False; use padding 'buckets' otherwise")
-  if config.bucket_window_batches < 1:
-    raise ValueError(f"config.bucket_window_batches={config.bucket_window_batches} must be >= 1")
-  if config.loss_normalizer not in ("batch", "train_mean"):
-    raise ValueError(f"config.loss_normalizer={config.loss_normalizer!r} must be 'batch' or "
-                     "'train_mean'")
   if not config.init_checkpoint and not (config.vocab_file or config.spm_model_file):
     raise ValueError("fine-tuning from random initialisation needs config.vocab_file "
                      "(or spm_model_file); with config.init_checkpoint it comes from the "

@@ -33,24 +33,36 @@ from bert_jax.training import optim
 from bert_jax.training import sharding
 from bert_jax.training import state as state_lib
 from data_pipeline import specs
+from host import fields
 from host import paths
 
 TrainState = state_lib.TrainState
 
 
+# The domain of each top-level pretraining field this module reads, declared once as data
+# (host/fields.py) and checked first: everything after divides by these or counts with them.
+# A field's domain is a row here; what depends on the mesh, the phases or another field is
+# code in check_config.
+RULES = {
+    "total_steps": fields.greater_than(0),
+    "grad_accum_steps": fields.at_least(1),
+    "batch_size": fields.greater_than(0),
+    "eval_batch_size": fields.greater_than(0),
+    "log_every_steps": fields.greater_than(0),
+    "eval_every_steps": fields.greater_than(0),
+    "checkpoint.every_steps": fields.greater_than(0),
+    "checkpoint.keep": fields.at_least(1),
+}
+
+
 def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
   """Refuses, before any data is read or anything compiles, a config that cannot run on
-  `mesh`: every field's domain, every phase's data and masks, the network (whatever the
-  vocabulary turns out to be) against each phase's length and attention kernel."""
+  `mesh`: every field's domain (RULES), every phase's data and masks, the network
+  (whatever the vocabulary turns out to be) against each phase's length and attention
+  kernel."""
+  fields.check(config, RULES, prefix="config.")
   dp = sharding.data_parallel_size(mesh)
   per_update = dp * config.grad_accum_steps
-  if config.total_steps <= 0:
-    raise ValueError(f"config.total_steps={config.total_steps} must be positive")
-  if config.grad_accum_steps < 1:
-    raise ValueError(f"config.grad_accum_steps={config.grad_accum_steps} must be >= 1")
-  for name in ("batch_size", "eval_batch_size"):  # before anything divides by them
-    if config[name] <= 0:
-      raise ValueError(f"config.{name}={config[name]} must be positive")
   phases_lib.check(config)  # the phase list (or phase2) and the batch warmup
   for phase in phases_lib.of(config):
     where = ("config.batch_size" if phase.batch_size == config.batch_size
@@ -73,12 +85,6 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
   if config.data.eval.num_examples < config.eval_batch_size:
     raise ValueError(f"config.data.eval.num_examples={config.data.eval.num_examples} is smaller "
                      f"than one eval batch (config.eval_batch_size={config.eval_batch_size})")
-  for name in ("log_every_steps", "eval_every_steps"):
-    if config[name] <= 0:
-      raise ValueError(f"config.{name}={config[name]} must be positive")
-  if config.checkpoint.every_steps <= 0 or config.checkpoint.keep < 1:
-    raise ValueError(f"config.checkpoint.every_steps={config.checkpoint.every_steps} must be "
-                     f"positive and config.checkpoint.keep={config.checkpoint.keep} at least 1")
   bert_config = network(config, vocab_size=None)
   # Every phase's data, masks and eval set, so phase 2 cannot fail at 90% of the run.
   for phase in phases_lib.of(config):

@@ -21,6 +21,7 @@ import ml_collections
 import optax
 
 from bert_jax.training import schedules
+from host import fields
 
 # Substrings of a parameter path that mark it as exempt from weight decay
 # (google-research/bert: ["LayerNorm", "layer_norm", "bias"]); "bias" also
@@ -97,51 +98,51 @@ def scale_by_stable_adam(b1: float, b2: float, eps: float, weight_decay: float,
 
 NAMES = ("adamw", "lamb", "stableadamw")
 
+# The domain of each config.optimizer field, declared once as data (host/fields.py): a new
+# field adds a row here, and its refusal reads like every other's. In the order the
+# refusal lists them; what depends on another field's meaning (not just its value) is
+# code in check_config, right after.
+RULES = {
+    "name": fields.known(NAMES),
+    "learning_rate": fields.at_least(0),  # 0 is allowed, with a warning (check_config)
+    "end_learning_rate": fields.in_range(0, "learning_rate"),
+    "warmup_steps": fields.at_least(0),
+    "decay_power": fields.greater_than(0),
+    "b1": fields.in_range(0, 1, "[)"),
+    "b2": fields.in_range(0, 1, "[)"),
+    "eps": fields.greater_than(0),
+    "weight_decay": fields.at_least(0),
+    # 0 or None: no clipping (optax's clip at 0 would zero every update).
+    "grad_clip_norm": fields.optional(fields.at_least(0, says="must be >= 0 (0: no clipping)")),
+    "schedule": fields.known(schedules.SCHEDULES),
+}
+# The fields only schedule "wsd" reads.
+WSD_RULES = {
+    "decay_shape": fields.known(schedules.DECAY_SHAPES),
+    "decay_steps": fields.at_least(0),
+}
+
 
 def check_config(opt_config: ml_collections.ConfigDict) -> None:
-  """Refuses optimizer settings that cannot train, naming the field.
+  """Refuses optimizer settings that cannot train, naming every wrong field in one line.
 
-  Nothing that would silently stop learning gets through: a negative peak
-  learning rate (0 is allowed, with a warning: it evaluates a checkpoint),
-  betas outside [0, 1), a non-positive eps, negative decay.
-  grad_clip_norm 0 means no clipping (optax's clip at 0 would zero every update).
+  Nothing that would silently stop learning gets through (RULES): a negative peak
+  learning rate (0 is allowed, with a warning: it evaluates a checkpoint), betas outside
+  [0, 1), a non-positive eps, negative decay; then the options one optimizer or schedule
+  alone defines.
   """
   c = opt_config
-  problems = []
-  if c.name not in NAMES:
-    problems.append(f"name={c.name!r}: expected one of {NAMES}")
-  if not c.learning_rate >= 0:
-    problems.append(f"learning_rate={c.learning_rate} must be >= 0")
-  elif c.learning_rate == 0:  # legitimate (evaluate a checkpoint through a trainer), but say so
-    logging.warning("config.optimizer.learning_rate=0: the parameters will not change")
-  if not 0 <= c.end_learning_rate <= c.learning_rate:
-    problems.append(f"end_learning_rate={c.end_learning_rate} must be in [0, learning_rate]")
-  if c.warmup_steps < 0:
-    problems.append(f"warmup_steps={c.warmup_steps} must be >= 0")
-  if not c.decay_power > 0:
-    problems.append(f"decay_power={c.decay_power} must be positive")
-  for name in ("b1", "b2"):
-    if not 0 <= c[name] < 1:
-      problems.append(f"{name}={c[name]} must be in [0, 1)")
-  if not c.eps > 0:
-    problems.append(f"eps={c.eps} must be positive")
-  if c.weight_decay < 0:
-    problems.append(f"weight_decay={c.weight_decay} must be >= 0")
-  if c.grad_clip_norm is not None and c.grad_clip_norm < 0:
-    problems.append(f"grad_clip_norm={c.grad_clip_norm} must be >= 0 (0: no clipping)")
+  problems = fields.problems(c, RULES)
   if c.name != "adamw" and not c.bias_correction:
     problems.append(f"bias_correction=False is only defined for adamw, not {c.name}")
   if c.fully_decoupled_weight_decay and c.name == "lamb":
     problems.append("fully_decoupled_weight_decay is defined for adamw and stableadamw")
-  if c.schedule not in schedules.SCHEDULES:
-    problems.append(f"schedule={c.schedule!r}: expected one of {schedules.SCHEDULES}")
-  elif c.schedule == "wsd":
-    if c.decay_shape not in schedules.DECAY_SHAPES:
-      problems.append(f"decay_shape={c.decay_shape!r}: expected one of {schedules.DECAY_SHAPES}")
-    if c.decay_steps < 0:
-      problems.append(f"decay_steps={c.decay_steps} must be >= 0")
+  if c.schedule == "wsd":
+    problems += fields.problems(c, WSD_RULES)
     if c.decay_from_step0:
       problems.append("decay_from_step0 is the polynomial schedule's (google-research/bert)")
+  if c.learning_rate == 0:  # legitimate (evaluate a checkpoint through a trainer), but say so
+    logging.warning("config.optimizer.learning_rate=0: the parameters will not change")
   if problems:
     raise ValueError("config.optimizer." + "; config.optimizer.".join(problems))
 
