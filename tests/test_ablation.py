@@ -421,3 +421,25 @@ def test_a_grid_that_would_run_a_run_twice_is_refused(tmp_path):
   with pytest.raises(ablation.AblationError,
                      match=r"config.settings.r15 and config.settings.r15_again mask alike"):
     ablation_plan.grid_runs(config, str(tmp_path))
+
+
+@pytest.mark.slow  # a fresh process each (python -m experiments.ablation)
+@pytest.mark.parametrize("flags, says", [
+    (["--config.pretrain_seeds=(0,0)"], "config.pretrain_seeds=(0, 0) repeats a seed"),
+    (["--config.settings.cos40to15.schedule=constant", "--config.settings.cos40to15.ratio=0.15",
+      "--config.settings.cos40to15.final_ratio=0.0"],
+     "config.settings.cos40to15 and config.settings.r15 mask alike"),
+])
+def test_the_command_refuses_duplicate_runs_in_one_line_and_writes_nothing(tmp_path, flags,
+                                                                           says):
+  """Fails if `python -m experiments.ablation` on a grid with a repeated seed or two settings
+  that mask alike prints anything but its one line naming both, exits other than 1, or
+  creates its workdir."""
+  from test_refusals import _refusal_line  # pylint: disable=g-import-not-at-top
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.ablation",
+       "--config=experiments/configs/ablation.py:smoke", *flags, f"--workdir={tmp_path / 'w'}",
+       "--dry_run"], capture_output=True, text=True, timeout=300, cwd=REPO,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert says in _refusal_line(result.stderr, result.returncode), result.stderr
+  assert not (tmp_path / "w").exists()

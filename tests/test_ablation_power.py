@@ -193,6 +193,31 @@ def test_plan_seeds_refuses_in_one_line(tmp_path, make, says):
   assert says in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # a fresh process each (python -m experiments.ablation)
+@pytest.mark.parametrize("how, says", [
+    ("n/a", "has sent_median='n/a', not a number"),
+    ("no seed", "has seed=None, not a number (or no such column)"),
+    ("binary", "results.csv is not the CSV the report writes"),
+    ("cut plan", "plan.json is not the JSON the ablation writes"),
+])
+def test_the_plan_seeds_command_refuses_a_damaged_pilot_in_one_line(tmp_path, how, says):
+  """Fails if `python -m experiments.ablation --plan_seeds` on a damaged pilot prints anything
+  but its one line (a traceback, a second line), exits other than 1, or changes the pilot."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from test_refusals import _listing, _refusal_line  # pylint: disable=g-import-not-at-top
+  pilot = pathlib.Path(_damaged(tmp_path, how))
+  before = {**_listing(pilot), **{f"{k}:bytes": v.read_bytes() for k, v in
+                                  ((str(q), q) for q in pilot.rglob("*") if q.is_file())}}
+  result = subprocess.run([sys.executable, "-m", "experiments.ablation", f"--workdir={pilot}",
+                           "--plan_seeds"], capture_output=True, text=True, timeout=300,
+                          cwd=pathlib.Path(__file__).resolve().parents[1])
+  assert says in _refusal_line(result.stderr, result.returncode), result.stderr
+  after = {**_listing(pilot), **{f"{k}:bytes": v.read_bytes() for k, v in
+                                 ((str(q), q) for q in pilot.rglob("*") if q.is_file())}}
+  assert after == before
+
+
 def test_the_docs_quote_the_committed_zh_proof_result():
   """Fails if docs/ablation.md's --plan_seeds example is not what plan_seeds prints for the
   committed zh_proof pilot, or the held-out MLM intervals its summary quotes

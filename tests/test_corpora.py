@@ -314,9 +314,10 @@ def test_statement_walk_finds_the_definitions_of_ast_walk_in_its_order():
   assert len(walked) == 13 and names(corpora._statement_nodes(tree)) == walked
 
 
-def test_embedded_harvest_is_atomic(tmp_path, monkeypatch):
+def test_embedded_harvest_is_atomic(tmp_path, monkeypatch, caplog):
   """Fails if a harvest killed mid-way leaves the corpus or a temp file behind, embedded_corpus_path
-  harvests again when a cache exists, or it ignores BERT_JAX_CACHE."""
+  harvests again when a cache exists, or it ignores BERT_JAX_CACHE; or if the harvest (a
+  silent minute on a fresh machine) does not say that it started and where it wrote."""
   site = _fake_site(tmp_path)
   out = tmp_path / "cache" / "corpus.txt"
   real = corpora._python_file_documents  # pylint: disable=protected-access
@@ -336,8 +337,13 @@ def test_embedded_harvest_is_atomic(tmp_path, monkeypatch):
   monkeypatch.setattr(corpora, "_python_file_documents", real)
   # embedded_corpus_path harvests once, then reuses the cache.
   monkeypatch.setattr(corpora, "_site_dirs", lambda: [site])
-  path = corpora.embedded_corpus_path(out.parent)
+  with caplog.at_level("INFO"):
+    path = corpora.embedded_corpus_path(out.parent)
   assert path == out and out.read_text().startswith("A fake module")
+  said = [r.getMessage() for r in caplog.records]
+  started = [i for i, m in enumerate(said) if m.startswith("harvesting the embedded corpus")]
+  ended = [i for i, m in enumerate(said) if m.startswith(f"harvested the embedded corpus: {out}")]
+  assert started and ended and started[0] < ended[0], said
   monkeypatch.setattr(corpora, "harvest_embedded_corpus",
                       lambda *a, **k: pytest.fail("harvested twice"))
   assert corpora.embedded_corpus_path(out.parent) == out

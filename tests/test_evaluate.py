@@ -181,8 +181,10 @@ def test_the_record_orders_cheap_first_and_refuses_a_changed_protocol(minilm_dir
   assert plan.make_record(workdir, suite, planned) == (content, False)
   more = plan.members(suite, _flags(minilm_dir, glue_dir, seeds=tuple(range(7))), workdir)
   assert plan.make_record(workdir, suite, more)[1]
-  other = tmp_path / "other_checkpoint"
+  other = tmp_path / "other_checkpoint"  # a second checkpoint: MiniLM's files, linked
   other.mkdir()
+  for f in pathlib.Path(minilm_dir).iterdir():
+    (other / f.name).symlink_to(f)
   # Nothing has run yet (a start that failed after writing the record): another checkpoint
   # is planned afresh, not refused.
   moved = plan.members(suite, plan.Flags(init_checkpoint=str(other), glue_dir=str(glue_dir),
@@ -294,26 +296,43 @@ def test_leaderboard_files_are_checked_and_zipped_the_same_each_time(tmp_path):
     assert z.namelist() == ["MRPC.tsv"]
 
 
-@pytest.mark.slow  # five fresh processes (each imports JAX and TensorFlow)
-def test_the_command_refuses_in_one_line_and_writes_nothing(tmp_path, minilm_dir):
-  """Fails if a bad --suite (unknown, a file that is not there or does not parse) or a
-  missing flag gives a traceback, exit code 0, or a workdir."""
+@pytest.mark.slow  # eight fresh processes (each imports JAX and TensorFlow)
+def test_the_command_refuses_in_one_line_and_writes_nothing(tmp_path, minilm_dir, glue_dir):
+  """Fails if a bad --suite (unknown, a file that is not there or does not parse), a missing
+  flag or an --init_checkpoint that is no checkpoint gives a traceback, any line beside its
+  one, exit code != 1 or a workdir (suite.json included); or if the corrected checkpoint is
+  then refused on the same workdir."""
+  from test_refusals import _refusal_line  # pylint: disable=g-import-not-at-top
   broken = tmp_path / "broken_suite.py"
   broken.write_text("def get_config(\n")
-  for args, message in ((["--suite=nope"], "unknown suite 'nope'"),
-                        ([f"--suite={tmp_path / 'missing.py'}:x"], "No such file or directory"),
-                        ([f"--suite={broken}:x"], "'(' was never closed (broken_suite.py, line 1)"),
-                        (["--suite=glue"], "--init_checkpoint is required"),
-                        (["--suite=glue", f"--init_checkpoint={minilm_dir}", "--seeds=a,b"],
-                         "flag --seeds=a,b: expected a comma-separated list of ints")):
+  empty = tmp_path / "empty_dir"
+  empty.mkdir()
+  unfinished = tmp_path / "unfinished" / "checkpoints"  # a workdir that never saved a step
+  unfinished.mkdir(parents=True)
+  cola = ["--suite=glue", "--members=cola", f"--glue_dir={glue_dir}"]
+  for args, message in (
+      (["--suite=nope"], "unknown suite 'nope'"),
+      ([f"--suite={tmp_path / 'missing.py'}:x"], "No such file or directory"),
+      ([f"--suite={broken}:x"], "'(' was never closed (broken_suite.py, line 1)"),
+      (["--suite=glue"], "--init_checkpoint is required"),
+      (["--suite=glue", f"--init_checkpoint={minilm_dir}", "--seeds=a,b"],
+       "flag --seeds=a,b: expected a comma-separated list of ints"),
+      (cola + [f"--init_checkpoint={empty}"],
+       f"--init_checkpoint: {empty} is not a checkpoint this converter knows"),
+      (cola + [f"--init_checkpoint={unfinished.parent}"],
+       f"--init_checkpoint: {unfinished} holds no complete checkpoint")):
     result = subprocess.run([sys.executable, "-m", "experiments.evaluate", *args,
                              f"--workdir={tmp_path / 'w'}"], cwd=REPO, capture_output=True,
                             text=True, timeout=300)
-    assert result.returncode == 1, result.stderr[-2000:]
-    assert result.stderr.strip().splitlines()[-1].startswith("error: ")
-    assert message in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-  assert not (tmp_path / "w").exists()
+    line = _refusal_line(result.stderr, result.returncode)
+    assert message in line, (message, line)
+    assert not (tmp_path / "w").exists(), args
+  fixed = subprocess.run([sys.executable, "-m", "experiments.evaluate", *cola,
+                          f"--init_checkpoint={minilm_dir}", "--stage=plan",
+                          f"--workdir={tmp_path / 'w'}"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+  assert fixed.returncode == 0, fixed.stderr[-2000:]
+  assert (tmp_path / "w" / plan.RECORD_FILE).exists()
 
 
 def test_dry_run_and_print_commands_say_what_will_run_and_write_nothing(minilm_dir, glue_dir,

@@ -50,25 +50,22 @@ def _workdir_of(path: paths.Path) -> paths.Path:
       path.parent if path.name == _WORKDIR_CHECKPOINTS else path.parent.parent)
 
 
-def _read(path: paths.Path):
-  """Detects the checkpoint kind; returns (kind, fmt, config, tensors, display, ignored, vocab)."""
+def checkpoint_kind(path) -> str:
+  """What kind of checkpoint `path` is ("own", "hf", "workdir" or "tf"), judged by its files
+  alone, no tensor read: a command checks its checkpoint with it before it writes anything.
+  Raises ValueError naming the path and what was expected."""
+  path = paths.Path(path)
   # Exports first: a directory that merely sits under a folder named "checkpoints" is still
   # an export when it holds one.
   if convert_own.is_own_dir(path):
-    config, *rest = convert_own.read_own_dir(path)
-    return ("bert_jax export", "own", _per_layer_config(config), *rest)
+    return "own"
   if convert_hf.is_hf_dir(path):
-    config, tensors, display, ignored, vocab = convert_hf.read_hf_dir(path)
-    prefix = convert_layout.hf_family(config).prefix + "."
-    prefixed = any(v.startswith(prefix) for v in display.values())
-    return ("Hugging Face directory", "hf", config, tensors,
-            convert_hf.display_name(display, prefixed=prefixed, config=config), ignored, vocab)
+    return "hf"
   if _is_workdir(path):
-    config, *rest = _read_workdir(path)
-    return ("training workdir", "own", _per_layer_config(config), *rest)
-  prefix = convert_tf.find_checkpoint(path)
-  if prefix is not None:
-    return ("TF checkpoint", "tf") + convert_tf.read_tf_checkpoint(prefix)
+    checkpoint.complete_step(str(path))  # a workdir that holds no complete step is refused
+    return "workdir"
+  if convert_tf.find_checkpoint(path) is not None:
+    return "tf"
   if (path / convert_hf.CONFIG_NAME).is_file():
     found = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".json", ".msgpack",
                                                                   ".h5", ".safetensors"))
@@ -84,6 +81,25 @@ def _read(path: paths.Path):
       f"{convert_own.OWN_CONFIG}), a Hugging Face "
       f"directory ({convert_hf.CONFIG_NAME} + {convert_hf.WEIGHTS_NAME}) or a TF checkpoint "
       f"({convert_tf.CONFIG_NAME} + model.ckpt-*.index)")
+
+
+def _read(path: paths.Path):
+  """Detects the checkpoint kind; returns (kind, fmt, config, tensors, display, ignored, vocab)."""
+  kind = checkpoint_kind(path)
+  if kind == "own":
+    config, *rest = convert_own.read_own_dir(path)
+    return ("bert_jax export", "own", _per_layer_config(config), *rest)
+  if kind == "hf":
+    config, tensors, display, ignored, vocab = convert_hf.read_hf_dir(path)
+    prefix = convert_layout.hf_family(config).prefix + "."
+    prefixed = any(v.startswith(prefix) for v in display.values())
+    return ("Hugging Face directory", "hf", config, tensors,
+            convert_hf.display_name(display, prefixed=prefixed, config=config), ignored, vocab)
+  if kind == "workdir":
+    config, *rest = _read_workdir(path)
+    return ("training workdir", "own", _per_layer_config(config), *rest)
+  return ("TF checkpoint", "tf") + convert_tf.read_tf_checkpoint(
+      convert_tf.find_checkpoint(path))
 
 
 def load_pretrained(path, *, target: str = "pretraining", allow_missing_heads: bool = False,

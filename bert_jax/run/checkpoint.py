@@ -384,15 +384,10 @@ def _split_path(path: str) -> tuple[str, int | None]:
   return os.fspath(p), None
 
 
-def load_params_from_workdir(path: str) -> tuple[model_lib.BertConfig, dict[str, Any]]:
-  """(BertConfig, params) from a workdir (latest step) or a step dir, as host numpy arrays.
-
-  This is the hook bert_jax.convert uses to import this project's own
-  checkpoints. The optimizer state is not read. Scanned-layer checkpoints are
-  returned in the canonical per-layer layout (and a config saying so).
-  """
+def complete_step(path: str) -> tuple[str, int]:
+  """(workdir, step) of the checkpoint a workdir (its latest complete step) or a step dir
+  names, by its files alone; ValueError, naming the path, where there is none."""
   workdir, step = _split_path(path)
-  bert_config = read_bert_config(workdir)
   ckpt_dir = paths.join(workdir, CHECKPOINT_DIR)
   if step is None:
     steps = ocp.utils.checkpoint_steps(paths.path(ckpt_dir)) if paths.exists(ckpt_dir) else []
@@ -402,6 +397,19 @@ def load_params_from_workdir(path: str) -> tuple[model_lib.BertConfig, dict[str,
   state_dir = paths.path(paths.join(ckpt_dir, str(step), "state"))
   if not paths.exists(state_dir):
     raise ValueError(f"{state_dir} is missing: no complete checkpoint at step {step}")
+  return workdir, step
+
+
+def load_params_from_workdir(path: str) -> tuple[model_lib.BertConfig, dict[str, Any]]:
+  """(BertConfig, params) from a workdir (latest step) or a step dir, as host numpy arrays.
+
+  This is the hook bert_jax.convert uses to import this project's own
+  checkpoints. The optimizer state is not read. Scanned-layer checkpoints are
+  returned in the canonical per-layer layout (and a config saying so).
+  """
+  workdir, step = complete_step(path)
+  bert_config = read_bert_config(workdir)
+  state_dir = paths.path(paths.join(workdir, CHECKPOINT_DIR, str(step), "state"))
   with ocp.PyTreeCheckpointer() as checkpointer:
     metadata = checkpointer.metadata(state_dir).item_metadata
     # Only the params subtree is read; numpy restore avoids needing the saving mesh.

@@ -23,6 +23,7 @@ from typing import Any
 import ml_collections
 
 from bert_jax import errors
+from bert_jax.convert import load as convert_load
 from bert_jax.finetune.kinds import registry
 from bert_jax.run import workdir as workdir_lib
 from experiments.configs import finetune as finetune_configs
@@ -177,6 +178,10 @@ def members(suite: ml_collections.ConfigDict, flags: Flags, workdir: str) -> lis
     raise _refuse("--init_checkpoint is required: the checkpoint every member fine-tunes from")
   if not paths.exists(flags.init_checkpoint):
     raise _refuse(f"--init_checkpoint={flags.init_checkpoint!r} does not exist")
+  try:  # its kind, by its files, before suite.json is written (no tensor is read)
+    convert_load.checkpoint_kind(flags.init_checkpoint)
+  except ValueError as e:
+    raise _refuse(f"--init_checkpoint: {e}") from None
   unknown = sorted(set(flags.only) - set(suite.members))
   if unknown:
     raise _refuse(f"--members names {unknown}, not members of suite {suite.name!r} "
