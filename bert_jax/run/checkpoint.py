@@ -407,8 +407,8 @@ def load_params_from_workdir(path: str) -> tuple[model_lib.BertConfig, dict[str,
   checkpoints. The optimizer state is not read. Scanned-layer checkpoints are
   returned in the canonical per-layer layout (and a config saying so).
   """
+  bert_config = read_bert_config(_split_path(path)[0])  # a directory without it: that first
   workdir, step = complete_step(path)
-  bert_config = read_bert_config(workdir)
   state_dir = paths.path(paths.join(workdir, CHECKPOINT_DIR, str(step), "state"))
   with ocp.PyTreeCheckpointer() as checkpointer:
     metadata = checkpointer.metadata(state_dir).item_metadata
