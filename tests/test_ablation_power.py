@@ -207,15 +207,15 @@ def test_the_plan_seeds_command_refuses_a_damaged_pilot_in_one_line(tmp_path, ho
   import sys  # pylint: disable=g-import-not-at-top
   from test_refusals import _listing, _refusal_line  # pylint: disable=g-import-not-at-top
   pilot = pathlib.Path(_damaged(tmp_path, how))
-  before = {**_listing(pilot), **{f"{k}:bytes": v.read_bytes() for k, v in
-                                  ((str(q), q) for q in pilot.rglob("*") if q.is_file())}}
+  # Every file's (size, mtime) and bytes: what "the pilot is unchanged" means here.
+  snapshot = lambda: (_listing(pilot), {q: q.read_bytes() for q in pilot.rglob("*")
+                                        if q.is_file()})
+  before = snapshot()
   result = subprocess.run([sys.executable, "-m", "experiments.ablation", f"--workdir={pilot}",
                            "--plan_seeds"], capture_output=True, text=True, timeout=300,
                           cwd=pathlib.Path(__file__).resolve().parents[1])
   assert says in _refusal_line(result.stderr, result.returncode), result.stderr
-  after = {**_listing(pilot), **{f"{k}:bytes": v.read_bytes() for k, v in
-                                 ((str(q), q) for q in pilot.rglob("*") if q.is_file())}}
-  assert after == before
+  assert snapshot() == before
 
 
 def test_the_docs_quote_the_committed_zh_proof_result():
