@@ -328,9 +328,12 @@ class FakeGcloud:
     self.logdir = root / "logs"
     self.upload = f"{self.logdir}/staging/bert_jax_upload"
     self.record = root / "gcs" / "bucket" / "run1" / "job_state.json"
+    # The launcher's remembered preflight passes: this test's own, never the machine's.
+    self.preflight_cache = root / "preflight_cache"
     self.env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
                     FAKE_GCLOUD_DIR=str(root), FAKE_GCLOUD_LOG=str(self.log),
-                    FAKE_WORKER_PYTHON=str(python), FAKE_NAME=NAME)
+                    FAKE_WORKER_PYTHON=str(python), FAKE_NAME=NAME,
+                    BERT_JAX_PREFLIGHT_CACHE=str(self.preflight_cache))
 
   def argv(self, *flags: str, accelerator_type: str = "v4-32") -> list[str]:
     """`python -m bert_jax.launch` with the standard flags (fast polls) plus `flags`."""

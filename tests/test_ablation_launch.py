@@ -165,7 +165,7 @@ def test_preflight_runs_once_per_distinct_shape(monkeypatch, tmp_path):
   ablation_launch.share_store(runs, "gs://b/abl")
   compiled = []
   monkeypatch.setattr(launcher_lib, "preflight",
-                      lambda config, flags, accelerator, logdir, source:
+                      lambda config, flags, accelerator, source:
                       compiled.append((config, flags, accelerator)))
   monkeypatch.setattr(launcher_lib, "store_status", lambda *a: "tokenized store: not yet")
   options = ablation_launch.Options(**{**LAUNCH, "logdir": str(tmp_path),

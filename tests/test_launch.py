@@ -21,6 +21,7 @@ import time
 import pytest
 
 from bert_jax.launch import plan as launch_plan
+from bert_jax.preflight import cache as preflight_cache
 from fake_gcloud import NAME, REPO, FakeGcloud
 
 JOB_ID = f"tpu:proj/us-central2-b/{NAME}"
@@ -463,19 +464,20 @@ def test_a_passed_preflight_is_remembered_and_a_refusal_is_not(tmp_path, monkeyp
     return "preflight base on v4-32: fits"
 
   monkeypatch.setattr(launcher, "run_preflight", run_preflight)
-  config, logdir = "experiments/configs/pretrain.py:base", str(tmp_path)
+  monkeypatch.setenv("BERT_JAX_PREFLIGHT_CACHE", str(tmp_path / "cache"))
+  config = "experiments/configs/pretrain.py:base"
   monkeypatch.chdir(REPO)
   for overrides in (["--config.total_steps=7"], ["--config.total_steps=7"], []):
-    launcher.preflight(config, overrides, "v4-32", logdir, str(REPO))
+    launcher.preflight(config, overrides, "v4-32", str(REPO))
   assert compiled == [["--config.total_steps=7"], []]
   for _ in range(2):
     with pytest.raises(LaunchError, match="phase 1 needs 99 GiB"):
-      launcher.preflight(config, ["--config.batch_size=9999"], "v4-32", logdir, str(REPO))
+      launcher.preflight(config, ["--config.batch_size=9999"], "v4-32", str(REPO))
   assert len(compiled) == 4
-  key = launcher.preflight_key(config, [], "v4-32", str(REPO))
-  assert (tmp_path / "preflight_passed" / f"{key}.txt").read_text() == (
+  key = preflight_cache.key(config, [], "v4-32", str(REPO))
+  assert (tmp_path / "cache" / f"{key}.txt").read_text() == (
       "preflight base on v4-32: fits\n")
-  assert key != launcher.preflight_key(config, [], "v4-8", str(REPO))
+  assert key != preflight_cache.key(config, [], "v4-8", str(REPO))
 
 
 @pytest.mark.slow  # the preflight child imports JAX, TensorFlow and libtpu: ~20 s of CPU
@@ -499,11 +501,10 @@ def test_a_re_run_does_not_compile_a_remembered_preflight_again(gcloud):
   """With the preflight on and its pass remembered (as after a first launch), the launcher
   prints the remembered pass, compiles nothing and goes on exactly as without preflight.
   Fails if a re-run (to attach, say) would wait for a compile it already passed."""
-  from bert_jax.launch import launcher
   overrides = ["--config.total_steps=7", "--config.data.corpus=gs://bucket/text/*.txt"]
-  key = launcher.preflight_key("experiments/configs/pretrain.py:base", overrides, "v4-32",
-                               str(REPO))
-  passed = gcloud.logdir / "preflight_passed" / f"{key}.txt"
+  key = preflight_cache.key("experiments/configs/pretrain.py:base", overrides, "v4-32",
+                            str(REPO))
+  passed = gcloud.preflight_cache / f"{key}.txt"
   passed.parent.mkdir(parents=True)
   passed.write_text("fits\n")
   result = gcloud.launch("--nofollow_logs", "--noskip_preflight", RERUN_WINDOW)

@@ -236,4 +236,4 @@ def test_launcher_refuses_an_oversized_batch_before_any_gcloud_call(tmp_path, in
   assert last.startswith("error: launch failed at step 'preflight': phase 1 (64 tokens)"), (
       result.stderr[-2000:])
   assert fake.commands() == [] and not fake.log.exists()
-  assert not (fake.logdir / "preflight_passed").exists()  # a refusal is not remembered
+  assert not fake.preflight_cache.exists()  # a refusal is not remembered

@@ -8,9 +8,11 @@ r"""Runs bert_jax.main on a Cloud TPU VM slice, detached: create, install, start
   0. before any gcloud call, check the configuration compiles and fits the
      slice (bert_jax.preflight, unless --skip_preflight): a config that cannot
      run is refused before anything is read, created or paid for. A pass is
-     remembered in LOGDIR/preflight_passed/ under a key of the config, its
-     overrides, the accelerator type, the source tree and the jax/libtpu
-     versions, so re-running the same command to attach does not compile again;
+     remembered in the preflight's cache (bert_jax.preflight.cache) under a key
+     of the config, its overrides, the accelerator type, the source tree, the
+     jax/libtpu versions and compiler flags, so re-running the same command to
+     attach (or launching what `python -m bert_jax.preflight` passed) does not
+     compile again;
   1. look at the workdir's job record (WORKDIR/job_state.json, written by the
      job: bert_jax.run.job_state) and the queued resource: if the record says
      this launch's job is 'running', ATTACH to it (steps 5-6) and start nothing,
@@ -217,8 +219,7 @@ def main(argv: list[str]) -> None:
   # does not cover: it has none (its --dry_run prices it; a member that does not fit is its
   # first member's refusal, before the others run).
   preflight = None if _SKIP_PREFLIGHT.value or _JOB.value == "evaluate" else (
-      lambda: launcher_lib.preflight(_CONFIG.value, overrides, accelerator_type, launcher.logdir,
-                                     source_dir))
+      lambda: launcher_lib.preflight(_CONFIG.value, overrides, accelerator_type, source_dir))
   try:
     if _ACTION.value == "status":
       print(f"{tpu.name}: {launcher.reader.slice_state() or 'not found'}")

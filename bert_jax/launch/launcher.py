@@ -4,12 +4,10 @@
 (bert_jax/launch/__main__.py says them in order) through gcloud, every command
 from bert_jax.launch.plan; `plan` lists them for --dry_run. `preflight` runs
 `python -m bert_jax.preflight` in a child process before any gcloud call and
-remembers a pass (`preflight_key`): the launcher itself never imports JAX, so
+remembers a pass (bert_jax.preflight.cache): the launcher itself never imports JAX, so
 it starts in a second and runs where only the launcher's light dependencies are.
 """
 
-import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -20,6 +18,7 @@ from bert_jax.launch import attach as launch_attach
 from bert_jax.launch import plan as launch_plan
 from bert_jax.launch import state as launch_state
 from bert_jax.launch.state import LaunchError, say
+from bert_jax.preflight import cache as preflight_cache
 
 
 # The watch's defaults: bert_jax.launch's flags and experiments.ablation --launch's (which
@@ -304,39 +303,8 @@ def plan(action: str, tpu: launch_plan.Slice, logdir: str, workdir: str, args: l
                               int(time.time()), args, keep)
 
 
-# What the compiled step depends on besides the flags: the code and the compiler.
-_PREFLIGHT_SOURCES = ("bert_jax", os.path.join("experiments", "configs"))
-_PREFLIGHT_PACKAGES = ("jax", "jaxlib", "libtpu", "flax", "optax")
 # The source tree this launcher runs from (the directory holding bert_jax/).
-SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def preflight_key(config: str, overrides: list[str], accelerator_type: str,
-                  source_dir: str) -> str:
-  """A digest of what a preflight's verdict depends on: the config argument and its file,
-  the overrides, the accelerator type, every .py of the source tree's bert_jax/ and
-  experiments/configs/, and the installed jax, jaxlib, libtpu, flax and optax."""
-  from importlib import metadata  # pylint: disable=g-import-not-at-top
-  digest = hashlib.sha256()
-
-  def version(package: str) -> str:
-    try:
-      return metadata.version(package)
-    except metadata.PackageNotFoundError:
-      return ""
-
-  digest.update(json.dumps([config, overrides, accelerator_type,
-                            [version(p) for p in _PREFLIGHT_PACKAGES]]).encode())
-  files = [config.split(":", 1)[0]]
-  for top in _PREFLIGHT_SOURCES:
-    for root, _, names in sorted(os.walk(os.path.join(source_dir, top))):
-      files += [os.path.join(root, n) for n in sorted(names) if n.endswith(".py")]
-  for path in files:
-    if os.path.isfile(path):
-      digest.update(os.path.relpath(path, source_dir).encode())
-      with open(path, "rb") as f:
-        digest.update(hashlib.sha256(f.read()).digest())
-  return digest.hexdigest()[:16]
+SOURCE_ROOT = preflight_cache.SOURCE_ROOT
 
 
 def run_preflight(config: str, overrides: list[str], accelerator_type: str) -> str:
@@ -355,7 +323,7 @@ def run_preflight(config: str, overrides: list[str], accelerator_type: str) -> s
       [SOURCE_ROOT] + [p for p in [os.environ.get("PYTHONPATH", "")] if p]))
   result = subprocess.run(
       [sys.executable, "-m", "bert_jax.preflight", f"--config={config}",
-       f"--topology={accelerator_type}", *overrides],
+       f"--topology={accelerator_type}", "--no_cache", *overrides],
       capture_output=True, text=True, env=env, check=False)
   if result.returncode:
     for line in result.stdout.splitlines():  # the summary, when the phases were compiled
@@ -380,25 +348,25 @@ def store_status(config: str, overrides: list[str], num_workers: int) -> str:
   return lines[-1] if lines else f"tokenized store: not checked (exit {result.returncode})"
 
 
-def preflight(config: str, overrides: list[str], accelerator_type: str, logdir: str,
-              source_dir: str) -> None:
+def preflight(config: str, overrides: list[str], accelerator_type: str,
+              source_dir: str, cache_dir: str | None = None) -> None:
   """bert_jax.preflight: compile the train step for the slice before paying for it.
 
-  A pass is written to LOGDIR/preflight_passed/KEY.txt (preflight_key) and not
-  compiled again: re-running the launch command to attach to a live job (after
-  a laptop slept, say) must not wait minutes for a compile it already passed.
-  A refusal is never remembered.
+  A pass is remembered in the preflight's own cache (bert_jax.preflight.cache: keyed by
+  config, flags, slice, source tree, versions and compiler flags; `cache_dir`, by
+  default $BERT_JAX_PREFLIGHT_CACHE or ~/.cache/bert_jax/preflight) and not compiled
+  again, whether `python -m bert_jax.preflight` or a launch passed it: re-running the
+  launch command to attach to a live job (after a laptop slept, say) must not wait
+  minutes for a compile it already passed. A refusal is never remembered.
   """
-  passed = os.path.join(logdir, "preflight_passed",
-                        preflight_key(config, overrides, accelerator_type, source_dir) + ".txt")
-  if os.path.isfile(passed):
+  directory = cache_dir or preflight_cache.default_dir()
+  digest = preflight_cache.key(config, overrides, accelerator_type, source_dir)
+  if preflight_cache.lookup(directory, digest) is not None:
     say(f"preflight: {config} passed for {accelerator_type} before, with this source tree and "
-        f"these flags ({passed}); not compiled again")
+        f"these flags ({preflight_cache.path(directory, digest)}); not compiled again")
     return
   say(f"preflight: compiling {config} for {accelerator_type} (--skip_preflight skips this)")
   report = run_preflight(config, overrides, accelerator_type)
   for line in report.splitlines():
     say(f"preflight: {line}")
-  os.makedirs(os.path.dirname(passed), exist_ok=True)
-  with open(passed, "w") as f:
-    f.write(report + "\n")
+  preflight_cache.remember(directory, digest, report)

@@ -24,6 +24,11 @@ compute (compiling each). Each compile runs in a child process
 (bert_jax.preflight.isolation), so that a crash of libtpu is reported for that
 phase or knob setting, never as a fit.
 
+A pass is remembered (bert_jax.preflight.cache: keyed by the config and its
+file, the flags, the slice, the source tree, the jax/libtpu versions and the
+compiler flags in the environment) in --cache_dir, and the same command again
+prints it in seconds without importing JAX; --no_cache compiles anyway.
+
 Exit code 0 when every phase fits (a config of another family compiles
 nothing and passes), 1 with the refusal as the last line on stderr otherwise.
 bert_jax.launch runs this command in a child process before it creates a
@@ -35,9 +40,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from bert_jax.preflight import check
-from bert_jax.run import layouts
-from bert_jax.preflight.targets import PreflightError
+from bert_jax.preflight import cache
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,7 +54,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="gcloud accelerator type: v4-8, v4-32, v5litepod-16 (or v5e-16), v6e-8")
   parser.add_argument("--no_search", action="store_true",
                       help="only report; do not try the knobs when a phase does not fit")
+  parser.add_argument("--cache_dir", default=cache.default_dir(),
+                      help="where passes are remembered (default: %(default)s)")
+  parser.add_argument("--no_cache", action="store_true",
+                      help="compile even when this command passed before; remember nothing")
   args = parser.parse_args([a for a in argv if not a.startswith("--config.")])
+  digest = cache.key(args.config, overrides, args.topology)
+  remembered = None if args.no_cache else cache.lookup(args.cache_dir, digest)
+  if remembered is not None:
+    print(f"preflight: {args.config} passed for {args.topology} before, with this source tree, "
+          f"these flags and versions ({cache.path(args.cache_dir, digest)}); not compiled "
+          "again (--no_cache compiles)", file=sys.stderr, flush=True)
+    print(remembered, flush=True)
+    return 0
+  # JAX, libtpu and the model only past the cache: a remembered pass answers in a second.
+  from bert_jax.preflight import check  # pylint: disable=g-import-not-at-top
+  from bert_jax.preflight.targets import PreflightError  # pylint: disable=g-import-not-at-top
+  from bert_jax.run import layouts  # pylint: disable=g-import-not-at-top
   try:
     config = check.load_config(args.config, overrides)
     if config.get("family", "pretrain") != "pretrain":
@@ -73,6 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   if report.refusal:
     print(report.refusal, file=sys.stderr)
     return 1
+  if not args.no_cache:
+    try:
+      cache.remember(args.cache_dir, digest, report.summary)
+    except OSError as e:  # the verdict stands; only its memory is lost
+      print(f"preflight: could not remember this pass in {args.cache_dir}: {e}", file=sys.stderr)
   return 0
 
 

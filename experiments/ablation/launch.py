@@ -157,8 +157,7 @@ def preflight(runs: list[ablation_plan.Run], options: Options) -> None:
   for run in shapes.values():
     config_arg, flags_ = stages.pretrain_job(run)
     say(f"preflight: {run.name} for its shape")
-    launcher_lib.preflight(config_arg, flags_, tpu.accelerator_type, options.logdir,
-                           launcher_lib.SOURCE_ROOT)
+    launcher_lib.preflight(config_arg, flags_, tpu.accelerator_type, launcher_lib.SOURCE_ROOT)
   if shapes:
     config_arg, flags_ = stages.pretrain_job(runs[0])
     say(launcher_lib.store_status(config_arg, flags_, tpu.num_workers))
