@@ -10,36 +10,44 @@ import pytest
 
 from bert_jax.run import layouts
 from bert_jax.run import workdir as workdir_lib
+from experiments.benchmarks.pretrain import preflight_table
 from experiments.configs import pretrain
 
 
 def test_a_recipe_on_a_slice_gets_its_tested_layout():
-  """Fails if BERT-Base on a v4-32 (data-parallel does not compile at 512 tokens there) does
-  not get the layout the preflight found, or the line does not say what was applied."""
-  config = pretrain.get_config("base")
-  config.slice = "v4-32"
+  """Fails if BERT-Large on a v4-8 (data parallel needs >= 105.8 GiB of 30.75 at 512 tokens)
+  does not get the layout the preflight found, the line does not say what was applied, or
+  BERT-Base on a v4-32 (it fits data parallel, scanned) is moved off data parallelism."""
+  config = pretrain.get_config("large")
+  config.slice = "v4-8"
   line = layouts.choose(config)
-  assert (config.mesh.data, config.mesh.fsdp) == (1, -1)
-  assert line == "layout for v4-32: --config.mesh.data=1 --config.mesh.fsdp=-1"
+  assert (config.mesh.data, config.mesh.fsdp, config.model.remat_policy) == (
+      1, -1, "dots_with_no_batch_dims_saveable")
+  assert line == ("layout for v4-8: --config.mesh.data=1 --config.mesh.fsdp=-1 "
+                  "--config.model.remat_policy=dots_with_no_batch_dims_saveable")
   large = pretrain.get_config("large")
   large.slice = "v6e-8"
   layouts.choose(large)
   assert (large.model.remat_policy, large.grad_accum_steps, large.batch_size) == ("full", 8, 256)
+  base = pretrain.get_config("base")
+  base.slice = "v4-32"
+  assert layouts.choose(base).startswith("layout: none tested for v4-32 (tested: v4-8)")
+  assert (base.mesh.data, base.mesh.fsdp, base.model.scan_layers) == (-1, 1, True)
 
 
 def test_an_explicit_flag_wins_and_none_or_no_slice_changes_nothing():
   """Fails if a field the user set by flag is overridden, or the layout applies with
   config.layout 'none', without a slice, or on a slice no layout was tested for."""
-  config = pretrain.get_config("base")
-  config.slice, config.mesh.fsdp = "v4-32", 4
+  config = pretrain.get_config("large")
+  config.slice, config.mesh.fsdp = "v4-8", 4
   line = layouts.choose(config, explicit=layouts.explicit_fields(
       ["--config.mesh.fsdp=4", "--workdir=w"]))
   assert (config.mesh.data, config.mesh.fsdp) == (1, 4)
   assert line.endswith("kept mesh.fsdp=4 (your flag)"), line
-  for changes, says in (({"slice": "v4-32", "layout": "none"}, "none (config.layout"),
+  for changes, says in (({"slice": "v4-8", "layout": "none"}, "none (config.layout"),
                         ({"slice": ""}, "no slice named"),
-                        ({"slice": "v4-8"}, "none tested for v4-8")):
-    config = pretrain.get_config("base")
+                        ({"slice": "v4-32"}, "none tested for v4-32")):
+    config = pretrain.get_config("large")
     config.update(changes)
     before = config.to_dict()
     assert layouts.choose(config).startswith(f"layout: {says}"), changes
@@ -49,11 +57,11 @@ def test_an_explicit_flag_wins_and_none_or_no_slice_changes_nothing():
 def test_a_resumed_run_keeps_its_recorded_layout():
   """Fails if the workdir's recorded values of the layout's fields do not win over the
   table (a table changed since the run started must not move a running job)."""
-  config = pretrain.get_config("base")
-  config.slice = "v4-32"
-  recorded = workdir_lib.flatten(pretrain.get_config("base"))  # a run started data-parallel
+  config = pretrain.get_config("large")
+  config.slice = "v4-8"
+  recorded = workdir_lib.flatten(pretrain.get_config("large"))  # a run started data-parallel
   line = layouts.choose(config, recorded=recorded)
-  assert (config.mesh.data, config.mesh.fsdp) == (-1, 1)
+  assert (config.mesh.data, config.mesh.fsdp, config.model.remat_policy) == (-1, 1, "none")
   assert "kept mesh.data=-1 (the workdir's), mesh.fsdp=1 (the workdir's)" in line
 
 
@@ -99,27 +107,27 @@ def test_the_layouts_train_the_same_losses(pretrain_test_config, pretrain_subpro
 
 
 def _recorded_fits() -> set[tuple[str, str]]:
-  """(variant, slice) the recorded preflight table says fit as configured."""
+  """(variant, slice) the recorded preflight table says fit as shipped."""
   table = (pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results" /
            "preflight.md").read_text()
+  table = table[table.index("<!-- as shipped -->"):]  # the current table, not the history
   fits = set()
-  for row in re.findall(r"^\| (BERT-Base|BERT-Large) \| (paper|fast) \| (\S+) \|(.*)$", table,
-                        re.M):
-    model, recipe, slice_name, rest = row
-    variant = ("base" if model == "BERT-Base" else "large") + ("_fast" if recipe == "fast"
-                                                                else "")
-    if "| fits" in rest:
-      fits.add((variant, slice_name))
+  names = {(model, recipe): variant for variant, (model, recipe) in
+           preflight_table.MODELS.items()}
+  for model, recipe, slice_name, rest in re.findall(
+      r"^\| ([^|]+) \| ([^|]+) \| (\S+) \|(.*)$", table, re.M):
+    if (model, recipe) in names and "| fits |" in rest:
+      fits.add((names[model, recipe], slice_name))
   return fits
 
 
 def test_every_documented_launch_runs_what_fits():
   """Fails if a launch or preflight command in the README or docs names a recipe and a slice
-  where the recipe neither fits as configured (the recorded preflight table) nor has a
-  tested layout for that slice: the docs would launch what the preflight refuses."""
+  where the recipe does not fit as shipped (the recorded preflight table, each slice's
+  tested layout applied): the docs would launch what the preflight refuses."""
   root = pathlib.Path(__file__).resolve().parents[1]
   fits, checked = _recorded_fits(), []
-  assert ("base", "v6e-8") in fits and ("base", "v4-32") not in fits  # the table was read
+  assert ("base", "v4-32") in fits and ("large", "v4-8") in fits  # the table was read
   for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
     for paragraph in re.split(r"\n\s*\n", doc.read_text()):
       variant = re.search(r"pretrain\.py:([a-z_-]+)", paragraph)
@@ -127,8 +135,34 @@ def test_every_documented_launch_runs_what_fits():
       if not (variant and slice_name) or "--config.batch_size" in paragraph:
         continue  # no recipe and slice, or a batch of the user's (not the recipe's)
       variant, slice_name = variant.group(1), slice_name.group(1)
-      tested = layouts.parse(pretrain.get_config(variant).layouts)
-      assert (variant, slice_name) in fits or slice_name in tested, (doc.name, variant,
-                                                                     slice_name)
+      if variant in preflight_table.MODELS:
+        assert (variant, slice_name) in fits, (doc.name, variant, slice_name)
+      else:  # a recipe outside the table (modernbert-base): a tested layout for the slice
+        assert slice_name in layouts.parse(pretrain.get_config(variant).layouts), (
+            doc.name, variant, slice_name)
       checked.append((doc.name, variant, slice_name))
   assert ("pods.md", "base", "v4-32") in checked, checked  # the step-by-step launch
+
+
+def test_a_base_workdir_made_unscanned_is_told_the_flag_that_resumes_it(tmp_path):
+  """`base` scans its layers since 2026-12-07 (compile time). Fails if a workdir made before,
+  unscanned, with a checkpoint, is resumed silently in the new layout, if its refusal does
+  not name --config.model.scan_layers=False, or if that flag does not resume it."""
+  old = workdir_lib.flatten(pretrain.get_config("base"))
+  old["model.scan_layers"] = False
+  record = {"config": old, "bert_config": {"scan_layers": False}, "data": {}}
+
+  def new(config):
+    return {"config": workdir_lib.flatten(config), "data": {}, "code_version": "x",
+            "bert_config": {"scan_layers": config.model.scan_layers}}
+
+  done = tmp_path / "checkpoints" / "1"  # work the record speaks for (a committed step)
+  done.mkdir(parents=True)
+  (done / "_CHECKPOINT_METADATA").write_text("{}")
+  with pytest.raises(workdir_lib.WorkdirError, match=(
+      r"created as 'base' with config.model.scan_layers=False; this run has True \(and 1 more: "
+      r"network scan_layers\)\. .*to resume it as it ran, --config.model.scan_layers=False; ")):
+    workdir_lib.check_record(str(tmp_path), record, new(pretrain.get_config("base")), quiet=True)
+  resumed = pretrain.get_config("base")
+  resumed.model.scan_layers = False
+  assert not workdir_lib.check_record(str(tmp_path), record, new(resumed), quiet=True)

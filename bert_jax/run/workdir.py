@@ -107,6 +107,10 @@ IMPLIED_WHEN_MISSING = {
         "regex" if str(old.get("data.corpus", "")).startswith(_SPLIT_CORPORA)
         else new.get("data.sentence_splitter")),
 }
+# Fields whose value in a shipped variant changed after workdirs were made with the old one,
+# and for which the old value, given by flag, is the whole fix: "base" scans its layers
+# since 2026-12-07 (compile time; its checkpoints store the layers stacked).
+RESTORED_BY_FLAG = ("model.scan_layers",)
 # The corpus kinds whose text a sentence splitter cuts (data_pipeline/sources/corpora.py).
 _SPLIT_CORPORA = ("raw:", "jsonl:", "parquet:", "tfds:")
 
@@ -285,8 +289,11 @@ def check_record(workdir: str, old: dict, new: dict, quiet: bool = False) -> boo
   was = f" as {variant!r}" if variant else ""
   key = field[len("config."):]
   # A field newer than the record: the record ran with its implied value, which resumes it.
+  # A field whose shipped value changed under a workdir (RESTORED_BY_FLAG): its old value,
+  # by flag, resumes it as it ran.
   resume = (f"to resume it as it ran, --{field}={was_value!r}; "
-            if key in IMPLIED_WHEN_MISSING and key not in old.get("config", {}) else "")
+            if (key in IMPLIED_WHEN_MISSING and key not in old.get("config", {}))
+            or key in RESTORED_BY_FLAG else "")
   raise WorkdirError(
       f"workdir {workdir} was created{was} with {field}={was_value!r}; this run has "
       f"{value!r}{more}. "

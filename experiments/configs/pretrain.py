@@ -66,14 +66,18 @@ VARIANTS = ("tiny", "base", "large", "roberta", "albert", "efficient", "modern",
 # not measured: the preflight says which.
 _FSDP = "mesh.data=1 mesh.fsdp=-1"
 LAYOUTS = {
-    "base": ("v4-32: " + _FSDP,),  # data-parallel at 512 tokens: VMEM, 16.5 of 16 MiB
+    # Scanned, 64 sequences of 512 tokens per chip need >= 39.6 GiB data parallel
+    # (unrolled: 23.7; likely what the backward pass keeps, as stacked loop outputs that
+    # XLA cannot recompute or free early as it can unrolled).
+    "base": ("v4-8: " + _FSDP + " model.remat_policy=dots_saveable",),
     "large": ("v4-8: " + _FSDP + " model.remat_policy=dots_with_no_batch_dims_saveable",
               "v5litepod-16: " + _FSDP + " model.remat_policy=dots_saveable",
               "v6e-8: " + _FSDP + " model.remat_policy=full grad_accum_steps=8"),
     "large_fast": ("v4-8: " + _FSDP + " model.remat_policy=dots_saveable",
                    "v5litepod-16: " + _FSDP + " model.remat_policy=dots_saveable",
                    "v6e-8: " + _FSDP + " model.remat_policy=dots_saveable"),
-    "efficient": ("v4-32: " + _FSDP + " model.remat_policy=dots_saveable",
+    "efficient": ("v4-8: " + _FSDP + " model.remat_policy=full",
+                  "v4-32: " + _FSDP + " model.remat_policy=dots_saveable",
                   "v5litepod-16: " + _FSDP + " model.remat_policy=save_qkv_out_proj",
                   "v6e-8: " + _FSDP + " model.remat_policy=save_qkv_out_proj"),
     "modernbert-base": ("v5p-8: grad_accum_steps=12",
@@ -235,6 +239,12 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     config.eval_every_steps = 500
     config.eval_batch_size = 32
     config.log_every_steps = 100
+  elif arg == "base":
+    # 12 layers compiled once: BERT-Base's preflight for a slice takes 1-3 minutes here, not
+    # 15-25. Unrolled, libtpu also fuses layer 11's output projection into a reduction that
+    # needs 16.5 MiB of a v4 core's 16 MiB of VMEM at 512 tokens on a v4-32 (the scanned
+    # step fits data parallel there): experiments/results/preflight.md.
+    config.model.scan_layers = True
   elif arg == "large":
     config.model_size = "large"  # the paper trains Large with the very recipe of Base
     # 24 layers compiled once: the whole train step compiles several times faster
