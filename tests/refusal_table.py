@@ -81,6 +81,8 @@ ROWS = (
      'empty.parquet is empty (0 bytes), not a Parquet file'),
     ('a Parquet file with a corrupt data page',
      '(Corrupt snappy compressed data.): the file is damaged; fetch or write it again'),
+    ('a tokenized store whose manifest.json is cut',
+     'manifest.json is damaged (Unterminated string starting at: line '),
 )
 
 

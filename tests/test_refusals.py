@@ -29,6 +29,8 @@ from bert_jax.run import workdir as workdir_lib
 from bert_jax.training import loop as train_loop
 from data_pipeline.sources import corpora
 from data_pipeline import prepare as prepare_lib
+from data_pipeline.store import prepare_corpus
+from data_pipeline.store import token_store
 from data_pipeline.store import tokenized_corpus
 from experiments.configs import finetune as finetune_configs
 import refusal_table
@@ -148,8 +150,15 @@ def _pretrain_cases(config, tmp_path) -> dict:
   (no_step / "bert_config.json").write_text(json.dumps(dataclasses.asdict(
       pretrain_steps.network(
           config(), len(tokenized_corpus.load_tokenizer(config().data).vocab)))))
+  cut = config(**{"data.tokenized_dir": str(tmp_path / "stores")})  # a store, then its manifest cut
+  store = prepare_corpus.prepare_store(cut.data, vocab_file=cut.data.vocab_file,
+                                       spm_model_file="", num_workers=1)
+  manifest = pathlib.Path(store.directory) / token_store.MANIFEST
+  text = manifest.read_text()
+  manifest.write_text(text[:text.index('"', 100) + 1])  # cut inside a string, as a kill would
   return {
       "a negative learning rate": config(**{"optimizer.learning_rate": -1.0}),
+      "a tokenized store whose manifest.json is cut": cut,
       "a nonexistent `init_checkpoint`": config(init_checkpoint=str(tmp_path / "nowhere")),
       "an init checkpoint without a complete step": config(init_checkpoint=str(no_step)),
       "a corpus glob that matches nothing": config(**{"data.corpus": str(tmp_path / "no-*.txt")}),
@@ -201,6 +210,7 @@ def test_every_bad_input_is_one_line_writes_nothing_and_the_fix_then_works(
   refused; or if a resume's new total_steps is not announced and recorded."""
   rows = _readme_rows()
   cases = _pretrain_cases(pretrain_test_config, tmp_path)
+  capfd.readouterr()  # the lines of preparing the store whose manifest a case cuts
   run = tmp_path / "run"
   seconds = {}
   for name, config in cases.items():
