@@ -43,19 +43,21 @@ def test_device_sets_count_jax_devices():
 
 
 def _matmul_flops(jaxpr) -> int:
-  """2 x output size x contracted size, summed over every dot_general (sub-jaxprs too)."""
+  """2 x output size x contracted size, summed over every dot_general (sub-jaxprs too; a
+  scan's body as many times as the scan runs it: scanned layers)."""
   total = 0
   for eqn in jaxpr.eqns:
     if eqn.primitive.name == "dot_general":
       (contracting, _), _ = eqn.params["dimension_numbers"]
       lhs = eqn.invars[0].aval.shape
       total += 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contracting)
+    times = eqn.params["length"] if eqn.primitive.name == "scan" else 1
     for value in eqn.params.values():
       for sub in value if isinstance(value, (list, tuple)) else [value]:
         if isinstance(sub, jax_core.ClosedJaxpr):
-          total += _matmul_flops(sub.jaxpr)
+          total += times * _matmul_flops(sub.jaxpr)
         elif isinstance(sub, jax_core.Jaxpr):
-          total += _matmul_flops(sub)
+          total += times * _matmul_flops(sub)
   return total
 
 
