@@ -354,7 +354,7 @@ def preflight(config: str, overrides: list[str], accelerator_type: str,
 
   A pass is remembered in the preflight's own cache (bert_jax.preflight.cache: keyed by
   config, flags, slice, source tree, versions and compiler flags; `cache_dir`, by
-  default $BERT_JAX_PREFLIGHT_CACHE or ~/.cache/bert_jax/preflight) and not compiled
+  default preflight_cache.default_dir()) and not compiled
   again, whether `python -m bert_jax.preflight` or a launch passed it: re-running the
   launch command to attach to a live job (after a laptop slept, say) must not wait
   minutes for a compile it already passed. A refusal is never remembered.

@@ -7,7 +7,9 @@ argument and its file, the flags, the slice, every .py of the source tree that
 builds the step (bert_jax/, data_pipeline/, host/, experiments/configs/), the
 installed jax, jaxlib, libtpu, flax and optax, and the compiler flags in the
 environment (LIBTPU_INIT_ARGS, XLA_FLAGS). Any change to one is another key, so a
-stale pass is never served. Only passes are kept: a refusal may come from a
+stale pass is never served. (A config file of your own that imports modules outside
+that tree: those modules are not in the key; --no_cache after editing them.) Only
+passes are kept: a refusal may come from a
 libtpu crash that a re-run would not repeat, and a refused command is followed
 by a changed one anyway.
 
