@@ -155,7 +155,7 @@ def _pretrain_cases(config, tmp_path) -> dict:
                                        spm_model_file="", num_workers=1)
   manifest = pathlib.Path(store.directory) / token_store.MANIFEST
   text = manifest.read_text()
-  manifest.write_text(text[:text.index('"', 100) + 1])  # cut inside a string, as a kill would
+  manifest.write_text(text[:text.index('"', 100) + 1])  # cut inside a string (a copy cut short)
   return {
       "a negative learning rate": config(**{"optimizer.learning_rate": -1.0}),
       "a tokenized store whose manifest.json is cut": cut,

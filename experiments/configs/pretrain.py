@@ -240,7 +240,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     config.eval_batch_size = 32
     config.log_every_steps = 100
   elif arg == "base":
-    # 12 layers compiled once: BERT-Base's preflight for a slice takes 1-3 minutes here, not
+    # 12 layers compiled once: BERT-Base's preflight for a slice takes 2-4 minutes here, not
     # 15-25. Unrolled, libtpu also fuses layer 11's output projection into a reduction that
     # needs 16.5 MiB of a v4 core's 16 MiB of VMEM at 512 tokens on a v4-32 (the scanned
     # step fits data parallel there): experiments/results/preflight.md.
