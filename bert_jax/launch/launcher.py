@@ -349,21 +349,20 @@ def store_status(config: str, overrides: list[str], num_workers: int) -> str:
 
 
 def preflight(config: str, overrides: list[str], accelerator_type: str,
-              source_dir: str, cache_dir: str | None = None) -> None:
+              source_dir: str) -> None:
   """bert_jax.preflight: compile the train step for the slice before paying for it.
 
   A pass is remembered in the preflight's own cache (bert_jax.preflight.cache: keyed by
-  config, flags, slice, source tree, versions and compiler flags; `cache_dir`, by
-  default preflight_cache.default_dir()) and not compiled
+  config, flags, slice, source tree, versions and compiler flags, in
+  preflight_cache.default_dir()) and not compiled
   again, whether `python -m bert_jax.preflight` or a launch passed it: re-running the
   launch command to attach to a live job (after a laptop slept, say) must not wait
   minutes for a compile it already passed. A refusal is never remembered.
   """
-  directory = cache_dir or preflight_cache.default_dir()
+  directory = preflight_cache.default_dir()
   digest = preflight_cache.key(config, overrides, accelerator_type, source_dir)
   if preflight_cache.lookup(directory, digest) is not None:
-    say(f"preflight: {config} passed for {accelerator_type} before, with this source tree and "
-        f"these flags ({preflight_cache.path(directory, digest)}); not compiled again")
+    say("preflight: " + preflight_cache.remembered(config, accelerator_type, directory, digest))
     return
   say(f"preflight: compiling {config} for {accelerator_type} (--skip_preflight skips this)")
   report = run_preflight(config, overrides, accelerator_type)

@@ -62,9 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   digest = cache.key(args.config, overrides, args.topology)
   remembered = None if args.no_cache else cache.lookup(args.cache_dir, digest)
   if remembered is not None:
-    print(f"preflight: {args.config} passed for {args.topology} before, with this source tree, "
-          f"these flags and versions ({cache.path(args.cache_dir, digest)}); not compiled "
-          "again (--no_cache compiles)", file=sys.stderr, flush=True)
+    print(f"preflight: {cache.remembered(args.config, args.topology, args.cache_dir, digest)}"
+          " (--no_cache compiles)", file=sys.stderr, flush=True)
     print(remembered, flush=True)
     return 0
   # JAX, libtpu and the model only past the cache: a remembered pass answers in a second.

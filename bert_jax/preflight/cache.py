@@ -70,6 +70,12 @@ def path(directory: str, digest: str) -> str:
   return os.path.join(directory, digest + ".txt")
 
 
+def remembered(config: str, accelerator_type: str, directory: str, digest: str) -> str:
+  """The line a command prints for a remembered pass (the CLI and the launcher alike)."""
+  return (f"{config} passed for {accelerator_type} before, with this source tree and these "
+          f"flags ({path(directory, digest)}); not compiled again")
+
+
 def lookup(directory: str, digest: str) -> str | None:
   """The remembered pass's summary, or None."""
   try:

@@ -17,13 +17,17 @@ A layout changes memory and speed only: the fields it may set are RESUMABLE ones
 update; with dropout on, each micro-batch draws its own masks: the same rate, other
 bits), never the batch, the model or the data (tests/test_layouts.py: the same losses). The chosen layout is printed in one line
 and recorded with the rest of the config in the workdir's record. The table is chosen over
-an automatic search because a search costs 20-80 minutes of compiling per launch here, and
-a tested table is what MaxText ships per accelerator; the preflight still checks what runs.
+an automatic search at launch because the layout is then known before anything compiles,
+the same for every launch of a recipe on a slice, and reviewable in the config (a search
+costs minutes per cell even scanned, 20-80 unrolled); a tested table is what MaxText ships
+per accelerator; the preflight still checks what runs.
 """
 
 from typing import Any, Iterable
 
 import ml_collections
+
+from host import fields
 
 LAYOUT_FIELDS = ("mesh.data", "mesh.fsdp", "mesh.tensor", "model.remat_policy",
                  "grad_accum_steps")
@@ -50,24 +54,14 @@ def parse(lines: Iterable[str]) -> dict[str, dict[str, Any]]:
 
 def _typed(config: ml_collections.ConfigDict, field: str, value: str) -> Any:
   """`value` (text) as the type of config's `field`."""
-  current = _get(config, field)
+  current = fields.get(config, field)
   return type(current)(value) if not isinstance(current, str) else value
-
-
-def _get(config, field: str) -> Any:
-  node = config
-  for part in field.split("."):
-    node = node[part]
-  return node
 
 
 def _set(config, field: str, value: Any) -> None:
   """Sets an existing field (a locked ConfigDict takes new values, not new fields)."""
-  *path, leaf = field.split(".")
-  node = config
-  for part in path:
-    node = node[part]
-  node[leaf] = value
+  section, _, leaf = field.rpartition(".")
+  (fields.get(config, section) if section else config)[leaf] = value
 
 
 def choose(config: ml_collections.ConfigDict, explicit: Iterable[str] = (),
@@ -97,16 +91,16 @@ def choose(config: ml_collections.ConfigDict, explicit: Iterable[str] = (),
   explicit = set(explicit)
   for field, value in knobs.items():
     if field in explicit:
-      kept.append(f"{field}={_get(config, field)!r} (your flag)")
+      kept.append(f"{field}={fields.get(config, field)!r} (your flag)")
       continue
     if recorded is not None and field in recorded:
       value = recorded[field]
-      if value != _get(config, field):
+      if value != fields.get(config, field):
         _set(config, field, value)
       kept.append(f"{field}={value!r} (the workdir's)")
       continue
     _set(config, field, _typed(config, field, value))
-    applied.append(f"--config.{field}={_get(config, field)}")
+    applied.append(f"--config.{field}={fields.get(config, field)}")
   line = f"layout for {slice_name}: " + (" ".join(applied) if applied else "nothing to apply")
   return line + (f"; kept {', '.join(kept)}" if kept else "")
 
