@@ -2,7 +2,9 @@
 equal the same document run alone, for post-LN BERT and the modern encoder (global and
 sliding layers), through einsum and xla; splash (in Pallas's interpreter, at the attention
 itself: the model refuses a TPU kernel on a CPU) keeps documents apart as einsum does,
-in global and sliding layers; cudnn is refused for packed rows in one line.
+in global and sliding layers; cudnn is refused for packed rows in one line; a classifier
+on packed examples, whose last layer computes only their [CLS] rows, gives each example's
+logits as if it ran alone.
 
 Alone: the document in a row of its own, positions from 0, padding after it. Packed: three
 documents one after the other in one row, positions restarting at each, their document
@@ -122,3 +124,34 @@ def test_blocked_local_attention_is_the_dense_sliding_window(packed):
   via_xla = attention.attend_masked("xla", q, k, v, real, window=8, documents=docs)
   np.testing.assert_allclose(np.asarray(via_xla)[0, rows], np.asarray(dense)[0, rows],
                              atol=ATOL)
+
+
+@pytest.mark.parametrize("variant", ["post_ln", "pre_ln", "scanned"])
+def test_packed_classifier_reads_each_example_as_alone(variant):
+  """A classifier on packed examples computes only their [CLS] rows in the last layer
+  (encoder.BertEncoder's `queries`): fails if any example's logits differ from the same
+  example run alone beyond 1e-5, or if the last layer's [CLS] saw another document."""
+  from bert_jax.finetune.features import packed as packed_lib  # the fine-tuning packer
+  config = _configs()["bert"].replace(
+      pre_layer_norm=variant == "pre_ln", scan_layers=variant == "scanned")
+  model = heads.BertForSequenceClassification(config, num_labels=3)
+  rng = np.random.default_rng(0)
+  seq_len, lengths = 48, (30, 7, 18, 41, 12)
+  features = {k: np.zeros((len(lengths), seq_len), np.int32)
+              for k in ("input_ids", "input_mask", "segment_ids")}
+  for i, n in enumerate(lengths):
+    features["input_ids"][i, :n] = rng.integers(5, 97, size=n)
+    features["input_mask"][i, :n] = 1
+  batch = packed_lib.pack(features, (), np.arange(len(lengths)), seq_len)
+  assert len(batch["input_ids"]) < len(lengths)  # some rows hold several examples
+  params = model.init(jax.random.key(1), *(features[k] for k in
+                                           ("input_ids", "input_mask", "segment_ids")))["params"]
+  params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(p.size), p.shape),
+                        params)
+  alone = np.asarray(model.apply({"params": params}, features["input_ids"],
+                                 features["input_mask"], features["segment_ids"]))
+  packed = np.asarray(model.apply(
+      {"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+      positions=batch["position_ids"], documents=batch["document_ids"],
+      pack_index=batch["pack_index"]))
+  np.testing.assert_allclose(packed, alone, atol=ATOL)

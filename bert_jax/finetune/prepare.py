@@ -53,12 +53,16 @@ def check_config(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> 
                                        if name == "batch_size" else "")
                        + f" and divide over {jax.process_count()} processes")
   buckets_lib.bucket_lengths(config.max_seq_length, config.bucket_multiple, config.padding)
-  if config.padding == "packed" and (config.grad_accum_steps > 1 or jax.process_count() > 1
-                                     or config.group_by_length):
-    # A packed batch's rows and examples differ in number: they split neither into
-    # micro-batches nor over processes; grouping would change what a batch holds.
-    raise ValueError("config.padding='packed' takes one process, grad_accum_steps=1 and "
-                     "group_by_length=False; use padding 'buckets' otherwise")
+  if config.padding == "packed" and config.group_by_length:
+    # Grouping would change what a batch holds; packing keeps fixed padding's batches.
+    raise ValueError("config.group_by_length=True regroups batches, which config.padding="
+                     "'packed' (the default) keeps as fixed padding's; add "
+                     "--config.padding=buckets to group by length")
+  if config.padding == "packed" and dp % jax.process_count():
+    # Each process fills the rows of its own devices (features/packed.py).
+    raise ValueError(f"config.padding='packed' needs the data-parallel size {dp} to be a "
+                     f"multiple of the {jax.process_count()} processes; use padding "
+                     "'buckets' with this mesh")
   if not config.init_checkpoint and not (config.vocab_file or config.spm_model_file):
     raise ValueError("fine-tuning from random initialisation needs config.vocab_file "
                      "(or spm_model_file); with config.init_checkpoint it comes from the "

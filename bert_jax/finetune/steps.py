@@ -209,7 +209,7 @@ def predict(programs: Programs, params, features: dict[str, np.ndarray], eval_ba
   per = jax.process_index()
   outputs = {}
   if programs.packed:
-    return _predict_packed(programs, params, features, eval_batch_size, mesh, unit)
+    return _predict_packed(programs, params, features, eval_batch_size, mesh)
   for b in buckets_lib.eval_batches(buckets_lib.row_lengths(features), programs.buckets,
                                     eval_batch_size, unit):
     batch = buckets_lib.cut(features, task_kind.INPUTS, b.rows, b.length, max_len)
@@ -233,11 +233,12 @@ def predict(programs: Programs, params, features: dict[str, np.ndarray], eval_ba
 
 
 def _predict_packed(programs: Programs, params, features: dict[str, np.ndarray],
-                    eval_batch_size: int, mesh, unit: int) -> dict[str, np.ndarray]:
+                    eval_batch_size: int, mesh) -> dict[str, np.ndarray]:
   """predict() for config.padding "packed": batches of eval_batch_size examples in order
-  (the last filled with empty ones), each packed into as few rows as hold it; the model
-  reads every example's outputs back, whose padded positions get PAD_LOGIT (0 for
-  integers), as predict() gives them."""
+  (the last filled with empty ones), each packed into as few rows as hold it (each
+  device's examples into rows of its own, each process filling its share: packed.py);
+  the model reads every example's outputs back, whose padded positions get PAD_LOGIT (0
+  for integers), as predict() gives them."""
   max_len = programs.buckets[-1]
   n = len(features["input_ids"])
   outputs = {}
@@ -245,8 +246,11 @@ def _predict_packed(programs: Programs, params, features: dict[str, np.ndarray],
     rows = np.arange(start, min(start + eval_batch_size, n))
     examples = packed_lib.padded_examples(
         {k: features[k] for k in task_kind.INPUTS}, rows, eval_batch_size)
-    batch = packed_lib.pack(examples, (), np.arange(eval_batch_size), max_len, unit)
-    programs.eval_shapes.add((len(batch["input_ids"]), max_len))
+    batch = packed_lib.pack(examples, (), np.arange(eval_batch_size), max_len,
+                            devices=sharding.data_parallel_size(mesh),
+                            process_index=jax.process_index(),
+                            process_count=jax.process_count())
+    programs.eval_shapes.add((len(batch["input_ids"]) * jax.process_count(), max_len))
     out = jax.device_get(programs.eval_step(params, sharding.global_batch(batch, mesh)))
     real = features["input_mask"][rows].astype(bool)
     for k, v in out.items():

@@ -12,9 +12,10 @@ it is averaged over, kept outputs, metrics and prediction files -- comes from
 its kind (kinds/task_kind.TaskKind, found by config.task.kind in kinds/registry.py): no
 kind is named here.
 
-Speed (issue 20): batches are padded to length buckets (finetune/buckets.py;
-config.padding "fixed" keeps max_seq_length), the rows of each batch those of
-fixed padding (config.group_by_length sorts them by length); the optimizer, shardings and
+Speed (issues 20, 50): a batch's examples, those of fixed padding, are packed into as few
+rows as hold them (config.padding "packed", features/packed.py), or the batch is padded to
+a length bucket ("buckets", features/buckets.py; config.group_by_length sorts its rows by
+length; "fixed" keeps max_seq_length); the optimizer, shardings and
 jitted steps are built once per sweep (steps.build), with the learning rate a
 leaf of the optimizer state and the seed an argument, so each bucket compiles
 once for all of a sweep's runs; the data is featurised once (prepare.py); saves
@@ -114,7 +115,8 @@ def finetune_run(config: ml_collections.ConfigDict, workdir: str,
         task.train.features, seed=config.seed, batch_size=config.batch_size,
         buckets=programs.buckets, grouped=config.group_by_length,
         window_batches=config.bucket_window_batches,
-        pack_unit=sharding.data_parallel_size(mesh) if programs.packed else 0)
+        pack=((sharding.data_parallel_size(mesh), config.grad_accum_steps) if programs.packed
+              else None))
     padding = batches.padding(total_steps)
     logging.info("padding %s to %s%s: %.1f%% of train tokens are padding (fixed padding: "
                  "%.1f%%)", config.padding, programs.buckets,
@@ -249,7 +251,8 @@ class _Best:
     best_ckpt = copy.deepcopy(config.checkpoint)
     with best_ckpt.unlocked():
       best_ckpt.keep, best_ckpt.keep_period = 1, 0
-    self.manager = checkpoint.make_manager(self.dir, best_ckpt)
+    # Its own barrier names: it saves the run's step while the run's manager may too.
+    self.manager = checkpoint.make_manager(self.dir, best_ckpt, barrier_prefix="best")
     if jax.process_index() == 0:
       workdir_lib.write_run_files(self.dir, config, bert_config, vocab_file=vocab_file,
                                   spm_model_file=spm_model_file)

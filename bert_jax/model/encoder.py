@@ -204,21 +204,35 @@ class BertSelfAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x, mask, *, deterministic: bool = True, first_only: bool = False,
-               documents=None) -> jax.Array:
+               documents=None, queries=None) -> jax.Array:
     """x [B,T,H], mask [B,1,1,T] bool (True = attend) -> [B,T,H] ([B,1,H]: first_only).
 
     first_only: only the first position ([CLS]) queries; keys and values stay all T.
     documents [B,T] (packed rows): a token attends only its own document's keys.
+    queries [E] (packed rows, with first_only): the flat index (row x T + position) of
+    each example's [CLS]; only those query, each over its own row's document: [E,1,H].
     """
     cfg = self.config
     heads = (cfg.num_attention_heads, cfg.head_size)
     qkv_axes = ("embed", "heads", "kv")
+    if queries is not None:
+      first_x = x.reshape((-1,) + x.shape[2:])[queries][:, None]
+    else:
+      first_x = x[:, :1] if first_only else x
     # Named so that remat_policy "save_qkv_out_proj" can keep exactly these.
     q, k, v = (
         checkpoint_name(_constrain(dense(cfg, heads, qkv_axes, name)(
-            x[:, :1] if first_only and name == "query" else x),
+            first_x if name == "query" else x),
                                    "batch", "length", "heads", "kv"), f"{name}_proj")
         for name in ("query", "key", "value"))
+    if queries is not None:
+      # Each example's keys are its row's, masked to its document: the unpacked
+      # first_only attention, on rows gathered per example.
+      rows = queries // x.shape[1]
+      k, v = k[rows], v[rows]
+      own = documents.reshape(-1)[queries]
+      mask = (mask[rows] & (documents[rows] == own[:, None])[:, None, None, :])
+      documents = None
     rate = cfg.attention_probs_dropout_prob
     # Resolved while tracing: auto takes einsum only where probabilities are dropped
     # (the paper recipe's training), a fused kernel everywhere else.
@@ -256,11 +270,12 @@ class BertLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, mask, deterministic: bool = True, first_only: bool = False,
-               documents=None) -> jax.Array:
+               documents=None, queries=None) -> jax.Array:
     """x [B,T,H], mask [B,1,1,T] -> [B,T,H], or [B,1,H] (the [CLS] row) when first_only.
 
     `deterministic` and `first_only` are positional so remat can mark them static;
-    `documents` [B,T]: packed rows' documents (BertSelfAttention).
+    `documents` [B,T]: packed rows' documents, `queries` [E] their examples' [CLS]
+    (BertSelfAttention): with first_only, [E,1,H].
     """
     cfg = self.config
     # One Dropout module drawn from twice: both masks come from Dropout_0's rng stream.
@@ -272,9 +287,12 @@ class BertLayer(nn.Module):
     attention = BertSelfAttention(cfg, name="attention")
     attention_norm = layer_norm(cfg, "attention_layer_norm")
     h = attention(attention_norm(x) if cfg.pre_layer_norm else x, mask,
-                  deterministic=deterministic, first_only=first_only, documents=documents)
-    if first_only:
-      x = x[:, :1]  # the residual of the one row still computed
+                  deterministic=deterministic, first_only=first_only, documents=documents,
+                  queries=queries)
+    if queries is not None:  # the residual of the rows still computed
+      x = x.reshape((-1,) + x.shape[2:])[queries][:, None]
+    elif first_only:
+      x = x[:, :1]
     h = x + drop(h) if cfg.pre_layer_norm else attention_norm(x + drop(h))
     h = _constrain(h, "batch", "length", "embed")
     # Pre-LN normalises the FFN's input (HF: intermediate.LayerNorm), post-LN its sum.
@@ -299,13 +317,15 @@ class BertEncoder(nn.Module):
 
   @nn.compact
   def __call__(self, x, mask, *, deterministic: bool = True, first_only: bool = False,
-               documents=None) -> jax.Array:
+               documents=None, queries=None) -> jax.Array:
     """x [B,T,H], mask [B,1,1,T] -> [B,T,H]; `documents` [B,T]: packed rows' documents.
 
     first_only (unscanned encoders): the last layer computes only the first row, [B,1,H]:
     all a pooled-output head reads of it, so its FFN and attention output projection
     run on one row instead of T (exact: no other row of the last layer reaches [CLS]).
-    A scanned encoder has one program for all layers and still computes every row.
+    With packed rows, `queries` [E] names each example's [CLS] (its flat index) and
+    the result is those rows, [E,1,H]. A scanned encoder has one program for all layers
+    and still computes every row (then reads the queries' rows).
     """
     cfg = self.config
     policy = cfg.effective_remat_policy
@@ -327,12 +347,16 @@ class BertEncoder(nn.Module):
           in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_hidden_layers, **params)
       name = "layer" if cfg.share_layers else "layers"
       x, _ = scan(layer_cls(cfg, name=name), x, mask, documents)
+      if queries is not None:
+        x = x.reshape((-1,) + x.shape[2:])[queries][:, None]
     else:
       last = cfg.num_hidden_layers - 1
       shared = layer_cls(cfg, name="layer") if cfg.share_layers else None
       for i in range(cfg.num_hidden_layers):
         layer = shared or layer_cls(cfg, name=f"layer_{i}")
-        x = layer(x, mask, deterministic, first_only and i == last, documents)
+        at_last = first_only and i == last
+        x = layer(x, mask, deterministic, at_last, documents,
+                  queries if at_last else None)
     if cfg.pre_layer_norm:
       # Pre-LN blocks leave the residual stream unnormalised: one LayerNorm after the last.
       x = _constrain(layer_norm(cfg, "final_layer_norm")(x), "batch", "length", "embed")
@@ -362,19 +386,20 @@ class BertModel(nn.Module):
     self.pooler = BertPooler(self.config)
 
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True,
-               pooled_only: bool = False, positions=None, documents=None):
+               pooled_only: bool = False, positions=None, documents=None, queries=None):
     """int32 [B,T] ids, mask (1 = real token), segments -> (sequence [B,T,H], pooled [B,H]).
 
     pooled_only: the caller reads only `pooled`, so the last layer may compute only the
     [CLS] row (BertEncoder's first_only); `sequence` is then [B,1,H] or [B,T,H].
     Packed rows: `positions` [B,T] restart at each document, `documents` [B,T] keep each
-    token's attention inside its document.
+    token's attention inside its document; with pooled_only, `queries` [E] (each
+    example's [CLS], its flat index) makes `sequence` [E,1,H] and `pooled` [E,H].
     """
     x = self.embeddings(input_ids, segment_ids, input_mask, deterministic=deterministic,
                         positions=positions)
     mask = (input_mask > 0)[:, None, None, :]
     x = self.encoder(x, mask, deterministic=deterministic, first_only=pooled_only,
-                     documents=documents)
+                     documents=documents, queries=queries if pooled_only else None)
     return x, self.pooler(x)
 
   def pool(self, sequence: jax.Array, real: jax.Array) -> jax.Array:

@@ -46,6 +46,12 @@ def encode(config: BertConfig, input_ids, input_mask, segment_ids, *, determinis
   if pack_index is None:
     return bert(input_ids, input_mask, segment_ids, deterministic=deterministic,
                 pooled_only=pooled_only, positions=positions, documents=documents)
+  if pooled_only and config.architecture != "modernbert":
+    # Only each example's [CLS] is read: BERT's last layer computes those rows alone, as
+    # it does unpacked (an empty example's -1 reads row 0's first token, never read).
+    return bert(input_ids, input_mask, segment_ids, deterministic=deterministic,
+                pooled_only=True, positions=positions, documents=documents,
+                queries=jnp.maximum(pack_index[:, 0], 0))
   packed, _ = bert(input_ids, input_mask, segment_ids, deterministic=deterministic,
                    positions=positions, documents=documents)
   flat = packed.reshape((-1,) + packed.shape[2:])

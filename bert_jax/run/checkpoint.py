@@ -46,8 +46,16 @@ class CheckpointError(errors.UsageError, RuntimeError):
   (bert_jax.jobs prints it as one line), and a RuntimeError as before."""
 
 
-def make_manager(workdir: str, ckpt_config: Any) -> ocp.CheckpointManager:
-  """CheckpointManager in workdir/checkpoints keeping the last N plus every K-th step."""
+def make_manager(workdir: str, ckpt_config: Any, barrier_prefix: str | None = None
+                 ) -> ocp.CheckpointManager:
+  """CheckpointManager in workdir/checkpoints keeping the last N plus every K-th step.
+
+  `barrier_prefix`: names this manager's cross-process barriers. Two managers that can
+  save the same step at once (a fine-tuning run's and its best/'s, after an evaluation)
+  need different ones: orbax names a barrier by the step alone, and on several processes
+  the second save of a step then fails ("Barrier _async_write_complete.32 is already
+  ongoing") and the run hangs at exit.
+  """
   policies = [checkpoint_managers.LatestN(ckpt_config.keep)]
   if ckpt_config.keep_period:
     policies.append(checkpoint_managers.EveryNSteps(ckpt_config.keep_period))
@@ -56,7 +64,9 @@ def make_manager(workdir: str, ckpt_config: Any) -> ocp.CheckpointManager:
       enable_async_checkpointing=ckpt_config.async_save,
       # Leftover tmp dirs of a killed save are removed on start; they are never read.
       cleanup_tmp_directories=True,
-      create=True)
+      create=True,
+      multiprocessing_options=ocp.options.MultiprocessingOptions(
+          barrier_sync_key_prefix=barrier_prefix))
   return ocp.CheckpointManager(paths.join(workdir, CHECKPOINT_DIR), options=options,
                                item_names=("state", "data_state"))
 

@@ -105,10 +105,10 @@ class TrainBatches:
 
   def __init__(self, features: dict[str, np.ndarray], *, seed: int, batch_size: int,
                buckets: tuple[int, ...], grouped: bool, window_batches: int,
-               pack_unit: int = 0):
+               pack: tuple[int, int] | None = None):
     self.features, self.seed, self.batch_size = features, seed, batch_size
-    # > 0: config.padding "packed" (packed.py), the row count rounded to this multiple.
-    self.pack_unit = pack_unit
+    # config.padding "packed" (packed.py): (data-parallel devices, accumulation steps).
+    self.pack = pack
     self.buckets, self.grouped, self.window_batches = buckets, grouped, window_batches
     self.max_seq_length = buckets[-1]
     self.lengths = row_lengths(features)
@@ -129,18 +129,20 @@ class TrainBatches:
             process_count: int = 1) -> dict[str, np.ndarray]:
     """This process's share of the global batch of `step`, cut to the batch's bucket."""
     rows, length = self.rows(step)
+    if self.pack:  # every process lays out the global batch, then fills its own share
+      devices, accum = self.pack
+      return packed_lib.pack(self.features, keys, rows, self.max_seq_length, devices=devices,
+                             accum=accum, process_index=process_index,
+                             process_count=process_count)
     per_host = self.batch_size // process_count
     rows = rows[process_index * per_host:(process_index + 1) * per_host]
-    if self.pack_unit:
-      return packed_lib.pack(self.features, keys, rows, self.max_seq_length, self.pack_unit)
     return cut(self.features, keys, rows, length, self.max_seq_length)
 
   def padding(self, total_steps: int) -> dict[str, float]:
     """padding_stats of every train step of a run (a pure function of the seed)."""
     steps = [self.rows(step) for step in range(total_steps)]
-    if self.pack_unit:  # every step's rows at full length, as many as its packing takes
-      packed_rows = [max(self.pack_unit, -(-packed_lib.assign(
-          self.lengths[rows], self.max_seq_length)[2] // self.pack_unit) * self.pack_unit)
+    if self.pack:  # every step's rows at full length, as many as its packing takes
+      packed_rows = [packed_lib.layout(self.lengths[rows], self.max_seq_length, *self.pack).rows
                      for rows, _ in steps]
       real = float(sum(self.lengths[rows].sum() for rows, _ in steps))
       padded = float(sum(packed_rows)) * self.max_seq_length
