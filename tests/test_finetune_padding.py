@@ -1,11 +1,13 @@
-"""Fine-tuning's default padding trains what fixed padding trains (issue 33).
+"""Fine-tuning's paddings train what fixed padding trains (issues 33 and 50).
 
-The default (config.padding="buckets", config.group_by_length=False) batches the
-rows fixed padding batches, in its order, and only cuts each batch to the
-smallest bucket holding its longest row; attention masks the padding. So with
-dropout off a run's per-step losses and its dev predictions are fixed padding's.
-Length grouping is an option; a workdir recorded before the option existed
-trained grouped, and its record says so on resume.
+Buckets (config.padding="buckets", config.group_by_length=False) batch the rows fixed
+padding batches, in its order, and only cut each batch to the smallest bucket holding
+its longest row; packed (the default since issue 50) packs the same batch's examples
+into as few rows as hold them. Attention masks the padding and the other examples, so
+with dropout off a run's per-step losses and its dev predictions are fixed padding's.
+Length grouping is an option; a workdir recorded before the option existed trained
+grouped, and a workdir recorded under buckets, the default before packing, keeps them:
+their records say so on resume.
 """
 
 import json
@@ -54,15 +56,16 @@ def _run(config, workdir: pathlib.Path):
 
 
 @pytest.mark.slow  # three 24-step runs of a tiny model, 6 train programs in all
-def test_default_buckets_train_as_fixed_padding_step_by_step(chinese_vocab, tmp_path):
-  """A token task (tagging), dropout off: the default's per-step losses equal fixed
+def test_buckets_train_as_fixed_padding_step_by_step(chinese_vocab, tmp_path):
+  """A token task (tagging), dropout off: buckets' per-step losses equal fixed
   padding's within 1e-5 and its dev predictions are the same, though its batches ran at
-  shorter lengths. Would fail if the default reordered or regrouped rows (the grouped
+  shorter lengths. Would fail if buckets reordered or regrouped rows (the grouped
   run shows such a change is visible), if a cut dropped a real token, or if padding
   leaked into the loss or the attention."""
-  default = _run(_pos_config(chinese_vocab), tmp_path / "default")
+  default = _run(_pos_config(chinese_vocab, padding="buckets"), tmp_path / "default")
   fixed = _run(_pos_config(chinese_vocab, padding="fixed"), tmp_path / "fixed")
-  grouped = _run(_pos_config(chinese_vocab, group_by_length=True), tmp_path / "grouped")
+  grouped = _run(_pos_config(chinese_vocab, padding="buckets", group_by_length=True),
+                 tmp_path / "grouped")
   losses, predictions, lengths = default
   assert len(losses) == len(fixed[0]) >= 20
   assert fixed[2] == [128] and len(lengths) >= 2 and min(lengths) < 128, lengths
@@ -114,6 +117,32 @@ def test_a_record_from_before_group_by_length_resumes_as_it_trained(
     resume(not grouped)
   assert {p.name: p.read_bytes() for p in workdir.iterdir() if p.is_file()} == before
   resume(grouped)
+
+
+def test_a_buckets_workdir_resumes_with_its_padding_under_the_packed_default(
+    chinese_vocab, tmp_path):
+  """A workdir that trained under buckets, the default before packing: resuming it with
+  the default config is refused before anything is written, naming the flag that
+  resumes it as it ran, and that flag resumes it; SQuAD's default stays buckets. Would
+  fail if the new default silently took over an old run's batches' shapes."""
+  assert _pos_config(chinese_vocab).padding == "packed"
+  assert finetune_configs.get_config("squad_v1").padding == "buckets"
+  workdir = tmp_path / "run"
+  bert_config = _record(_pos_config(chinese_vocab, padding="buckets"), chinese_vocab, workdir)
+  (workdir / "checkpoints" / "5").mkdir(parents=True)  # work the record speaks for
+  (workdir / "checkpoints" / "5" / "_CHECKPOINT_METADATA").write_text("{}")
+  before = {p.name: p.read_bytes() for p in workdir.iterdir() if p.is_file()}
+
+  def resume(**overrides):
+    workdir_lib.open_workdir(str(workdir), _pos_config(chinese_vocab, **overrides),
+                             bert_config, vocab_file=str(chinese_vocab)).release()
+
+  with pytest.raises(workdir_lib.WorkdirError,
+                     match=r"with config.padding='buckets'; this run has 'packed'.*"
+                           r"to resume it as it ran, --config.padding='buckets'"):
+    resume()
+  assert {p.name: p.read_bytes() for p in workdir.iterdir() if p.is_file()} == before
+  resume(padding="buckets")
 
 
 @pytest.mark.slow  # two 12-step runs of a tiny model

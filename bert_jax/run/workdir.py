@@ -109,8 +109,10 @@ IMPLIED_WHEN_MISSING = {
 }
 # Fields whose value in a shipped variant changed after workdirs were made with the old one,
 # and for which the old value, given by flag, is the whole fix: "base" scans its layers
-# since 2026-12-07 (compile time; its checkpoints store the layers stacked).
-RESTORED_BY_FLAG = ("model.scan_layers",)
+# since 2026-12-07 (compile time; its checkpoints store the layers stacked); fine-tuning
+# packs by default since 2026-12-07 (it was "buckets": the same batches, other dropout
+# shapes, so a resume keeps the padding it started with).
+RESTORED_BY_FLAG = ("model.scan_layers", "padding")
 # The corpus kinds whose text a sentence splitter cuts (data_pipeline/sources/corpora.py).
 _SPLIT_CORPORA = ("raw:", "jsonl:", "parquet:", "tfds:")
 

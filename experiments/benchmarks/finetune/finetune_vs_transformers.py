@@ -263,11 +263,13 @@ def flags():
   """The command line: seed_comparison's shared flags plus this benchmark's."""
   parser = seed_comparison.flags(__doc__, examples=("examples", 2000, 800), max_seq_length=32,
                                  epochs=2, learning_rate=1e-4)
-  parser.add_argument("--padding", choices=("buckets", "fixed", "packed"), default="buckets",
-                      help="our side's config.padding (buckets: the shipped default; packed: "
-                           "each batch's examples in as few rows as hold them)")
+  parser.add_argument("--padding", choices=("buckets", "fixed", "packed"), default="packed",
+                      help="our side's config.padding (packed, the shipped default: each "
+                           "batch's examples in as few rows as hold them; buckets: the "
+                           "default before 2026-12-07)")
   parser.add_argument("--group_by_length", action="store_true",
-                      help="our side's config.group_by_length (rows sorted by length)")
+                      help="our side's config.group_by_length (rows sorted by length; with "
+                           "--padding=buckets)")
   parser.add_argument("--attention_dropout_mask", choices=("shared", "per_example"),
                       default="per_example",
                       help="our side's attention-dropout mask: per_example = what our configs "

