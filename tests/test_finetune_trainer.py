@@ -170,14 +170,14 @@ def test_meshes_agree(toy_files, tmp_path):
                           str(reference))
   config = toy_config(toy_files, eval_at_start=True, padding="buckets",
                       **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2})
-  tmp_path = tmp_path / "meshed"
-  finetune_sweep.finetune(config, str(tmp_path))
+  meshed = tmp_path / "meshed"
+  finetune_sweep.finetune(config, str(meshed))
   for name in ("", "best"):
     _, expected = checkpoint.load_params_from_workdir(str(reference / name))
-    _, params = checkpoint.load_params_from_workdir(str(tmp_path / name))
+    _, params = checkpoint.load_params_from_workdir(str(meshed / name))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
                  params, expected)
-  losses = [[r["loss"] for r in _records(d) if "loss" in r] for d in (reference, tmp_path)]
+  losses = [[r["loss"] for r in _records(d) if "loss" in r] for d in (reference, meshed)]
   np.testing.assert_allclose(losses[0], losses[1], rtol=1e-4)
 
 
