@@ -181,3 +181,18 @@ def test_packed_on_two_processes_with_accumulation_trains_as_fixed_padding(
   assert len(losses) == len(fixed_losses) >= 20
   assert max(abs(a - b) for a, b in zip(losses, fixed_losses)) < 1e-5
   assert predictions == fixed_predictions and predictions
+
+
+def test_length_grouping_under_packing_is_refused_with_the_fix(toy_files):  # noqa: F811
+  """Packing keeps fixed padding's batches; grouping would regroup them. Fails if the two
+  together are not refused before any data is read, or the refusal does not say which
+  flag groups by length."""
+  from bert_jax.finetune import prepare as finetune_prepare  # pylint: disable=g-import-not-at-top
+  from bert_jax.training import state as state_lib  # pylint: disable=g-import-not-at-top
+  config = toy_config(toy_files, group_by_length=True)
+  assert config.padding == "packed"  # the default
+  mesh, _ = state_lib.setup_mesh(config)
+  with pytest.raises(ValueError, match=r"group_by_length=True .* add --config.padding=buckets"):
+    finetune_prepare.check_config(config, mesh)
+  config.padding = "buckets"
+  finetune_prepare.check_config(config, mesh)
