@@ -109,6 +109,12 @@ def _constrain(x: jax.Array, *axes) -> jax.Array:
   return nn.with_logical_constraint(x, axes)
 
 
+def _query_rows(x: jax.Array, queries: jax.Array) -> jax.Array:
+  """x [B,T,...] at flat token indices `queries` [E] (row x T + position) -> [E,1,...]:
+  the packed examples' [CLS] rows that a pooled-only last layer computes alone."""
+  return x.reshape((-1,) + x.shape[2:])[queries][:, None]
+
+
 def _lookup(embed: nn.Embed, ids: jax.Array) -> jax.Array:
   """[B,T] ids -> [B,T,E] rows of an embedding table, E still split as in the table.
 
@@ -216,7 +222,7 @@ class BertSelfAttention(nn.Module):
     heads = (cfg.num_attention_heads, cfg.head_size)
     qkv_axes = ("embed", "heads", "kv")
     if queries is not None:
-      first_x = x.reshape((-1,) + x.shape[2:])[queries][:, None]
+      first_x = _query_rows(x, queries)
     else:
       first_x = x[:, :1] if first_only else x
     # Named so that remat_policy "save_qkv_out_proj" can keep exactly these.
@@ -290,7 +296,7 @@ class BertLayer(nn.Module):
                   deterministic=deterministic, first_only=first_only, documents=documents,
                   queries=queries)
     if queries is not None:  # the residual of the rows still computed
-      x = x.reshape((-1,) + x.shape[2:])[queries][:, None]
+      x = _query_rows(x, queries)
     elif first_only:
       x = x[:, :1]
     h = x + drop(h) if cfg.pre_layer_norm else attention_norm(x + drop(h))
@@ -348,7 +354,7 @@ class BertEncoder(nn.Module):
       name = "layer" if cfg.share_layers else "layers"
       x, _ = scan(layer_cls(cfg, name=name), x, mask, documents)
       if queries is not None:
-        x = x.reshape((-1,) + x.shape[2:])[queries][:, None]
+        x = _query_rows(x, queries)
     else:
       last = cfg.num_hidden_layers - 1
       shared = layer_cls(cfg, name="layer") if cfg.share_layers else None
