@@ -14,6 +14,7 @@ import torch
 import transformers
 
 from bert_jax.model import config as model_config
+from bert_jax.model import dropout as dropout_lib
 from bert_jax.model import encoder as model_lib
 from bert_jax.model.encoder import BertConfig, BertModel
 from bert_jax.model.heads import BertForPreTraining
@@ -427,3 +428,28 @@ def test_post_ln_layer_draws_the_dropout_masks_earlier_runs_trained_on():
                                   run(_PostLnLayerAsTrainedBefore(cfg), seed))
   # Control: the masks matter, so equal outputs are equal masks.
   assert np.abs(run(model_lib.BertLayer(cfg), 0) - run(model_lib.BertLayer(cfg), 1)).max() > 1e-2
+
+
+def test_dropout_draws_flax_masks_behind_a_barrier():
+  """Fails if the model's Dropout draws any other mask or gradient than flax's nn.Dropout
+  (the same keys, broadcast dims, scaling), or if its mask no longer passes an optimization
+  barrier, which keeps XLA:TPU from fusing the mask's hash into its consumers
+  (bert_jax/model/dropout.py: the v6e compile time)."""
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 4, 8, 8)), jnp.float32)
+
+  def run(module, seed):
+    apply = lambda v: module.apply({}, v, False, rngs={"dropout": jax.random.key(seed)})
+    return apply(x), jax.grad(lambda v: (apply(v) ** 2).sum())(x), apply
+
+  for dims in ((), (0, 1), (-1,)):
+    for seed in (0, 1):
+      out, grad, apply = run(dropout_lib.Dropout(0.3, broadcast_dims=dims), seed)
+      ref_out, ref_grad, _ = run(nn.Dropout(0.3, broadcast_dims=dims), seed)
+      np.testing.assert_array_equal(out, ref_out)
+      np.testing.assert_array_equal(grad, ref_grad)
+      assert 0.05 < float((out == 0).mean()) < 0.6  # control: about 30% are dropped
+      assert "optimization_barrier" in str(jax.make_jaxpr(apply)(x))
+  # Off (deterministic, or rate 0) it is the identity, as flax's.
+  np.testing.assert_array_equal(dropout_lib.Dropout(0.3).apply({}, x, True), x)
+  np.testing.assert_array_equal(
+      dropout_lib.Dropout(0.0).apply({}, x, False, rngs={"dropout": jax.random.key(0)}), x)

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.model import attention as attention_lib
+from bert_jax.model import dropout as dropout_lib
 from bert_jax.model.config import BertConfig
 from bert_jax.model.config import REMAT_POLICIES
 
@@ -162,7 +163,7 @@ class BertEmbeddings(nn.Module):
     self.token_type_embeddings = embed(cfg.type_vocab_size, ("type", "embed"),
                                        "token_type_embeddings")
     self.layer_norm = layer_norm(cfg, "layer_norm")
-    self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+    self.dropout = dropout_lib.Dropout(cfg.hidden_dropout_prob)
     if cfg.embed_size != cfg.hidden_size:
       # E and H cannot both be named "embed" (flax refuses repeated names); H keeps it.
       self.projection = dense(cfg, cfg.hidden_size, (None, "embed"), "projection")
@@ -254,7 +255,8 @@ class BertSelfAttention(nn.Module):
       # einsum_attention's probabilities are [B, N, T, S]: broadcasting over batch and
       # heads draws one [T, S] mask for all of them.
       shared = (0, 1) if cfg.attention_dropout_shared else ()
-      dropout = lambda probs: nn.Dropout(rate, broadcast_dims=shared)(probs, deterministic=False)
+      dropout = lambda probs: dropout_lib.Dropout(rate, broadcast_dims=shared)(
+          probs, deterministic=False)
     if documents is None:
       out = attention_lib.attend(impl, q, k, v, mask, dropout)
     else:  # every kernel by the documents' own mask or segments (attention.attend_masked)
@@ -288,7 +290,7 @@ class BertLayer(nn.Module):
     # A module per call would draw the second from Dropout_1's, other masks than the
     # ones runs from before pre_layer_norm trained on, so they would not resume
     # bit-identically (tests/test_model.py holds the stream).
-    hidden_dropout = nn.Dropout(cfg.hidden_dropout_prob)
+    hidden_dropout = dropout_lib.Dropout(cfg.hidden_dropout_prob)
     drop = lambda y: hidden_dropout(y, deterministic=deterministic)
     attention = BertSelfAttention(cfg, name="attention")
     attention_norm = layer_norm(cfg, "attention_layer_norm")

@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.model import dropout as dropout_lib
 from bert_jax.model import encoder as model_lib
 from bert_jax.model import modern
 from bert_jax.model.config import BertConfig
@@ -146,7 +147,8 @@ class BertForSequenceClassification(nn.Module):
                        deterministic=deterministic, pooled_only=True, **packing)
     if self.config.architecture == "modernbert":
       pooled = _modern_head(self.config, pooled)
-    pooled = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
+    pooled = dropout_lib.Dropout(self.config.hidden_dropout_prob)(
+        pooled, deterministic=deterministic)
     return _classifier(self.config, self.num_labels, "classifier")(pooled.astype(jnp.float32))
 
 
@@ -164,7 +166,8 @@ class BertForTokenClassification(nn.Module):
                          deterministic=deterministic, **packing)
     if self.config.architecture == "modernbert":
       sequence = _modern_head(self.config, sequence)
-    sequence = nn.Dropout(self.config.hidden_dropout_prob)(sequence, deterministic=deterministic)
+    sequence = dropout_lib.Dropout(self.config.hidden_dropout_prob)(
+        sequence, deterministic=deterministic)
     return _classifier(self.config, self.num_labels, "classifier")(sequence.astype(jnp.float32))
 
 
@@ -180,7 +183,7 @@ class BertForQuestionAnswering(nn.Module):
     sequence, _ = encode(self.config, input_ids, input_mask, segment_ids,
                          deterministic=deterministic, **packing)
     if self.config.architecture == "modernbert":
-      sequence = nn.Dropout(self.config.hidden_dropout_prob)(
+      sequence = dropout_lib.Dropout(self.config.hidden_dropout_prob)(
           _modern_head(self.config, sequence), deterministic=deterministic)
     logits = _classifier(self.config, 2, "qa_outputs")(sequence.astype(jnp.float32))
     return logits[..., 0], logits[..., 1]

@@ -28,6 +28,7 @@ from jax.ad_checkpoint import checkpoint_name
 import jax.numpy as jnp
 
 from bert_jax.model import attention as attention_lib
+from bert_jax.model import dropout as dropout_lib
 from bert_jax.model import encoder as bert_lib
 from bert_jax.model.config import BertConfig
 from bert_jax.model.config import REMAT_POLICIES
@@ -84,7 +85,7 @@ class ModernEmbeddings(nn.Module):
         cfg.padded_vocab_size, cfg.hidden_size, dtype=jnp.float32, param_dtype=jnp.float32,
         embedding_init=bert_lib.param_init(cfg, ("vocab", "embed")), name="word_embeddings")
     self.norm = norm(cfg, "norm")
-    self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+    self.dropout = dropout_lib.Dropout(cfg.hidden_dropout_prob)
 
   def __call__(self, input_ids, *, deterministic: bool = True) -> jax.Array:
     """[B,T] ids -> [B,T,H]."""
@@ -123,13 +124,13 @@ class ModernAttention(nn.Module):
                                  training=not deterministic, seq_len=x.shape[1])
     dropout = None
     if impl == "einsum" and not deterministic and rate > 0:
-      dropout = lambda probs: nn.Dropout(rate)(probs, deterministic=False)
+      dropout = lambda probs: dropout_lib.Dropout(rate)(probs, deterministic=False)
     window = None if is_global else cfg.local_attention // 2
     out = attention_lib.attend_masked(impl, q, k, v, key_real, window=window,
                                       documents=documents, dropout=dropout)
     out = _constrain(out, "batch", "length", "heads", "kv")
     out = _dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "output", axis=(-2, -1))(out)
-    out = nn.Dropout(rate)(out, deterministic=deterministic)
+    out = dropout_lib.Dropout(rate)(out, deterministic=deterministic)
     return checkpoint_name(out, "attention_out")
 
 
@@ -153,7 +154,7 @@ class ModernLayer(nn.Module):
         norm(cfg, "mlp_norm")(h))
     activation = bert_lib.gelu if cfg.glu_activation == "gelu" else jax.nn.silu
     y = _constrain(activation(y[..., 0, :]) * y[..., 1, :], "batch", "length", "mlp")
-    y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    y = dropout_lib.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
     y = _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "mlp_out")(y)
     return _constrain(h + y, "batch", "length", "embed")
 
