@@ -16,3 +16,9 @@
 
 Layers: `host` under `data_pipeline` under `bert_jax` (docs/architecture.md).
 """
+
+# libtpu's flags that compiling this project's steps needs, set before any libtpu starts
+# (host/libtpu_flags.py says which and why); here, so that every process has them.
+from host import libtpu_flags as _libtpu_flags  # pylint: disable=g-import-not-at-top
+
+_libtpu_flags.apply()

@@ -16,7 +16,8 @@ from experiments.configs import pretrain
 
 def test_a_recipe_on_a_slice_gets_its_tested_layout():
   """Fails if BERT-Large on a v4-8 (data parallel needs >= 105.8 GiB of 30.75 at 512 tokens)
-  does not get the layout the preflight found, the line does not say what was applied, or
+  does not get the layout the preflight found, the line does not say what was applied, an
+  accumulating layout (modernbert-base on a v6e-8) changes the recipe's batch, or
   BERT-Base on a v4-32 (it fits data parallel, scanned) is moved off data parallelism."""
   config = pretrain.get_config("large")
   config.slice = "v4-8"
@@ -25,10 +26,12 @@ def test_a_recipe_on_a_slice_gets_its_tested_layout():
       1, -1, "dots_with_no_batch_dims_saveable")
   assert line == ("layout for v4-8: --config.mesh.data=1 --config.mesh.fsdp=-1 "
                   "--config.model.remat_policy=dots_with_no_batch_dims_saveable")
-  large = pretrain.get_config("large")
-  large.slice = "v6e-8"
-  layouts.choose(large)
-  assert (large.model.remat_policy, large.grad_accum_steps, large.batch_size) == ("full", 8, 256)
+  # Accumulation splits the recipe's batch; it never changes it.
+  modern = pretrain.get_config("modernbert-base")
+  batch, modern.slice = modern.batch_size, "v6e-8"
+  layouts.choose(modern)
+  assert (modern.model.remat_policy, modern.grad_accum_steps, modern.batch_size) == (
+      "full", 12, batch)
   base = pretrain.get_config("base")
   base.slice = "v4-32"
   assert layouts.choose(base).startswith("layout: none tested for v4-32 (tested: v4-8)")

@@ -72,7 +72,9 @@ LAYOUTS = {
     "base": ("v4-8: " + _FSDP + " model.remat_policy=dots_saveable",),
     "large": ("v4-8: " + _FSDP + " model.remat_policy=dots_with_no_batch_dims_saveable",
               "v5litepod-16: " + _FSDP + " model.remat_policy=dots_saveable",
-              "v6e-8: " + _FSDP + " model.remat_policy=full grad_accum_steps=8"),
+              # Before host/libtpu_flags.py's fiber stack, libtpu crashed compiling this
+              # (stack overflow), and full remat + 8 micro-batches was what compiled.
+              "v6e-8: " + _FSDP + " model.remat_policy=dots_saveable"),
     "large_fast": ("v4-8: " + _FSDP + " model.remat_policy=dots_saveable",
                    "v5litepod-16: " + _FSDP + " model.remat_policy=dots_saveable",
                    "v6e-8: " + _FSDP + " model.remat_policy=dots_saveable"),
