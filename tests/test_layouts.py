@@ -124,6 +124,35 @@ def _recorded_fits() -> set[tuple[str, str]]:
   return fits
 
 
+def _short(config) -> str:
+  """A chosen layout as docs/pods.md's table words it."""
+  parts = ["fsdp"] if config.mesh.fsdp != 1 else []
+  if config.model.remat_policy != "none":
+    parts.append(f"`{config.model.remat_policy}`")
+  if config.grad_accum_steps > 1:
+    parts.append(f"{config.grad_accum_steps} micro-batches")
+  return " + ".join(parts) or "data parallel"
+
+
+def test_the_docs_table_of_layouts_is_what_the_chooser_applies():
+  """Fails if docs/pods.md's table of what each recipe runs with on each slice says
+  another layout than config.layouts gives, or leaves out a cell of the preflight table."""
+  text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "pods.md").read_text()
+  header = re.search(r"^\| `pretrain\.py:` \|(.*)\|$", text, re.M)
+  slices = [c.strip() for c in header.group(1).split("|")]
+  cells = {}
+  for variant, row in re.findall(r"^\| `([a-z_]+)` \|(.*)\|$", text[header.end():], re.M):
+    for slice_name, cell in zip(slices, row.split("|")):
+      cells[variant, slice_name] = cell.strip()
+  assert set(cells) == {(v, s) for v in preflight_table.MODELS for s in slices}
+  assert set(cells) >= _recorded_fits()  # every cell the preflight table says fits
+  for (variant, slice_name), cell in cells.items():
+    config = pretrain.get_config(variant)
+    config.slice = slice_name
+    layouts.choose(config)
+    assert cell == _short(config), (variant, slice_name)
+
+
 def test_every_documented_launch_runs_what_fits():
   """Fails if a launch or preflight command in the README or docs names a recipe and a slice
   where the recipe does not fit as shipped (the recorded preflight table, each slice's
