@@ -193,6 +193,16 @@ def with_learning_rate(state: TrainState, learning_rate: float,
       hyperparams={**injected.hyperparams, "step_size": rate})))
 
 
+def _pad_value(v: np.ndarray):
+  """What a padded position of a sequence output holds: PAD_LOGIT, or 0 for integers."""
+  return buckets_lib.PAD_LOGIT if np.issubdtype(v.dtype, np.floating) else 0
+
+
+def _blank_padding(v: np.ndarray, real: np.ndarray) -> np.ndarray:
+  """Sequence outputs v [E,T,...] with _pad_value at every position `real` [E,T] is not."""
+  return np.where(real.reshape(real.shape + (1,) * (v.ndim - 2)), v, v.dtype.type(_pad_value(v)))
+
+
 def predict(programs: Programs, params, features: dict[str, np.ndarray], eval_batch_size: int,
              mesh) -> dict[str, np.ndarray]:
   """Outputs for every feature row, in order, from length-bucketed batches
@@ -222,10 +232,9 @@ def predict(programs: Programs, params, features: dict[str, np.ndarray], eval_ba
     for k, v in out.items():
       v = v[:len(b.rows)]
       if k in programs.sequence_outputs:
-        fill = buckets_lib.PAD_LOGIT if np.issubdtype(v.dtype, np.floating) else 0
-        v = np.where(real.reshape(real.shape + (1,) * (v.ndim - 2)), v, v.dtype.type(fill))
-        v = np.concatenate([v, np.full((len(v), max_len - b.length) + v.shape[2:], fill,
-                                       v.dtype)], axis=1)
+        v = _blank_padding(v, real)
+        v = np.concatenate([v, np.full((len(v), max_len - b.length) + v.shape[2:],
+                                       _pad_value(v), v.dtype)], axis=1)
       if k not in outputs:
         outputs[k] = np.zeros((len(features["input_ids"]),) + v.shape[1:], v.dtype)
       outputs[k][b.rows] = v
@@ -256,8 +265,7 @@ def _predict_packed(programs: Programs, params, features: dict[str, np.ndarray],
     for k, v in out.items():
       v = v[:len(rows)]
       if k in programs.sequence_outputs:
-        fill = buckets_lib.PAD_LOGIT if np.issubdtype(v.dtype, np.floating) else 0
-        v = np.where(real.reshape(real.shape + (1,) * (v.ndim - 2)), v, v.dtype.type(fill))
+        v = _blank_padding(v, real)
       if k not in outputs:
         outputs[k] = np.zeros((n,) + v.shape[1:], v.dtype)
       outputs[k][rows] = v
