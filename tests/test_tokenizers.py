@@ -17,6 +17,7 @@ import tensorflow as tf
 from transformers import BertTokenizerFast
 
 from data_pipeline.sources import corpora
+from data_pipeline.sources import embedded
 from data_pipeline.vocab import tokenizers
 from data_pipeline.vocab import vocab_training
 
@@ -74,7 +75,7 @@ def english_prose(tmp_path_factory) -> list[str]:
   site = pathlib.Path(tf.__file__).parent.parent
   roots = [site / name for name in ("jax", "tensorflow")]
   out = tmp_path_factory.mktemp("prose") / "corpus.txt"
-  corpora.harvest_embedded_corpus(out, site_dirs=roots, html_dirs=[], max_bytes=4 << 20)
+  embedded.harvest_embedded_corpus(out, site_dirs=roots, html_dirs=[], max_bytes=4 << 20)
   return _lines(out)
 
 

@@ -28,6 +28,7 @@ from host.tf_cpu import tf  # TensorFlow with the accelerators hidden from it
 
 from data_pipeline import specs
 from data_pipeline.sources import corpora
+from data_pipeline.sources import embedded
 from data_pipeline.vocab import tokenizers
 from data_pipeline.sources import word_segmentation
 
@@ -92,7 +93,7 @@ def resolve_vocab(data_config) -> tuple[str, str]:
   if data_config.corpus != "embedded":
     raise ValueError("data.vocab_file (or data.spm_model_file) is required for corpus "
                      f"{data_config.corpus!r}; only the embedded corpus has a default vocab")
-  corpus = corpora.embedded_corpus_path(data_config.embedded_cache_dir or None)
+  corpus = embedded.embedded_corpus_path(data_config.embedded_cache_dir or None)
   case = "uncased" if data_config.do_lower_case else "cased"
   lines = data_config.embedded_vocab_max_lines
   vocab = corpus.with_name(f"vocab_{data_config.embedded_vocab_size}_{case}"

@@ -40,6 +40,7 @@ from bert_jax.launch import plan as launch_plan
 from bert_jax.pretrain import cost
 from bert_jax.pretrain import phases as phases_lib
 from data_pipeline.sources import corpora
+from data_pipeline.sources import embedded
 from data_pipeline.examples import pretraining
 from data_pipeline.store import tokenized_corpus
 
@@ -225,7 +226,7 @@ def bench_hf(vocab_file, lengths, seconds, batch_size, heldout_modulus):
   """HF path: BertTokenizerFast once, then Python NSP + DataCollatorForLanguageModeling."""
   import transformers  # pylint: disable=g-import-not-at-top
   tokenizer = transformers.BertTokenizerFast(vocab_file, do_lower_case=True)
-  documents = list(corpora.read_documents(str(corpora.embedded_corpus_path()), split="train",
+  documents = list(corpora.read_documents(str(embedded.embedded_corpus_path()), split="train",
                                           heldout_modulus=heldout_modulus))
   sentences = [s for d in documents for s in d]
   start = time.perf_counter()

@@ -139,9 +139,9 @@ def score(split: Callable[[str], list[str]], cases: list[dict]) -> dict:
 
 def prose(megabytes: float) -> list[str]:
   """About `megabytes` of running text: embedded-corpus documents, each one paragraph."""
-  from data_pipeline.sources import corpora  # pylint: disable=g-import-not-at-top
+  from data_pipeline.sources import embedded  # pylint: disable=g-import-not-at-top
   texts, size, document = [], 0, []
-  with open(corpora.embedded_corpus_path(), encoding="utf-8") as f:
+  with open(embedded.embedded_corpus_path(), encoding="utf-8") as f:
     for line in f:
       line = line.strip()
       if line:
