@@ -76,7 +76,7 @@ QUICK_LOOP_OUT = (
     "test_finetune_data.py::test_peoples_daily_ner",
     "test_token_store.py::test_tfds_units_per_process_are_the_process_parts",
     "test_token_store.py::test_gold_chinese_words_from_the_store",
-    "test_token_store.py::test_a_gs_store_on_the_emulator",
+    "test_token_store_runs.py::test_a_gs_store_on_the_emulator",
     "test_token_store.py::test_truncated_damaged_or_foreign_shards_are_refused_by_name_and_rebuilt",
     "test_pretraining.py::test_schedule_masks_every_batch_at_its_steps_ratio",
     "test_pretraining.py::test_deterministic_across_runs_and_across_masking_ratios",
