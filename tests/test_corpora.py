@@ -1,4 +1,5 @@
-"""Tests of data_pipeline/sources/corpora.py: formats, sharding, held-out split, bad input, embedded corpus."""
+"""Tests of data_pipeline/sources/corpora.py (formats, sharding, held-out split, bad input) and
+embedded.py (the embedded corpus)."""
 
 import ast
 import io

@@ -32,7 +32,8 @@ from bert_jax.training import state as state_lib
 from host import paths
 
 TrainState = state_lib.TrainState
-# Under $BERT_JAX_CACHE (else ~/.cache/bert_jax), as data_pipeline/sources/corpora.py keeps its corpus.
+# Under $BERT_JAX_CACHE (else ~/.cache/bert_jax), as data_pipeline/sources/embedded.py keeps
+# the embedded corpus.
 COMPILATION_CACHE = "jax_compilation_cache"
 
 

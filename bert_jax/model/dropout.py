@@ -9,8 +9,8 @@ Why: without the barrier, XLA:TPU fuses threefry's hash of the mask (some 150 u3
 per element) into the matmul and LayerNorm fusions that consume it. libtpu lowers those
 fusions only after retries (up to 6 each): BERT-Base's step for a v6e-8 compiled in
 105 s at 128 tokens instead of 37, and 87 s at 512 instead of 57, with the same memory
-(experiments/results/preflight.md). The mask is then one byte per element in memory,
-written once and read once.
+(experiments/results/preflight.md). The mask is then a tensor of its own, one byte an
+element, where XLA had recomputed it inside each fusion that used it.
 """
 
 import flax.linen as nn

@@ -95,7 +95,7 @@ class ShardError(ValueError):
 
 
 def cache_root() -> str:
-  """$BERT_JAX_CACHE, else ~/.cache/bert_jax (where corpora.py keeps the embedded corpus)."""
+  """$BERT_JAX_CACHE, else ~/.cache/bert_jax (where embedded.py keeps the embedded corpus)."""
   return os.environ.get("BERT_JAX_CACHE") or os.path.expanduser("~/.cache/bert_jax")
 
 
