@@ -71,8 +71,8 @@ def layout(lengths: np.ndarray, max_seq_length: int, devices: int = 1,
   packed = [assign(lengths[g], max_seq_length) for g in groups]
   per_group = max([1] + [count for _, _, count in packed])
   row, offset, index_row = (np.zeros(size, np.int64) for _ in range(3))
-  for (d, j), g, (r, o, _) in zip(((d, j) for d in range(devices) for j in range(accum)),
-                                  groups, packed):
+  for k, (g, (r, o, _)) in enumerate(zip(groups, packed)):
+    d, j = divmod(k, accum)                   # the order `groups` was built in
     index_row[g] = d * per_group + r          # its row among micro-batch j's rows
     row[g] = index_row[g] * accum + j         # micro-batch j holds rows j, j+accum, ...
     offset[g] = o
