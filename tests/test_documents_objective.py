@@ -77,12 +77,94 @@ def _config(corpus_dir, uncased_vocab, **overrides):  # noqa: F811
   return base._config(corpus_dir, uncased_vocab, objective="documents", **overrides)  # pylint: disable=protected-access
 
 
+def test_filled_rows_are_full_and_hold_every_token_once():
+  """Fails if a filled row (but the last) has room left, a token is lost or repeated, a
+  piece that fits does not go by best fit, the window's oldest row is not topped off with
+  a piece's head, or the block's end leaves more than one row open."""
+  corpus = _corpus([8, 6, 3, 2, 1, 5, 30])
+  order = np.arange(7)
+  pieces = documents.block_pieces(corpus, order, (0, 10**9), cls_id=-1, sep_id=-2)
+  # Costs 10, 8, 5, 4, 3, 7, 32 = 69 tokens into rows of 16: four full rows and 5 left.
+  rows = documents.filled_rows(pieces, max_seq_length=16, window=2)
+  assert [r.used for r in rows] == [16, 16, 16, 16, 5]
+  tokens = np.concatenate([p for r in rows for p in r.pieces])
+  np.testing.assert_array_equal(np.sort(tokens), np.sort(np.concatenate(pieces)))
+  # doc0 (10) opens A; doc1 (8) opens B; doc2 (5) fits both, A leaves least room (15);
+  # doc3 (4) and doc4 (3) fit only B (15); doc5 (7) fits nowhere and the window is full,
+  # so A, the oldest, takes its head (1 token) and closes; the rest opens C.
+  first = rows[0]
+  assert [len(p) for p in first.pieces] == [10, 5, 1]
+  assert int(first.pieces[2][0]) == -1  # the head of doc5: its [CLS]
+  assert [len(p) for p in rows[1].pieces] == [8, 4, 3, 1]
+  # A short run, one window: each row is filled in turn, pieces cut at the row's end.
+  one = documents.filled_rows(pieces, max_seq_length=16, window=1)
+  assert [r.used for r in one] == [16, 16, 16, 16, 5]
+  np.testing.assert_array_equal(np.concatenate([p for r in one for p in r.pieces]),
+                                np.concatenate(pieces))
+
+
+def test_block_spans_cut_the_stream_exactly():
+  """Fails if consecutive spans of the epoch's token stream lose, repeat or reorder a
+  token, or a document's [CLS] / [SEP] are not where its stream puts them."""
+  corpus = _corpus([8, 6, 3, 2, 1, 5, 30])
+  order = np.array([3, 6, 0, 5, 1, 4, 2])
+  stream = np.concatenate([np.concatenate([[-1], corpus.ids[corpus.sentence_starts[d]:
+                                                        corpus.sentence_starts[d + 1]], [-2]])
+                           for d in order])
+  for width in (7, 16, 33):
+    cut = [documents.block_pieces(corpus, order, (lo, lo + width), cls_id=-1, sep_id=-2)
+           for lo in range(0, len(stream), width)]
+    np.testing.assert_array_equal(np.concatenate([p for block in cut for p in block]), stream)
+    assert all(sum(map(len, block)) == width for block in cut[:-1])
+
+
+def test_an_epoch_of_filled_rows(corpus_dir, uncased_vocab):  # noqa: F811
+  """On the test corpus, the pipeline's stream: fails if a row but the epoch's last has
+  padding, a piece is not a contiguous run of its document's [CLS] doc [SEP], a
+  document's pieces do not cover it exactly once in the epoch, or a piece's positions and
+  number do not restart."""
+  config = _config(corpus_dir, uncased_vocab)
+  assert config.pack_fill
+  from data_pipeline.store import tokenized_corpus  # pylint: disable=g-import-not-at-top
+  tokenizer = tokenized_corpus.load_tokenizer(config)
+  corpus = tokenized_corpus.read_tokenized_corpus(config, tokenizer, split="train",
+                                                  process_index=0, process_count=1)
+  stream = pretraining.ExampleStream(
+      corpus, objective="documents", max_seq_length=base.SEQ, short_seq_prob=0.0, seed=0,
+      shuffle_buffer=4, special_ids=tokenizer.special_ids, pack_window=8, pack_fill=True)
+  assert stream.num_blocks() > 3
+  covered = {}
+  padded = 0
+  for block in range(stream.num_blocks()):
+    arrays = documents.assemble(stream.block_instances(0, block), max_seq_length=base.SEQ,
+                                cls_id=101, sep_id=102, pad_id=0, wrapped=False)
+    ids, docs = arrays["input_ids"], arrays[documents.DOCUMENT_IDS]
+    padded += int((docs == 0).any(axis=1).sum())
+    for row in range(len(ids)):
+      for number in range(1, docs[row].max() + 1):
+        at = np.nonzero(docs[row] == number)[0]
+        assert at[-1] - at[0] == len(at) - 1
+        np.testing.assert_array_equal(arrays[documents.POSITION_IDS][row, at],
+                                      np.arange(len(at)))
+        covered.setdefault(len(at), []).append(ids[row, at])
+  assert padded == 1
+  whole = [np.concatenate([[101], corpus.ids[corpus.sentence_starts[corpus.document_starts[d]]:
+                                             corpus.sentence_starts[corpus.document_starts[d + 1]]],
+                           [102]]) for d in range(corpus.num_documents)]
+  pieces = [p for group in covered.values() for p in group]
+  assert sum(map(len, pieces)) == sum(map(len, whole))
+  # Each piece is a run of some document's [CLS] doc [SEP] (its bytes, found there).
+  joined = b"|".join(w.tobytes() for w in whole)
+  assert all(p.astype(whole[0].dtype).tobytes() in joined for p in pieces)
+
+
 def test_every_document_arrives_whole_and_in_order(corpus_dir, uncased_vocab):  # noqa: F811
-  """Fails if a packed document's tokens (between its [CLS] and [SEP]) are not one whole
+  """Unfilled packing (data.pack_fill=False, as workdirs recorded before the field ran):
+  fails if a packed document's tokens (between its [CLS] and [SEP]) are not one whole
   training document, or a short document is cut, its positions do not restart, its id is
   not its number in the row, a masked position falls on a special token or padding, a row
   has padding before its last document, or the rows are under 90% full."""
-  config = _config(corpus_dir, uncased_vocab)
+  config = _config(corpus_dir, uncased_vocab, pack_fill=False)
   from data_pipeline.store import tokenized_corpus  # pylint: disable=g-import-not-at-top
   tokenizer = tokenized_corpus.load_tokenizer(config)
   corpus = tokenized_corpus.read_tokenized_corpus(config, tokenizer, split="train",
@@ -152,3 +234,29 @@ def test_exact_resume_in_a_fresh_process(corpus_dir, uncased_vocab, tmp_path):  
     assert documents.DOCUMENT_IDS in batch
     for key, value in batch.items():
       np.testing.assert_array_equal(resumed[f"{i}/{key}"], value, err_msg=f"batch {i} {key}")
+
+
+def test_a_record_from_before_filling_resumes_only_unfilled(tmp_path):
+  """A documents workdir recorded before data.pack_fill packed with room left: resuming it
+  filled would change its rows, so its record compares as if it said False; for the other
+  objectives the field changes nothing. Fails if the missing field is waved through for
+  documents, or refused for nsp."""
+  from bert_jax.run import workdir  # pylint: disable=g-import-not-at-top
+
+  def resume(objective, fill):
+    old = {"config": {"data.objective": objective}}  # as the code before the field wrote it
+    new = {"config": {"data.objective": objective, "data.pack_fill": fill},
+           "bert_config": {}, "data": {}}
+    return workdir.differences(old, new, quiet=True)
+
+  assert resume("documents", True) == [("config.data.pack_fill", False, True)]
+  assert resume("documents", False) == []
+  assert resume("nsp", True) == []
+  done = tmp_path / "checkpoints" / "1"  # work the record speaks for (a committed step)
+  done.mkdir(parents=True)
+  (done / "_CHECKPOINT_METADATA").write_text("{}")
+  with pytest.raises(workdir.WorkdirError,
+                     match=r"to resume it as it ran, --config.data.pack_fill=False; "):
+    workdir.check_record(str(tmp_path), {"config": {"data.objective": "documents"}},
+                         {"config": {"data.objective": "documents", "data.pack_fill": True},
+                          "bert_config": {}, "data": {}, "code_version": "x"}, quiet=True)

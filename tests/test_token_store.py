@@ -228,7 +228,8 @@ def test_a_changed_file_vocab_or_option_is_another_store(files, tmp_path):
                                        num_workers=1)
   assert store.directory == _key_dir(base) and store.prepared["units"] > 1
   same = [{"data.objective": "sop"}, {"data.heldout_modulus": 7}, {"data.max_seq_length": 48},
-          {"data.objective": "documents", "data.pack_window": 64}, {"data.shuffle_buffer": 1024},
+          {"data.objective": "documents", "data.pack_window": 64, "data.pack_fill": False},
+          {"data.shuffle_buffer": 1024},
           {"data.masking.ratio": 0.3}, {"data.prepare_workers": 2}, {"data.eval.max_documents": 9}]
   for change in same:
     config = _config(corpus, files[2], tmp_path / "stores", **change)

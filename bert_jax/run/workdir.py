@@ -106,6 +106,10 @@ IMPLIED_WHEN_MISSING = {
     "data.sentence_splitter": lambda old, new: (
         "regex" if str(old.get("data.corpus", "")).startswith(_SPLIT_CORPORA)
         else new.get("data.sentence_splitter")),
+    # Before this field, packed documents closed rows with room (blocks of documents). It
+    # changes nothing for the other objectives, so there the new value stands.
+    "data.pack_fill": lambda old, new: (
+        False if old.get("data.objective") == "documents" else new.get("data.pack_fill")),
 }
 # Fields whose value in a shipped variant changed after workdirs were made with the old one,
 # and for which the old value, given by flag, is the whole fix: "base" scans its layers

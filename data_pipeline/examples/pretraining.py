@@ -32,7 +32,7 @@ whose fingerprints differ.
 
 Order and randomness: epoch e visits this process's documents in the order
 ``permutation(rng(seed, e))``, cut into blocks of ``shuffle_buffer``
-documents; a block's examples are shuffled by ``rng(seed, e, block)``; the
+documents (filled packing: spans of ``shuffle_buffer`` rows' tokens); a block's examples are shuffled by ``rng(seed, e, block)``; the
 pairs of document d use ``rng(seed, e, d)``. Nothing of this depends on the
 masking configuration, so runs that differ only in masking see exactly the same
 pairs in the same order (and the same mask seeds), and every epoch has new
@@ -54,6 +54,7 @@ max predictions), is specs.py.
 """
 
 import atexit
+import functools
 import hashlib
 import json
 import threading
@@ -99,11 +100,14 @@ class ExampleStream:
 
   def __init__(self, corpus: tokenized_corpus.TokenizedCorpus, *, objective: str, max_seq_length: int,
                short_seq_prob: float, seed: int, shuffle_buffer: int, special_ids: dict,
-               pack_window: int = 0):
+               pack_window: int = 0, pack_fill: bool = False):
     self.corpus, self.objective = corpus, objective
     self.max_seq_length, self.short_seq_prob = max_seq_length, short_seq_prob
     self.seed, self.shuffle_buffer, self.special_ids = seed, shuffle_buffer, special_ids
     self.pack_window = pack_window  # objective "documents": rows open for best fit
+    # Objective "documents" with every row filled: blocks are spans of shuffle_buffer
+    # rows' tokens of the epoch's stream, not shuffle_buffer documents (documents.py).
+    self.filled = objective == "documents" and pack_fill
     sentences_per_doc = np.diff(corpus.document_starts)
     if objective in specs.PAIR_OBJECTIVES and not (sentences_per_doc >= 2).any():
       raise ValueError(f"objective {objective!r} needs documents of >= 2 sentences; "
@@ -113,13 +117,29 @@ class ExampleStream:
 
   def num_blocks(self) -> int:
     """Blocks per epoch."""
+    if self.filled:
+      return -(-self._stream_tokens // self._block_tokens())
     return -(-self.corpus.num_documents // self.shuffle_buffer)
+
+  def _block_tokens(self) -> int:
+    return self.shuffle_buffer * self.max_seq_length
+
+  @functools.cached_property
+  def _stream_tokens(self) -> int:
+    """Tokens of one epoch's stream of [CLS] doc [SEP] (the same in every order)."""
+    return int(documents.stream_costs(self.corpus, np.arange(self.corpus.num_documents)).sum())
 
   def block_instances(self, epoch: int, block: int) -> list:
     """The examples of one block (pairs.Instance, or documents.Row), shuffled."""
     order = pairs.rng_for(self.seed, epoch, 0).permutation(self.corpus.num_documents)
     docs = order[block * self.shuffle_buffer:(block + 1) * self.shuffle_buffer]
-    if self.objective == "documents":
+    if self.filled:
+      span = (block * self._block_tokens(), (block + 1) * self._block_tokens())
+      pieces = documents.block_pieces(self.corpus, order, span, cls_id=self.special_ids["cls"],
+                                      sep_id=self.special_ids["sep"])
+      instances = documents.filled_rows(pieces, max_seq_length=self.max_seq_length,
+                                        window=self.pack_window)
+    elif self.objective == "documents":
       instances = documents.packed_rows(self.corpus, docs, max_seq_length=self.max_seq_length,
                                         window=self.pack_window)
     elif self.objective == "none":
@@ -145,7 +165,10 @@ class ExampleStream:
       for b in range(block, self.num_blocks()):
         instances = self.block_instances(epoch, b)[offset:]
         if instances:
-          assemble = documents.assemble if self.objective == "documents" else pairs.assemble
+          if self.objective == "documents":
+            assemble = functools.partial(documents.assemble, wrapped=not self.filled)
+          else:
+            assemble = pairs.assemble
           arrays = assemble(instances, max_seq_length=self.max_seq_length,
                             cls_id=self.special_ids["cls"], sep_id=self.special_ids["sep"],
                             pad_id=self.special_ids["pad"])
@@ -275,12 +298,15 @@ class PretrainingInput:
         corpus, objective=data_config.objective, max_seq_length=data_config.max_seq_length,
         short_seq_prob=data_config.short_seq_prob, seed=data_config.seed,
         shuffle_buffer=data_config.shuffle_buffer, special_ids=self.tokenizer.special_ids,
-        pack_window=data_config.get("pack_window", 0))
+        pack_window=data_config.get("pack_window", 0),
+        pack_fill=data_config.get("pack_fill", False))
     fields = [data_config.corpus, split, process_index, process_count, corpus.num_documents,
               corpus.num_tokens, data_config.objective, data_config.max_seq_length,
               data_config.short_seq_prob, data_config.seed, data_config.shuffle_buffer]
     if data_config.objective == "documents":  # (the other objectives' fingerprints as before)
       fields.append(data_config.pack_window)
+      if data_config.get("pack_fill", False):  # (unfilled packing's fingerprints as before)
+        fields.append("filled")
     self._fingerprint = hashlib.md5(json.dumps(fields).encode()).hexdigest()[:16]
     self._position = {"epoch": 0, "block": 0, "offset": 0, "index": 0, "example": 0}
     self._iterator = None
@@ -389,7 +415,8 @@ def make_eval_batches(data_config, *, batch_size: int, process_index: int = 0,
       corpus, objective=data_config.objective, max_seq_length=data_config.max_seq_length,
       short_seq_prob=data_config.short_seq_prob, seed=data_config.eval.seed,
       shuffle_buffer=data_config.shuffle_buffer, special_ids=tokenizer.special_ids,
-      pack_window=data_config.get("pack_window", 0))
+      pack_window=data_config.get("pack_window", 0),
+      pack_fill=data_config.get("pack_fill", False))
   spec = (specs.own_eval_masking_spec(data_config) if own_masking
           else specs.eval_masking_spec(data_config))
   ds = _masked_dataset(stream, {}, spec, tokenizer=tokenizer, seed=data_config.eval.seed,

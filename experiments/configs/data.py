@@ -33,9 +33,14 @@ def data_config() -> ml_collections.ConfigDict:
   # | "documents" (whole documents packed, each attending only to itself: ModernBERT's)
   c.objective = "nsp"
   c.pack_window = 16  # "documents": rows open at once for best-fit packing
+  # "documents": every row filled to its end, a document cut where a row must close with
+  # room; blocks are then spans of shuffle_buffer rows' tokens (data_pipeline/examples/
+  # documents.py). False: rows close with room (padding), blocks of shuffle_buffer
+  # documents -- what a workdir recorded before this field resumes with (workdir.py).
+  c.pack_fill = True
   c.short_seq_prob = 0.1  # chance a document's target length is shorter (google-research value)
   c.seed = 0  # pair sampling, order and masks all derive from it
-  c.shuffle_buffer = 256  # documents per shuffle block: their examples are shuffled together
+  c.shuffle_buffer = 256  # documents per shuffle block (filled "documents": rows): their examples are shuffled together
   c.heldout_modulus = 50  # one document in ~this many is held out for eval (MD5 of its text)
   c.max_line_bytes = 1 << 20  # longer lines are skipped (counted): minified code / binary, not prose
   # A corpus file with a larger share of lines that are not UTF-8 is refused by name: it is

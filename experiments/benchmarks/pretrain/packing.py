@@ -7,8 +7,12 @@ Three tables, on the embedded corpus's documents (the `modern` variant's data: i
 
 1. Real tokens over computed tokens at each length. Packed: objective "documents"
    (data_pipeline/examples/documents.py: best fit over data.pack_window rows within each
-   shuffle block, as the pipeline packs). Padded: one document per row ([CLS] doc [SEP],
-   a longer one cut into pieces), the rest padding.
+   shuffle block, as the pipeline packs), filled (data.pack_fill, the default: every row
+   filled to its end, blocks of shuffle_buffer rows' tokens) and unfilled (rows close
+   with room, blocks of shuffle_buffer documents). Padded: one document per row ([CLS]
+   doc [SEP], a longer one cut into pieces), the rest padding. With each packing, the
+   pieces per document: 1 where no document is cut; above it, long documents' cuts
+   (both) and filling's cuts at row ends (the difference).
 2. The train step's time per real token, packed against padded: the same jitted step of
    the modern tiny at batch x length tokens (packed rows with their document ids and
    positions, padded rows without), divided by the real tokens a batch of each holds on
@@ -50,31 +54,40 @@ def corpus_and_specials():
   return config, corpus, data.tokenizer.special_ids, data.vocab_size
 
 
-def efficiency(corpus, length: int, window: int, block: int) -> tuple[float, float, list]:
-  """(packed, padded) real / computed tokens over every document, and the packed rows of
-  the first block (for the timing's batches)."""
+def packings(corpus, length: int, window: int, block: int, *, filled: bool,
+             specials: dict):
+  """(packed real / computed tokens, packed pieces per document, padded real / computed,
+  the first block's packed rows), over every document in corpus order, blocks as the
+  pipeline cuts them."""
   order = np.arange(corpus.num_documents)
-  packed_used = packed_rows = padded_used = padded_rows = 0
-  first = None
-  for start in range(0, corpus.num_documents, block):
-    rows = documents.packed_rows(corpus, order[start:start + block], max_seq_length=length,
-                                 window=window)
-    first = first or rows
-    packed_used += sum(r.used for r in rows)
-    packed_rows += len(rows)
+  rows = []
+  if filled:
+    stream = int(documents.stream_costs(corpus, order).sum())
+    for lo in range(0, stream, block * length):
+      pieces = documents.block_pieces(corpus, order, (lo, lo + block * length),
+                                      cls_id=specials["cls"], sep_id=specials["sep"])
+      rows.append(documents.filled_rows(pieces, max_seq_length=length, window=window))
+  else:
+    for start in range(0, corpus.num_documents, block):
+      rows.append(documents.packed_rows(corpus, order[start:start + block],
+                                        max_seq_length=length, window=window))
+  every = [r for block_rows in rows for r in block_rows]
+  packed = sum(r.used for r in every) / (len(every) * length)
+  per_document = sum(len(r.pieces) for r in every) / corpus.num_documents
+  padded_used = padded_rows = 0
   for d in order:
     pieces = documents.pieces_of(corpus, int(d), length)
     padded_used += sum(len(p) + 2 for p in pieces)
     padded_rows += len(pieces)
-  return packed_used / (packed_rows * length), padded_used / (padded_rows * length), first
+  return packed, per_document, padded_used / (padded_rows * length), rows[0]
 
 
 def _batch(rows, length: int, batch: int, specials: dict, packed: bool, predictions: int):
-  """A training batch of `batch` rows: packed rows, or each row's first document alone."""
+  """A training batch of `batch` filled rows, or each row's first piece alone."""
   if not packed:
-    rows = [documents.Row([r.pieces[0]], len(r.pieces[0]) + 2) for r in rows]
+    rows = [documents.Row([r.pieces[0]], len(r.pieces[0])) for r in rows]
   arrays = documents.assemble(rows[:batch], max_seq_length=length, cls_id=specials["cls"],
-                              sep_id=specials["sep"], pad_id=specials["pad"])
+                              sep_id=specials["sep"], pad_id=specials["pad"], wrapped=False)
   rng = np.random.default_rng(0)
   out = {"input_ids": arrays["input_ids"],
          "input_mask": (arrays["input_ids"] != specials["pad"]).astype(np.int32),
@@ -116,19 +129,32 @@ def main(argv=None) -> None:
   parser.add_argument("--tokens", type=int, default=8192, help="tokens per step in table 3")
   parser.add_argument("--window", type=int, default=128, help="table 3's sliding window")
   parser.add_argument("--steps", type=int, default=3)
+  parser.add_argument("--tables", default="1,2,3", help="which tables to print")
   args = parser.parse_args(argv)
+  tables = {int(t) for t in args.tables.split(",")}
   lengths = [int(x) for x in args.lengths.split(",")]
   config, corpus, specials, vocab_size = corpus_and_specials()
   config.data.objective = "documents"
   bert_config = pretrain_steps.network(config, vocab_size)
   print(f"corpus: {corpus.num_documents:,} documents, {corpus.num_tokens:,} tokens; "
         f"pack window {config.data.pack_window} rows, shuffle blocks of "
-        f"{config.data.shuffle_buffer} documents")
-  print("\n| length | real / computed, packed | padded | step s, packed | padded | "
-        "s per 1k real tokens, packed | padded |\n|---:|---:|---:|---:|---:|---:|---:|")
-  for length in lengths:
-    packed_eff, padded_eff, rows = efficiency(corpus, length, config.data.pack_window,
-                                              config.data.shuffle_buffer)
+        f"{config.data.shuffle_buffer} documents (filled: rows)")
+  if 1 in tables:
+    print("\n| length | real / computed, filled | unfilled | padded | pieces per document, "
+          "filled | unfilled |\n|---:|---:|---:|---:|---:|---:|")
+  for length in lengths if 1 in tables else ():
+    fill, room = (packings(corpus, length, config.data.pack_window,
+                           config.data.shuffle_buffer, filled=f, specials=specials)
+                  for f in (True, False))
+    print(f"| {length} | {fill[0]:.4f} | {room[0]:.4f} | {fill[2]:.4f} | {fill[1]:.4f} | "
+          f"{room[1]:.4f} |")
+  if 2 in tables:
+    print("\n| length | real / computed, packed | padded | step s, packed | padded | "
+          "s per 1k real tokens, packed | padded |\n|---:|---:|---:|---:|---:|---:|---:|")
+  for length in lengths if 2 in tables else ():
+    packed_eff, _, padded_eff, rows = packings(corpus, length, config.data.pack_window,
+                                               config.data.shuffle_buffer, filled=True,
+                                               specials=specials)
     predictions = round(0.3 * length)
     times = {}
     for packed in (True, False):
@@ -138,11 +164,13 @@ def main(argv=None) -> None:
            for p in times}
     print(f"| {length} | {packed_eff:.4f} | {padded_eff:.4f} | {times[True]:.3f} | "
           f"{times[False]:.3f} | {per[True]:.4f} | {per[False]:.4f} |")
-  print(f"\n| length | rows x length | step s, full attention | sliding ({args.window}) | "
-        "full / sliding |\n|---:|---:|---:|---:|---:|")
-  for length in lengths:
+  if 3 in tables:
+    print(f"\n| length | rows x length | step s, full attention | sliding ({args.window}) | "
+          "full / sliding |\n|---:|---:|---:|---:|---:|")
+  for length in lengths if 3 in tables else ():
     rows_per = max(1, args.tokens // length)
-    _, _, rows = efficiency(corpus, length, config.data.pack_window, config.data.shuffle_buffer)
+    rows = packings(corpus, length, config.data.pack_window, config.data.shuffle_buffer,
+                    filled=True, specials=specials)[3]
     batch = _batch(rows, length, rows_per, specials, True, round(0.3 * length))
     full = step_time(config, bert_config.replace(global_attn_every_n_layers=1), batch,
                      args.steps)
