@@ -21,7 +21,7 @@ Filled rows (data.pack_fill): best fit leaves each row's unfillable room as padd
 closes up to `window` half-full rows at every block's end (0.8-1.3% of the tokens on the
 embedded corpus; experiments/results/packing.md). With pack_fill, a block is not a count
 of documents but a fixed span of the epoch's token stream ([CLS] doc [SEP], document after
-document in the epoch's order): `rows_per_block` rows' worth, cut wherever the span ends.
+document in the epoch's order), shuffle_buffer rows' worth, cut wherever the span ends.
 Inside it the pieces are packed by the same best fit, except that no row closes with
 room: when the window is full and no row has room for a piece, the oldest row is topped
 off with the piece's head; at the block's end the older open rows take the tails of the
@@ -81,11 +81,12 @@ def packed_rows(corpus: TokenizedCorpus, doc_indices, *, max_seq_length: int,
 
 
 def block_pieces(corpus: TokenizedCorpus, order: np.ndarray, span: tuple[int, int], *,
-                 cls_id: int, sep_id: int) -> list[np.ndarray]:
+                 cls_id: int, sep_id: int, ends: np.ndarray | None = None) -> list[np.ndarray]:
   """The pieces of the epoch's token stream in [span): each document in `order` as
-  [CLS] doc [SEP], the first and the last cut where the span cuts them."""
+  [CLS] doc [SEP], the first and the last cut where the span cuts them. `ends`: the
+  stream's cumulative stream_costs in `order`, if the caller keeps them."""
   costs = stream_costs(corpus, order)
-  ends = np.cumsum(costs)
+  ends = np.cumsum(costs) if ends is None else ends
   lo, hi = span
   pieces = []
   for i in range(int(np.searchsorted(ends, lo, "right")), len(order)):

@@ -32,8 +32,8 @@ whose fingerprints differ.
 
 Order and randomness: epoch e visits this process's documents in the order
 ``permutation(rng(seed, e))``, cut into blocks of ``shuffle_buffer``
-documents (filled packing: spans of ``shuffle_buffer`` rows' tokens); a block's examples are shuffled by ``rng(seed, e, block)``; the
-pairs of document d use ``rng(seed, e, d)``. Nothing of this depends on the
+documents (filled packing: spans of ``shuffle_buffer`` rows' tokens); a
+block's examples are shuffled by ``rng(seed, e, block)``; the pairs of document d use ``rng(seed, e, d)``. Nothing of this depends on the
 masking configuration, so runs that differ only in masking see exactly the same
 pairs in the same order (and the same mask seeds), and every epoch has new
 pairs. The block shuffle replaces a tf.data shuffle buffer because it is a pure
@@ -108,6 +108,7 @@ class ExampleStream:
     # Objective "documents" with every row filled: blocks are spans of shuffle_buffer
     # rows' tokens of the epoch's stream, not shuffle_buffer documents (documents.py).
     self.filled = objective == "documents" and pack_fill
+    self._epoch = None  # (epoch, its order, its stream's ends): _epoch_order
     sentences_per_doc = np.diff(corpus.document_starts)
     if objective in specs.PAIR_OBJECTIVES and not (sentences_per_doc >= 2).any():
       raise ValueError(f"objective {objective!r} needs documents of >= 2 sentences; "
@@ -129,14 +130,23 @@ class ExampleStream:
     """Tokens of one epoch's stream of [CLS] doc [SEP] (the same in every order)."""
     return int(documents.stream_costs(self.corpus, np.arange(self.corpus.num_documents)).sum())
 
+  def _epoch_order(self, epoch: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """(the epoch's document order, its stream's cumulative costs when filled), kept for
+    the last epoch asked: both are O(documents) and every block of the epoch needs them."""
+    if self._epoch is None or self._epoch[0] != epoch:
+      order = pairs.rng_for(self.seed, epoch, 0).permutation(self.corpus.num_documents)
+      ends = np.cumsum(documents.stream_costs(self.corpus, order)) if self.filled else None
+      self._epoch = (epoch, order, ends)
+    return self._epoch[1], self._epoch[2]
+
   def block_instances(self, epoch: int, block: int) -> list:
     """The examples of one block (pairs.Instance, or documents.Row), shuffled."""
-    order = pairs.rng_for(self.seed, epoch, 0).permutation(self.corpus.num_documents)
+    order, ends = self._epoch_order(epoch)
     docs = order[block * self.shuffle_buffer:(block + 1) * self.shuffle_buffer]
     if self.filled:
       span = (block * self._block_tokens(), (block + 1) * self._block_tokens())
       pieces = documents.block_pieces(self.corpus, order, span, cls_id=self.special_ids["cls"],
-                                      sep_id=self.special_ids["sep"])
+                                      sep_id=self.special_ids["sep"], ends=ends)
       instances = documents.filled_rows(pieces, max_seq_length=self.max_seq_length,
                                         window=self.pack_window)
     elif self.objective == "documents":

@@ -81,8 +81,8 @@ NOT_IN_KEY = (
     "max_undecodable_fraction",  # judged at every start from the store's per-file counts
     "tokenized_dir", "prepare_workers",  # where the store is, how fast it is made
     # Stages 2-4 (pairs, masking, batches, the eval set's size and seeds):
-    "max_seq_length", "objective", "pack_window", "pack_fill", "short_seq_prob", "seed", "shuffle_buffer",
-    "prefetch_batches", "masking.", "eval.",
+    "max_seq_length", "objective", "pack_window", "pack_fill", "short_seq_prob", "seed",
+    "shuffle_buffer", "prefetch_batches", "masking.", "eval.",
 )
 _IN_KEY_DESPITE_PREFIX = ("masking.word_segmentation",)  # word starts ride in the ids
 

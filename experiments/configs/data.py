@@ -40,7 +40,9 @@ def data_config() -> ml_collections.ConfigDict:
   c.pack_fill = True
   c.short_seq_prob = 0.1  # chance a document's target length is shorter (google-research value)
   c.seed = 0  # pair sampling, order and masks all derive from it
-  c.shuffle_buffer = 256  # documents per shuffle block (filled "documents": rows): their examples are shuffled together
+  # Documents per shuffle block (filled "documents": rows' tokens): its examples are
+  # shuffled together.
+  c.shuffle_buffer = 256
   c.heldout_modulus = 50  # one document in ~this many is held out for eval (MD5 of its text)
   c.max_line_bytes = 1 << 20  # longer lines are skipped (counted): minified code / binary, not prose
   # A corpus file with a larger share of lines that are not UTF-8 is refused by name: it is
