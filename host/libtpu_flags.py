@@ -16,17 +16,24 @@ compiles (experiments/results/preflight.md). Only the compiler's stacks change: 
 program, its memory and its results are the same (the preflight table's other cells
 gave the same figures with and without it).
 
-A flag that the user's own LIBTPU_INIT_ARGS names wins over ours.
+A flag that the user's own LIBTPU_INIT_ARGS names wins over ours. libtpu exits at start on
+a flag it does not know ("ERROR: Unknown command line flag", tried with a made-up one on
+0.0.42.1), so a libtpu without this one would need them off: BERT_JAX_LIBTPU_FLAGS=off
+leaves LIBTPU_INIT_ARGS as it is.
 """
 
 import os
 from typing import MutableMapping
 
 FLAGS = {"fibers_default_thread_stack_size": str(256 << 20)}
+OFF = "BERT_JAX_LIBTPU_FLAGS"  # set to "off": add none of FLAGS
 
 
 def apply(environ: MutableMapping[str, str] = os.environ) -> None:
-  """Adds each flag of FLAGS that LIBTPU_INIT_ARGS does not name already."""
+  """Adds each flag of FLAGS that LIBTPU_INIT_ARGS does not name already (none with
+  BERT_JAX_LIBTPU_FLAGS=off)."""
+  if environ.get(OFF, "").lower() == "off":
+    return
   args = environ.get("LIBTPU_INIT_ARGS", "").split()
   named = {arg.lstrip("-").split("=", 1)[0] for arg in args}
   added = [f"--{name}={value}" for name, value in FLAGS.items() if name not in named]

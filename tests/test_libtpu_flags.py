@@ -28,6 +28,13 @@ def test_flags_are_added_and_a_users_own_setting_wins():
     libtpu_flags.apply(env)
     assert env["LIBTPU_INIT_ARGS"] == own
 
+  # Off (for a libtpu that would refuse the flag): nothing added, the user's args kept.
+  for env in ({"BERT_JAX_LIBTPU_FLAGS": "off"},
+              {"BERT_JAX_LIBTPU_FLAGS": "OFF", "LIBTPU_INIT_ARGS": "--a=1"}):
+    before = dict(env)
+    libtpu_flags.apply(env)
+    assert env == before
+
 
 def test_every_process_that_imports_bert_jax_has_the_flags():
   """Fails if bert_jax's package init stops applying the flags: an entry point (a run on a
