@@ -26,10 +26,11 @@ Inside it the pieces are packed by the same best fit, except that no row closes 
 room: when the window is full and no row has room for a piece, the oldest row is topped
 off with the piece's head; at the block's end the older open rows take the tails of the
 newest. A block's span holds exactly its rows' tokens, so every row is full; only the
-epoch's last row has padding. The price is a cut where a top-off or a block's span ends
-(a piece restarts its positions and attends only to itself, as a long document's pieces
-do): counted by experiments/benchmarks/pretrain/packing.py. Each block is still a pure
-function of (corpus, seed, epoch, block), so resume stays exact.
+epoch's last row has padding (pretraining.py keeps it last after the block's shuffle, so
+the padding is the tail of the epoch's last sequence). The price is a cut where a top-off
+or a block's span ends (a piece restarts its positions and attends only to itself, as a
+long document's pieces do): counted by experiments/benchmarks/pretrain/packing.py. Each
+block is still a pure function of (corpus, seed, epoch, block), so resume stays exact.
 """
 
 import dataclasses

@@ -162,6 +162,11 @@ class ExampleStream:
             self.corpus, int(doc), objective=self.objective, max_seq_length=self.max_seq_length,
             short_seq_prob=self.short_seq_prob, rng=pairs.rng_for(self.seed, epoch, 1, doc)))
     shuffle = pairs.rng_for(self.seed, epoch, 2, block).permutation(len(instances))
+    if self.filled and instances and instances[-1].used < self.max_seq_length:
+      # The epoch's one row with room (filled_rows puts it last) stays last: the epoch's
+      # only padding is then the tail of its last sequence.
+      last = len(instances) - 1
+      return [instances[i] for i in shuffle if i != last] + [instances[last]]
     return [instances[i] for i in shuffle]
 
   def blocks(self, epoch=0, block=0, offset=0, index=0, example=0) -> Iterator[dict]:
