@@ -120,9 +120,9 @@ def test_block_spans_cut_the_stream_exactly():
 
 def test_an_epoch_of_filled_rows(corpus_dir, uncased_vocab):  # noqa: F811
   """On the test corpus, the pipeline's stream: fails if a row but the epoch's last has
-  padding (or that row is not last after the block's shuffle), a piece is not a contiguous run of its document's [CLS] doc [SEP], a
-  document's pieces do not cover it exactly once in the epoch, or a piece's positions and
-  number do not restart."""
+  padding (or that row is not last after the block's shuffle), a piece is not a
+  contiguous run of some document's [CLS] doc [SEP], the pieces' tokens do not add up to
+  the documents', or a piece's positions and number do not restart."""
   config = _config(corpus_dir, uncased_vocab)
   assert config.pack_fill
   from data_pipeline.store import tokenized_corpus  # pylint: disable=g-import-not-at-top
