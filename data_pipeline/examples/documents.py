@@ -50,10 +50,15 @@ class Row:
   used: int = 0  # tokens the pieces take with their [CLS] and [SEP]
 
 
+def document_tokens(corpus: TokenizedCorpus, doc_index: int) -> np.ndarray:
+  """All of the document's tokens (its sentences, in order), a view of corpus.ids."""
+  first, last = corpus.document_starts[doc_index], corpus.document_starts[doc_index + 1]
+  return corpus.ids[corpus.sentence_starts[first]:corpus.sentence_starts[last]]
+
+
 def pieces_of(corpus: TokenizedCorpus, doc_index: int, max_seq_length: int):
   """The document's tokens cut into pieces of at most max_seq_length - 2 tokens."""
-  first, last = corpus.document_starts[doc_index], corpus.document_starts[doc_index + 1]
-  tokens = corpus.ids[corpus.sentence_starts[first]:corpus.sentence_starts[last]]
+  tokens = document_tokens(corpus, doc_index)
   budget = max_seq_length - 2
   return [tokens[start:start + budget] for start in range(0, len(tokens), budget)]
 
@@ -86,17 +91,14 @@ def block_pieces(corpus: TokenizedCorpus, order: np.ndarray, span: tuple[int, in
   """The pieces of the epoch's token stream in [span): each document in `order` as
   [CLS] doc [SEP], the first and the last cut where the span cuts them. `ends`: the
   stream's cumulative stream_costs in `order`, if the caller keeps them."""
-  costs = stream_costs(corpus, order)
-  ends = np.cumsum(costs) if ends is None else ends
+  ends = np.cumsum(stream_costs(corpus, order)) if ends is None else ends
   lo, hi = span
   pieces = []
   for i in range(int(np.searchsorted(ends, lo, "right")), len(order)):
-    start = int(ends[i] - costs[i])
+    start = int(ends[i - 1]) if i else 0
     if start >= hi:
       break
-    d = int(order[i])
-    first, last = corpus.document_starts[d], corpus.document_starts[d + 1]
-    tokens = corpus.ids[corpus.sentence_starts[first]:corpus.sentence_starts[last]]
+    tokens = document_tokens(corpus, int(order[i]))
     whole = np.concatenate([[cls_id], tokens, [sep_id]]).astype(tokens.dtype)
     pieces.append(whole[max(lo - start, 0):hi - start])
   return pieces

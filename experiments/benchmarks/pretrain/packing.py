@@ -72,7 +72,7 @@ def packings(corpus, length: int, window: int, block: int, *, filled: bool,
       rows.append(documents.packed_rows(corpus, order[start:start + block],
                                         max_seq_length=length, window=window))
   every = [r for block_rows in rows for r in block_rows]
-  packed = sum(r.used for r in every) / (len(every) * length)
+  packed = documents.efficiency(every, length)
   per_document = sum(len(r.pieces) for r in every) / corpus.num_documents
   padded_used = padded_rows = 0
   for d in order:
